@@ -1,0 +1,140 @@
+"""Causal self-attention: the mask, one head, many heads, and a KV cache.
+
+Two paths compute the same thing:
+- `attention` is explicit (scores -> mask -> softmax -> weighted sum) and can return the weights for plots;
+- `fused_attention` calls `torch.nn.functional.scaled_dot_product_attention`, which never materialises the
+  (T, T) weights and is the default.
+Neither takes a switch that turns causality off: a decoder never looks ahead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .positions import apply_rope
+
+
+def causal_mask(t_q: int, t_k: int | None = None, device: torch.device | str | None = None) -> torch.Tensor:
+    """Boolean (t_q, t_k) mask, True where query i may attend to key j.
+
+    Queries are the *last* t_q positions of the t_k keys (as when a KV cache holds earlier keys), so query i
+    sits at absolute position i + t_k - t_q and sees keys j <= that position: lower-triangular when t_q == t_k.
+    """
+    t_k = t_q if t_k is None else t_k
+    if t_q > t_k:
+        raise ValueError(f"more queries than keys: t_q={t_q} > t_k={t_k}")
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q)
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Explicit causal scaled dot-product attention on (..., T, D) tensors; returns (output, weights)."""
+    d_head = q.size(-1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_head)  # (..., T_q, T_k)
+    mask = causal_mask(q.size(-2), k.size(-2), device=q.device)
+    scores = scores.masked_fill(~mask, float("-inf"))  # exp(-inf) = 0: no weight on the future
+    weights = scores.softmax(dim=-1)  # each row sums to 1 over the keys
+    return weights @ v, weights  # (..., T_q, D), (..., T_q, T_k)
+
+
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The same computation through PyTorch's fused kernel, without the (T_q, T_k) weights."""
+    t_q, t_k = q.size(-2), k.size(-2)
+    if t_q == t_k:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # is_causal aligns the mask top-left; with cached keys the queries are the last rows, so pass it explicitly.
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(t_q, t_k, device=q.device))
+
+
+class AttentionHead(nn.Module):
+    """One causal attention head: project x to q, k, v of width D, then attend."""
+
+    def __init__(self, d_model: int, d_head: int, bias: bool = True) -> None:
+        super().__init__()
+        self.query = nn.Linear(d_model, d_head, bias=bias)
+        self.key = nn.Linear(d_model, d_head, bias=bias)
+        self.value = nn.Linear(d_model, d_head, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, C) -> output (B, T, D) and attention weights (B, T, T)."""
+        return attention(self.query(x), self.key(x), self.value(x))
+
+
+@dataclass
+class LayerCache:
+    """The keys and values one attention layer has seen so far, each (B, H, T_past, D)."""
+
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k is not None:
+            k = torch.cat([self.k, k], dim=-2)
+            v = torch.cat([self.v, v], dim=-2)
+        self.k, self.v = k, v
+        return k, v
+
+
+@dataclass
+class KVCache:
+    """One `LayerCache` per block; `length` is how many positions are cached."""
+
+    layers: list[LayerCache] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, n_layers: int) -> KVCache:
+        return cls([LayerCache() for _ in range(n_layers)])
+
+    @property
+    def length(self) -> int:
+        first = self.layers[0].k if self.layers else None
+        return 0 if first is None else first.size(-2)
+
+
+class MultiHeadAttention(nn.Module):
+    """H causal heads computed together from one fused q/k/v projection, then merged and projected."""
+
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True, fused: bool = True) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.n_heads = n_heads
+        self.fused = fused
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)  # rows: W_q, then W_k, then W_v
+        self.out = nn.Linear(d_model, d_model, bias=bias)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        return x.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2)  # (B, T, C) -> (B, H, T, D)
+
+    @staticmethod
+    def merge_heads(x: torch.Tensor) -> torch.Tensor:
+        b, h, t, d = x.shape
+        return x.transpose(1, 2).reshape(b, t, h * d)  # (B, H, T, D) -> (B, T, C)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cache: LayerCache | None = None,
+        return_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, C) -> (B, T, C); with `return_weights`, also the (B, H, T, T_k) weights."""
+        q, k, v = self.qkv(x).chunk(3, dim=-1)  # each (B, T, C)
+        q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)  # each (B, H, T, D)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, H, T_past + T, D)
+        if return_weights or not self.fused:
+            y, weights = attention(q, k, v)
+        else:
+            y, weights = fused_attention(q, k, v), None
+        y = self.out(self.merge_heads(y))  # (B, T, C)
+        return (y, weights) if return_weights else y

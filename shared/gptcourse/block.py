@@ -1,0 +1,36 @@
+"""The pre-norm decoder block: x + attn(norm(x)), then + mlp(norm(x))."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import LayerCache, MultiHeadAttention
+from .config import GPTConfig
+from .mlp import make_mlp
+from .norms import make_norm
+
+
+class DecoderBlock(nn.Module):
+    """Attention moves information between positions; the MLP transforms each position on its own.
+
+    Both sit on a residual path, so each learns an update to x rather than a replacement, and each reads a
+    normalised copy of x (pre-norm), which keeps deep stacks trainable.
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        c = config
+        self.norm1 = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
+        self.attn = MultiHeadAttention(c.d_model, c.n_heads, bias=c.attn_bias)
+        self.norm2 = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
+        self.mlp = make_mlp(c.mlp, c.d_model, c.hidden_width, c.mlp_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cache: LayerCache | None = None,
+    ) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), rope=rope, cache=cache)  # (B, T, C)
+        return x + self.mlp(self.norm2(x))  # (B, T, C)

@@ -1,0 +1,166 @@
+"""Hugging Face interop: copy weights between our `GPT` and `GPT2LMHeadModel` / `LlamaForCausalLM`.
+
+`transformers` is needed only here (it is in the `dev` extra) and is imported when these functions run.
+Nothing is downloaded: models are built from configs or passed in.
+
+Our names <-> Hugging Face names (block i):
+
+| ours                        | GPT-2 (`GPT2LMHeadModel`)              | Llama (`LlamaForCausalLM`)                  |
+|-----------------------------|----------------------------------------|---------------------------------------------|
+| tok_emb.weight              | transformer.wte.weight                 | model.embed_tokens.weight                   |
+| pos_emb.weight              | transformer.wpe.weight                 | (none: RoPE)                                |
+| blocks.i.norm1              | transformer.h.i.ln_1                   | model.layers.i.input_layernorm              |
+| blocks.i.attn.qkv           | transformer.h.i.attn.c_attn (Conv1D^T) | self_attn.q_proj, k_proj, v_proj stacked    |
+| blocks.i.attn.out           | transformer.h.i.attn.c_proj (Conv1D^T) | self_attn.o_proj                            |
+| blocks.i.norm2              | transformer.h.i.ln_2                   | model.layers.i.post_attention_layernorm     |
+| blocks.i.mlp.fc_in          | transformer.h.i.mlp.c_fc (Conv1D^T)    | (none)                                      |
+| blocks.i.mlp.fc_out         | transformer.h.i.mlp.c_proj (Conv1D^T)  | (none)                                      |
+| blocks.i.mlp.w_in           | (none)                                 | mlp.gate_proj, mlp.up_proj stacked          |
+| blocks.i.mlp.w_out          | (none)                                 | mlp.down_proj                               |
+| final_norm                  | transformer.ln_f                       | model.norm                                  |
+| lm_head                     | lm_head (tied to wte)                  | lm_head                                     |
+
+GPT-2 stores its linear layers as `Conv1D` with weight (in, out), the transpose of `nn.Linear`'s (out, in).
+Llama's RoPE uses the "rotate half" layout, which is ours too, so q/k need no permutation.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import GPTConfig
+from .model import GPT
+
+GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+
+
+def _kind(hf_model: nn.Module) -> str:
+    name = type(hf_model).__name__
+    if name == "GPT2LMHeadModel":
+        return "gpt2"
+    if name == "LlamaForCausalLM":
+        return "llama"
+    raise TypeError(f"expected a transformers GPT2LMHeadModel or LlamaForCausalLM, got {name}")
+
+
+def config_from_hf(hf_config: object, kind: str) -> GPTConfig:
+    """The GPTConfig equivalent to a GPT2Config or LlamaConfig."""
+    c = hf_config
+    if kind == "gpt2":
+        if c.activation_function not in GPT2_ACTIVATIONS:
+            raise ValueError(f"unsupported GPT-2 activation {c.activation_function!r}; "
+                             f"expected one of {sorted(GPT2_ACTIVATIONS)}")
+        if getattr(c, "scale_attn_by_inverse_layer_idx", False) or not getattr(c, "scale_attn_weights", True):
+            raise ValueError("only GPT-2's standard 1/sqrt(D) attention scaling is supported")
+        return GPTConfig(
+            vocab_size=c.vocab_size, context_length=c.n_positions, d_model=c.n_embd, n_heads=c.n_head,
+            n_layers=c.n_layer, position="learned", norm="layernorm", norm_eps=c.layer_norm_epsilon,
+            mlp=GPT2_ACTIVATIONS[c.activation_function], d_ff=c.n_inner or 4 * c.n_embd,
+            attn_bias=True, mlp_bias=True, tie_weights=c.tie_word_embeddings, lm_head_bias=False,
+        )
+    if c.num_key_value_heads != c.num_attention_heads:
+        raise ValueError(f"grouped-query attention is not supported: num_key_value_heads={c.num_key_value_heads}, "
+                         f"expected num_attention_heads={c.num_attention_heads}")
+    if c.hidden_act != "silu":
+        raise ValueError(f"unsupported Llama activation {c.hidden_act!r}; expected 'silu' (SwiGLU)")
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    if head_dim * c.num_attention_heads != c.hidden_size:
+        raise ValueError(f"head_dim={head_dim} x heads={c.num_attention_heads} must equal hidden_size={c.hidden_size}")
+    rope = getattr(c, "rope_parameters", None) or {"rope_theta": getattr(c, "rope_theta", 10000.0)}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"only default RoPE is supported, got rope_type={rope['rope_type']!r}")
+    return GPTConfig(
+        vocab_size=c.vocab_size, context_length=c.max_position_embeddings, d_model=c.hidden_size,
+        n_heads=c.num_attention_heads, n_layers=c.num_hidden_layers, position="rope", norm="rmsnorm",
+        norm_eps=c.rms_norm_eps, mlp="swiglu", d_ff=c.intermediate_size, attn_bias=c.attention_bias,
+        mlp_bias=c.mlp_bias, tie_weights=c.tie_word_embeddings, rope_theta=float(rope["rope_theta"]),
+    )
+
+
+def _gpt2_pairs(n_layers: int) -> list[tuple[str, str, bool]]:
+    """(our name, HF name, transposed?) for every GPT-2 tensor."""
+    pairs = [("tok_emb.weight", "transformer.wte.weight", False),
+             ("pos_emb.weight", "transformer.wpe.weight", False),
+             ("final_norm.weight", "transformer.ln_f.weight", False),
+             ("final_norm.bias", "transformer.ln_f.bias", False)]
+    for i in range(n_layers):
+        ours, theirs = f"blocks.{i}.", f"transformer.h.{i}."
+        for a, b in (("norm1", "ln_1"), ("norm2", "ln_2")):
+            pairs += [(f"{ours}{a}.{p}", f"{theirs}{b}.{p}", False) for p in ("weight", "bias")]
+        for a, b in (("attn.qkv", "attn.c_attn"), ("attn.out", "attn.c_proj"),
+                     ("mlp.fc_in", "mlp.c_fc"), ("mlp.fc_out", "mlp.c_proj")):
+            pairs += [(f"{ours}{a}.weight", f"{theirs}{b}.weight", True),
+                      (f"{ours}{a}.bias", f"{theirs}{b}.bias", False)]
+    return pairs
+
+
+def _llama_groups(config: GPTConfig) -> list[tuple[str, list[str]]]:
+    """(our name, [HF names concatenated along dim 0]) for every Llama tensor."""
+    groups = [("tok_emb.weight", ["model.embed_tokens.weight"]), ("final_norm.weight", ["model.norm.weight"])]
+    if not config.tie_weights:
+        groups.append(("lm_head.weight", ["lm_head.weight"]))
+    for i in range(config.n_layers):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        groups += [(f"{ours}norm1.weight", [f"{theirs}input_layernorm.weight"]),
+                   (f"{ours}norm2.weight", [f"{theirs}post_attention_layernorm.weight"])]
+        suffixes = ["weight"] + (["bias"] if config.attn_bias else [])
+        for s in suffixes:
+            groups += [(f"{ours}attn.qkv.{s}", [f"{theirs}self_attn.{p}_proj.{s}" for p in "qkv"]),
+                       (f"{ours}attn.out.{s}", [f"{theirs}self_attn.o_proj.{s}"])]
+        for s in ["weight"] + (["bias"] if config.mlp_bias else []):
+            groups += [(f"{ours}mlp.w_in.{s}", [f"{theirs}mlp.gate_proj.{s}", f"{theirs}mlp.up_proj.{s}"]),
+                       (f"{ours}mlp.w_out.{s}", [f"{theirs}mlp.down_proj.{s}"])]
+    return groups
+
+
+@torch.no_grad()
+def from_hf(hf_model: nn.Module) -> GPT:
+    """A GPT with the same config and weights as a Hugging Face GPT-2 or Llama causal LM."""
+    kind = _kind(hf_model)
+    config = config_from_hf(hf_model.config, kind)
+    model = GPT(config)
+    ours, theirs = model.state_dict(), hf_model.state_dict()
+    if kind == "gpt2":
+        for name, hf_name, transposed in _gpt2_pairs(config.n_layers):
+            ours[name].copy_(theirs[hf_name].t() if transposed else theirs[hf_name])
+    else:
+        for name, hf_names in _llama_groups(config):
+            ours[name].copy_(torch.cat([theirs[n] for n in hf_names], dim=0))
+    return model
+
+
+@torch.no_grad()
+def to_hf(model: GPT) -> nn.Module:
+    """The Hugging Face model (GPT-2 for learned positions + LayerNorm + GELU, Llama for RoPE + RMSNorm +
+    SwiGLU) with our weights copied in."""
+    import transformers
+
+    c = model.config
+    ours = model.state_dict()
+    if c.position == "learned" and c.norm == "layernorm" and c.mlp in ("gelu", "gelu_tanh", "relu"):
+        if not (c.attn_bias and c.mlp_bias and c.norm_bias and c.tie_weights and not c.lm_head_bias):
+            raise ValueError("GPT-2 has biases everywhere, a tied head and no head bias; this config differs")
+        act = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}[c.mlp]
+        hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=c.vocab_size, n_positions=c.context_length, n_embd=c.d_model, n_head=c.n_heads,
+            n_layer=c.n_layers, n_inner=c.hidden_width, activation_function=act, layer_norm_epsilon=c.norm_eps,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True))
+        theirs = hf.state_dict()
+        for name, hf_name, transposed in _gpt2_pairs(c.n_layers):
+            theirs[hf_name].copy_(ours[name].t() if transposed else ours[name])
+    elif c.position == "rope" and c.norm == "rmsnorm" and c.mlp == "swiglu" and not c.lm_head_bias:
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=c.vocab_size, max_position_embeddings=c.context_length, hidden_size=c.d_model,
+            intermediate_size=c.hidden_width, num_attention_heads=c.n_heads, num_key_value_heads=c.n_heads,
+            num_hidden_layers=c.n_layers, rms_norm_eps=c.norm_eps, attention_bias=c.attn_bias,
+            mlp_bias=c.mlp_bias, tie_word_embeddings=c.tie_weights, rope_theta=c.rope_theta))
+        theirs = hf.state_dict()
+        for name, hf_names in _llama_groups(c):
+            sizes = [theirs[n].size(0) for n in hf_names]
+            for hf_name, part in zip(hf_names, ours[name].split(sizes, dim=0), strict=True):
+                theirs[hf_name].copy_(part)
+    else:
+        raise ValueError(f"no Hugging Face equivalent for position={c.position!r}, norm={c.norm!r}, mlp={c.mlp!r}: "
+                         "expected GPT-2's (learned, layernorm, gelu) or Llama's (rope, rmsnorm, swiglu)")
+    return hf.eval()

@@ -1,0 +1,104 @@
+"""The GPT model: token embedding (+ positions) -> N decoder blocks -> final norm -> output projection.
+
+    idx (B, T) -> tok_emb (B, T, C) [+ pos_emb (T, C)] -> blocks (B, T, C) -> final_norm -> lm_head (B, T, V)
+
+`forward_hidden` stops before the output projection, so reward and value heads (see `heads.py`) can reuse the
+same backbone. With `tie_weights` the output projection is the embedding table itself (logits = h E^T).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .attention import KVCache
+from .block import DecoderBlock
+from .config import GPTConfig
+from .norms import make_norm
+from .positions import LearnedPositions, RotaryEmbedding
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"GPT expects a GPTConfig, got {type(config).__name__}")
+        c = self.config = config
+        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
+        self.pos_emb = LearnedPositions(c.context_length, c.d_model) if c.position == "learned" else None
+        self.rope = (
+            RotaryEmbedding(c.d_head, c.context_length, c.rope_theta) if c.position == "rope" else None
+        )
+        self.blocks = nn.ModuleList(DecoderBlock(c) for _ in range(c.n_layers))
+        self.final_norm = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=c.lm_head_bias)
+        if c.tie_weights:
+            self.lm_head.weight = self.tok_emb.weight  # one (V, C) matrix, counted once
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2's initialisation: N(0, 0.02), and residual output projections scaled by 1/sqrt(2N)."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layers)
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() == 1:  # norm gains
+                nn.init.ones_(p)
+            elif name.endswith(("attn.out.weight", "mlp.fc_out.weight", "mlp.w_out.weight")):
+                nn.init.normal_(p, std=residual_std)
+            else:
+                nn.init.normal_(p, std=0.02)
+
+    def _check_idx(self, idx: torch.Tensor, past: int) -> None:
+        c = self.config
+        if not isinstance(idx, torch.Tensor):
+            raise TypeError(f"token ids must be a torch.Tensor of shape (B, T), got {type(idx).__name__}")
+        if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
+            raise TypeError(f"token ids must be an integer tensor (torch.long), got dtype {idx.dtype}")
+        if idx.dim() != 2:
+            raise ValueError(f"token ids must have shape (B, T), got {tuple(idx.shape)}")
+        if past + idx.size(1) > c.context_length:
+            raise ValueError(
+                f"sequence length {past + idx.size(1)} exceeds context_length={c.context_length}"
+                + (f" ({past} cached + {idx.size(1)} new)" if past else "")
+            )
+        if idx.numel() and idx.device.type != "meta":
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= c.vocab_size:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"token id {bad} is out of range: expected 0 <= id < vocab_size={c.vocab_size}")
+
+    def forward_hidden(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Token ids (B, T) -> final hidden states (B, T, C), after the final norm."""
+        past = cache.length if cache is not None else 0
+        self._check_idx(idx, past)
+        positions = torch.arange(past, past + idx.size(1), device=idx.device)  # (T,)
+        x = self.tok_emb(idx)  # (B, T, C)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(positions)  # (B, T, C) + (T, C)
+        rope = self.rope(positions) if self.rope is not None else None
+        for i, block in enumerate(self.blocks):
+            x = block(x, rope=rope, cache=cache.layers[i] if cache is not None else None)
+        return self.final_norm(x)  # (B, T, C)
+
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Token ids (B, T) -> next-token logits (B, T, V)."""
+        return self.lm_head(self.forward_hidden(idx, cache))
+
+    def new_cache(self) -> KVCache:
+        return KVCache.empty(self.config.n_layers)
+
+    @classmethod
+    def from_hf(cls, hf_model: nn.Module) -> GPT:
+        """Build a GPT from a Hugging Face GPT2LMHeadModel or LlamaForCausalLM (see `gptcourse.hf`)."""
+        from .hf import from_hf
+
+        return from_hf(hf_model)
+
+    def to_hf(self) -> nn.Module:
+        """The equivalent Hugging Face model with the same weights (see `gptcourse.hf`)."""
+        from .hf import to_hf
+
+        return to_hf(self)

@@ -1,0 +1,135 @@
+"""A small training loop: AdamW, linear warmup then cosine decay, periodic evaluation, a progress bar.
+
+Run `python -m gptcourse.train` to train a character-level model on the default corpus, or
+`python -m gptcourse.train --text PATH` on any text file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+from tqdm.auto import tqdm
+
+from .config import GPTConfig
+from .data import get_batch, load_text, train_val_split
+from .model import GPT
+from .tokenizer import CharTokenizer
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 12
+    block_size: int = 64
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta2: float = 0.99
+    grad_clip: float = 1.0
+    eval_interval: int = 100
+    eval_batches: int = 20
+    seed: int = 0
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to cfg.lr, then cosine decay to cfg.min_lr at cfg.steps."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
+
+
+def make_optimizer(model: GPT, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on biases, norm gains)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.beta2))
+
+
+def lm_loss(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy; logits (B, T, V) flattened to (B*T, V)."""
+    logits = model(x)
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+
+@torch.no_grad()
+def estimate_loss(model: GPT, ids: torch.Tensor, cfg: TrainConfig, seed: int = 1234) -> float:
+    """Mean loss over cfg.eval_batches fixed random batches (the same batches at every call)."""
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    losses = [lm_loss(model, *get_batch(ids, cfg.batch_size, cfg.block_size, gen)).item()
+              for _ in range(cfg.eval_batches)]
+    model.train(was_training)
+    return sum(losses) / len(losses)
+
+
+def train(
+    model: GPT,
+    train_ids: torch.Tensor,
+    val_ids: torch.Tensor,
+    cfg: TrainConfig,
+    progress: bool = True,
+    on_eval: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Train in place; returns the evaluations as [{"step", "train_loss", "val_loss", "lr"}, ...]."""
+    if cfg.block_size > model.config.context_length:
+        raise ValueError(f"block_size={cfg.block_size} exceeds context_length={model.config.context_length}")
+    gen = torch.Generator().manual_seed(cfg.seed)
+    optimizer = make_optimizer(model, cfg)
+    history: list[dict] = []
+    model.train()
+    bar = tqdm(range(cfg.steps), disable=not progress, desc="training")
+    for step in bar:
+        lr = lr_at(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss = lm_loss(model, *get_batch(train_ids, cfg.batch_size, cfg.block_size, gen))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps:
+            record = {
+                "step": step + 1,
+                "train_loss": estimate_loss(model, train_ids, cfg),
+                "val_loss": estimate_loss(model, val_ids, cfg),
+                "lr": lr,
+            }
+            history.append(record)
+            bar.set_postfix(val_loss=f"{record['val_loss']:.3f}")
+            if on_eval is not None:
+                on_eval(record)
+    return history
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Train a character-level GPT on a text file.")
+    parser.add_argument("--text", help="a UTF-8 text file (default: standard-library source)")
+    parser.add_argument("--steps", type=int, default=TrainConfig.steps)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    text = load_text(args.text)
+    tok = CharTokenizer.from_text(text)
+    train_ids, val_ids = train_val_split(torch.tensor(tok.encode(text), dtype=torch.long))
+    cfg = TrainConfig(steps=args.steps, seed=args.seed)
+    torch.manual_seed(args.seed)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=cfg.block_size, d_model=128,
+                          n_heads=4, n_layers=4))
+    start = time.perf_counter()
+    history = train(model, train_ids, val_ids, cfg)
+    wall = time.perf_counter() - start
+    print(f"val loss {history[-1]['val_loss']:.4f} after {cfg.steps} iterations in {wall:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
