@@ -10,7 +10,7 @@ import argparse
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch.nn import functional as F
@@ -111,6 +111,14 @@ def train(
     return history
 
 
+def default_recipe(vocab_size: int, steps: int = TrainConfig.steps) -> tuple[GPTConfig, TrainConfig]:
+    """The course's character-level recipe, L4/H4/C128/T64/B12: lesson 07 and the benchmark use it."""
+    cfg = TrainConfig(steps=steps)
+    model_config = GPTConfig(vocab_size=vocab_size, context_length=cfg.block_size, d_model=128, n_heads=4,
+                             n_layers=4)
+    return model_config, cfg
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Train a character-level GPT on a text file.")
     parser.add_argument("--text", help="a UTF-8 text file (default: standard-library source)")
@@ -121,10 +129,10 @@ def main(argv: list[str] | None = None) -> None:
     text = load_text(args.text)
     tok = CharTokenizer.from_text(text)
     train_ids, val_ids = train_val_split(torch.tensor(tok.encode(text), dtype=torch.long))
-    cfg = TrainConfig(steps=args.steps, seed=args.seed)
+    model_config, cfg = default_recipe(tok.vocab_size, args.steps)
+    cfg = replace(cfg, seed=args.seed)
     torch.manual_seed(args.seed)
-    model = GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=cfg.block_size, d_model=128,
-                          n_heads=4, n_layers=4))
+    model = GPT(model_config)
     start = time.perf_counter()
     history = train(model, train_ids, val_ids, cfg)
     wall = time.perf_counter() - start
