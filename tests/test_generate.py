@@ -1,0 +1,71 @@
+"""Generation: the KV cache yields exactly the tokens of full recomputation; sampling filters."""
+
+import pytest
+import torch
+
+from gptcourse import GPT, GPTConfig, filter_logits, generate, preset
+
+CONFIGS = [preset("seed-tiny").replace(context_length=24), GPTConfig(context_length=24)]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=["rope", "learned"])
+@pytest.mark.parametrize("sampling", [
+    {"temperature": 0.0}, {"temperature": 1.0}, {"temperature": 0.8, "top_k": 5}, {"temperature": 1.2, "top_p": 0.9},
+])
+def test_cache_equals_recompute(config, sampling):
+    torch.manual_seed(0)
+    model = GPT(config)
+    prompt = torch.randint(0, config.vocab_size, (3, 4))
+    # 30 new tokens run past context_length=24: both ways must then slide the window.
+    runs = [generate(model, prompt, 30, use_cache=c, generator=torch.Generator().manual_seed(7), **sampling)
+            for c in (True, False)]
+    assert runs[0].shape == (3, 34)
+    assert torch.equal(runs[0], runs[1])
+    assert torch.equal(runs[0][:, :4], prompt)
+
+
+def test_cached_logits_equal_full_forward():
+    torch.manual_seed(0)
+    model = GPT(preset("seed-tiny")).eval()
+    idx = torch.randint(0, 100, (2, 9))
+    cache = model.new_cache()
+    stepwise = torch.cat([model(idx[:, :5], cache=cache), model(idx[:, 5:7], cache=cache),
+                          model(idx[:, 7:], cache=cache)], dim=1)
+    assert (stepwise - model(idx)).abs().max() < 1e-5
+
+
+def test_greedy_is_argmax_of_full_forward():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig()).eval()
+    prompt = torch.randint(0, 100, (1, 3))
+    out = generate(model, prompt, 5, temperature=0)
+    for t in range(3, 8):
+        assert out[0, t] == model(out[:, :t])[0, -1].argmax()
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig())
+    prompt = torch.randint(0, 100, (2, 3))
+    greedy = generate(model, prompt, 8, temperature=0)
+    assert torch.equal(generate(model, prompt, 8, top_k=1), greedy)
+    assert torch.equal(generate(model, prompt, 8, top_p=1e-6), greedy)
+
+
+def test_filter_logits_by_hand():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    assert torch.isinf(filter_logits(logits, top_k=2)).tolist() == [[True, False, False, True]]
+    probs = logits.softmax(-1)[0]  # about 0.09, 0.67, 0.24, 0.03
+    assert probs[1] < 0.7 < probs[1] + probs[2]
+    assert torch.isinf(filter_logits(logits, top_p=0.7)).tolist() == [[True, False, False, True]]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"temperature": -1.0}, "temperature must be >= 0"),
+    ({"top_k": 0}, "top_k must be >= 1"),
+    ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+])
+def test_bad_sampling_arguments(kwargs, message):
+    model = GPT(GPTConfig())
+    with pytest.raises(ValueError, match=message):
+        generate(model, torch.zeros(1, 2, dtype=torch.long), 1, **kwargs)

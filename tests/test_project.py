@@ -1,0 +1,73 @@
+"""The project's own files: one environment in two spellings, a README that CI follows, check-env."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gptcourse import cli
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _name(spec: str) -> str:
+    return re.split(r"[<>=!~ \[]", spec, maxsplit=1)[0].lower()
+
+
+def test_environment_yml_matches_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = set(project["dependencies"]) | set(project["optional-dependencies"]["dev"])
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    listed = {spec for spec in pip_section if not spec.startswith("-e")}
+    assert listed == wanted, f"only in environment.yml: {listed - wanted}; only in pyproject: {wanted - listed}"
+
+
+def test_torch_pin_satisfies_the_package_range():
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    torch_range = next(Requirement(d) for d in project["dependencies"] if _name(d) == "torch")
+    pins = [line for line in (ROOT / "requirements.txt").read_text().splitlines() if line.startswith("torch==")]
+    assert pins and torch_range.specifier.contains(pins[0].split("==")[1])
+
+
+def test_ci_runs_the_readme_commands():
+    readme = (ROOT / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in quick_start.strip().splitlines()]
+    install, start, test = commands
+    assert start == "jupyter lab"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert f"python -m {install}" in ci or install in ci
+    assert re.search(rf"^\s*{re.escape(test)}\s*$", ci, re.MULTILINE), f"CI does not run {test!r}"
+
+
+def test_check_env_passes_here():
+    result = subprocess.run([sys.executable, "-m", "gptcourse.cli", "check-env"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    names = [line.split("]", 1)[1].split(":")[0].strip() for line in result.stdout.splitlines()]
+    assert {"python", "torch", "jupyterlab", "nbgrader", "nbgrader labextension", "ipywidgets", "matplotlib"} <= set(
+        names
+    )
+    assert all(line.startswith("[OK]") for line in result.stdout.splitlines())
+
+
+def test_check_env_fails_loudly(monkeypatch, capsys):
+    real = cli._version_of
+    monkeypatch.setattr(cli, "_version_of", lambda m: (False, "not importable") if m == "nbgrader" else real(m))
+    assert cli.main(["check-env"]) == 1
+    assert "[FAIL] nbgrader: not importable" in capsys.readouterr().out
+
+
+def test_cli_needs_a_command():
+    with pytest.raises(SystemExit):
+        cli.main([])
