@@ -1,0 +1,52 @@
+"""Grading the labs: one registry of test cases, used by the notebooks' test cells and by the grader.
+
+The test-cell pattern
+---------------------
+Every autograded test cell of a lab is one call, and nothing else:
+
+    check("02.causal_mask.visible", causal_mask)        # a function the student wrote
+    check("02.head.visible", AttentionHead)             # or a class: built with the case's sizes
+
+A hidden test cell holds the same kind of calls between nbgrader's markers, so the released lab shows only
+the comment above them:
+
+    # Hidden tests: other sizes, T=1, batch 1 (they run when the lab is graded).
+    ### BEGIN HIDDEN TESTS
+    check("02.causal_mask.hidden_single", causal_mask)
+    check("02.causal_mask.hidden_sizes", causal_mask)
+    ### END HIDDEN TESTS
+
+The inputs, the expected values and the verdict all live in the package (`gptcourse.grading.labs.labNN`), so
+a test cell's source reveals nothing, and the test ids are what the gradebook, the feedback and
+`gptcourse progress` report.
+
+What `check(test_id, obj)` does, in the student's kernel (`kernel.py`):
+1. looks up the `Case` (`cases.py`) and its seed: a fixed public hash for visible cases, a hash of the course
+   secret (env GPTCOURSE_SECRET) for hidden ones;
+2. `case.make_inputs(seed)` -> inputs; `case.run(obj, inputs)` calls the student's code (a module is built with
+   the case's sizes and *reference weights loaded into it*, so random init never decides a grade) and returns
+   plain outputs; an exception in the student's code becomes a message naming it and the line of their code;
+3. emits a display_data output of mimetype `application/vnd.gptcourse.result+json` holding the outputs as
+   plain data (dtype, shape, base64 bytes) or the error text (`payload.py`);
+4. judges it with `judge_payload(payload)`: recompute the inputs from the seed, the expected outputs with the
+   reference implementation, and call `case.judge(got, expected, inputs)`, which raises `CheckFailed` with a
+   teaching message (`gptcourse.checks`). A failure is raised as `CheckFailed` (an AssertionError, so nbgrader
+   scores the cell 0) whose notebook display is the message only, never a traceback or test source; a pass
+   prints one line.
+`judge_payload` needs only the payload, so a grader process where no student code ran can re-judge the
+notebook's recorded results with the same registry.
+
+Adding a case (a lab author)
+----------------------------
+In `gptcourse/grading/labs/labNN.py` (imported automatically), write `make_inputs(seed)`, `run(obj, inputs)`,
+`reference(inputs)` and `judge(got, expected, inputs)` and `register(Case(id, what, make_inputs, run,
+reference, judge, hidden=...))`; a hidden case draws its sizes with `sizes_rng(seed)` and tensors with
+`tensor_rng(seed)`. Ids are "NN.piece.variant"; hidden ids start their variant with "hidden".
+"""
+
+from ..checks import CheckFailed
+from .cases import CASES, Case, case_seed, get_case, register
+from .kernel import check
+from .payload import MIME, judge_payload
+
+__all__ = ["CASES", "MIME", "Case", "CheckFailed", "case_seed", "check", "get_case", "judge_payload", "register"]

@@ -1,0 +1,109 @@
+"""The registry of test cases, and the seeds that make hidden cases secret.
+
+A `Case` says how to test one piece of a lab on one set of inputs. `check(test_id, obj)` in a lab's test cell
+looks the case up here by its id, "NN.piece.variant" (e.g. "02.causal_mask.visible"). Cases are registered
+by the modules of `gptcourse.grading.labs`, one per lab, which are all imported on the first lookup.
+
+Seeds: a visible case's inputs come from `case_seed(case)` = a hash of a fixed public string and the id, so a
+student sees the same inputs the grader uses. A hidden case hashes the course secret instead, read from the
+environment variable GPTCOURSE_SECRET (default: the public string). An instructor who sets a private secret when
+grading (`GPTCOURSE_SECRET=... nbgrader autograde 02_...`) gets hidden shapes and values that the public
+repository does not reveal; the kernel inherits the variable, so both sides of a check agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import pkgutil
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+PUBLIC_SECRET = "gptcourse-public"
+SECRET_ENV = "GPTCOURSE_SECRET"
+
+Inputs = dict[str, Any]
+Outputs = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One test of one lab piece.
+
+    make_inputs(seed) -> inputs: sizes, tensors, reference weights; deterministic in the seed.
+    run(student_obj, inputs) -> outputs: calls the student's code (in the student's kernel) and returns plain
+        values (tensors, numbers, strings) only; raises CheckFailed for a wrong interface.
+    reference(inputs) -> expected outputs, from the gptcourse reference implementation.
+    judge(got, expected, inputs): raises CheckFailed with a teaching message; returns None on success.
+    """
+
+    id: str
+    what: str  # shown in pass/fail messages, e.g. "causal_mask(4)"
+    make_inputs: Callable[[int], Inputs]
+    run: Callable[[Any, Inputs], Outputs]
+    reference: Callable[[Inputs], Outputs]
+    judge: Callable[[Outputs, Outputs, Inputs], None]
+    hidden: bool = False
+
+
+CASES: dict[str, Case] = {}
+
+
+def register(*cases: Case) -> None:
+    for case in cases:
+        if case.id in CASES:
+            raise ValueError(f"test case {case.id!r} is registered twice")
+        CASES[case.id] = case
+
+
+def _load_labs() -> None:
+    from . import labs
+
+    for module in pkgutil.iter_modules(labs.__path__):
+        importlib.import_module(f"{labs.__name__}.{module.name}")
+
+
+def get_case(test_id: str) -> Case:
+    if not CASES:
+        _load_labs()
+    try:
+        return CASES[test_id]
+    except KeyError:
+        lab = test_id.split(".")[0]
+        known = sorted(i for i in CASES if i.startswith(lab + "."))
+        raise KeyError(f"no test case {test_id!r}; lab {lab} has {known}") from None
+
+
+def course_secret(environ: Mapping[str, str] = os.environ) -> str:
+    return environ.get(SECRET_ENV) or PUBLIC_SECRET
+
+
+def case_seed(case: Case) -> int:
+    """A 31-bit seed from the case id and, for hidden cases, the course secret."""
+    secret = course_secret() if case.hidden else PUBLIC_SECRET
+    digest = hashlib.sha256(f"{secret}\0{case.id}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFF_FFFF
+
+
+def sizes_rng(seed: int) -> random.Random:
+    """For drawing sizes (B, T, ...) of a hidden case from its seed."""
+    return random.Random(seed)
+
+
+def tensor_rng(seed: int) -> torch.Generator:
+    """For drawing a case's tensors from its seed, independent of torch's global random state."""
+    return torch.Generator().manual_seed(seed)
+
+
+def random_weights(module: nn.Module, gen: torch.Generator, scale: float = 0.5) -> dict[str, torch.Tensor]:
+    """Reference weights for every parameter of `module` (names and shapes the lab fixes), drawn from `gen`.
+
+    Larger than a fresh init (std 0.02 would make every attention pattern nearly uniform, hiding mistakes).
+    """
+    return {name: torch.randn(p.shape, generator=gen) * scale for name, p in module.named_parameters()}

@@ -1,0 +1,47 @@
+"""`check(test_id, obj)`: what a lab's test cell calls, inside the student's kernel."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from ..checks import CheckFailed
+from .cases import case_seed, get_case
+from .payload import MIME, judge_payload, make_payload
+from .student import describe_error
+
+
+def _emit(payload: dict[str, Any]) -> None:
+    """Put the payload in the cell's outputs (nothing visible: its text/plain is empty)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    if InteractiveShell.initialized():
+        from IPython.display import display
+
+        display({MIME: payload, "text/plain": ""}, raw=True)
+
+
+def check(test_id: str, student_obj: Any) -> None:
+    """Run case `test_id` on the student's function or class, record the result, and judge it.
+
+    Prints a one-line pass message, or raises CheckFailed whose notebook display is only the diagnostic.
+    """
+    case = get_case(test_id)
+    seed = case_seed(case)
+    outputs, error = None, None
+    try:
+        with warnings.catch_warnings():  # a warning on stderr would fail the cell under nbgrader
+            warnings.simplefilter("ignore")
+            outputs = case.run(student_obj, case.make_inputs(seed))
+        payload = make_payload(case.id, seed, outputs, None)
+    except CheckFailed as failure:
+        error = str(failure)
+    except Exception as err:  # the student's code may raise anything; it becomes the diagnostic
+        error = describe_error(err)
+    if error is not None:
+        payload = make_payload(case.id, seed, None, error)
+    _emit(payload)
+    passed, message = judge_payload(payload)
+    if not passed:
+        raise CheckFailed(message) from None
+    print(message)

@@ -1,0 +1,135 @@
+"""Lab 01, tokens and embeddings: `one_hot_embed(ids, table)` and `TokenAndPositionEmbedding`.
+
+The student's `TokenAndPositionEmbedding(vocab_size, context_length, d_model)` has `tok_emb` (V, C) and
+`pos_emb` (T_max, C) parameter tables (nn.Embedding or a (T_max, C) `.weight`); the cases load reference
+weights into both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...checks import check_close, check_shape
+from ...positions import LearnedPositions
+from ..cases import Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
+from ..student import as_tensor, build_module
+
+# ---- one_hot_embed(ids, table): the embedding lookup written as one-hot @ E
+
+
+def _one_hot_inputs(b: int, t: int, v: int, c: int, seed: int, top_id_unused: bool = False) -> Inputs:
+    gen = tensor_rng(seed)
+    high = v - 1 if top_id_unused else v
+    ids = torch.randint(0, high, (b, t), generator=gen)
+    if not top_id_unused:
+        ids.view(-1)[-1] = v - 1  # the last token id appears
+    return {"ids": ids, "table": torch.randn(v, c, generator=gen), "sizes": {"B": b, "T": t, "V": v, "C": c}}
+
+
+def _one_hot_run(fn: Any, inputs: Inputs) -> Outputs:
+    what = f"one_hot_embed(ids {tuple(inputs['ids'].shape)}, table {tuple(inputs['table'].shape)})"
+    return {"embedded": as_tensor(fn(inputs["ids"].clone(), inputs["table"].clone()), what)}
+
+
+def _one_hot_reference(inputs: Inputs) -> Outputs:
+    return {"embedded": nn.functional.embedding(inputs["ids"], inputs["table"])}
+
+
+def _one_hot_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    ids, table = inputs["ids"], inputs["table"]
+    check_shape(got["embedded"], "B T C", inputs["sizes"], "one_hot_embed output",
+                causes={("C", "V"): "the one-hot rows are not multiplied by the table (one_hot(ids, V) @ E)"})
+    check_close(got["embedded"], expected["embedded"], "one_hot_embed output", mistakes={
+        "row t of the table was taken for position t, not for the token id at position t":
+            table[torch.arange(ids.size(1))].expand(ids.size(0), -1, -1),
+    })
+
+
+def _one_hot_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
+    return Case(case_id, what, make, _one_hot_run, _one_hot_reference, _one_hot_judge, hidden)
+
+
+def _one_hot_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    return _one_hot_inputs(r.randint(2, 4), r.randint(6, 12), r.randint(20, 40), r.randint(5, 9), seed,
+                           top_id_unused=True)
+
+
+register(
+    _one_hot_case("01.one_hot_embed.visible", "one_hot_embed with B=2, T=4, V=6, C=3",
+                  lambda seed: _one_hot_inputs(2, 4, 6, 3, seed)),
+    _one_hot_case("01.one_hot_embed.hidden_single", "one_hot_embed of a single token (B=1, T=1)",
+                  lambda seed: _one_hot_inputs(1, 1, 7, 4, seed), hidden=True),
+    _one_hot_case("01.one_hot_embed.hidden_sizes", "one_hot_embed with other sizes, the last id unused",
+                  _one_hot_hidden, hidden=True),
+)
+
+# ---- TokenAndPositionEmbedding: token vectors plus learned position vectors
+
+
+def _embedding_inputs(b: int, t: int, v: int, t_max: int, c: int, seed: int) -> Inputs:
+    gen = tensor_rng(seed)
+    reference = nn.ModuleDict({"tok_emb": nn.Embedding(v, c), "pos_emb": LearnedPositions(t_max, c)})
+    return {
+        "init": {"vocab_size": v, "context_length": t_max, "d_model": c},
+        "weights": random_weights(reference, gen, scale=1.0),
+        "idx": torch.randint(0, v, (b, t), generator=gen),
+        "sizes": {"B": b, "T": t, "V": v, "C": c, "T_max": t_max},
+    }
+
+
+def _embedding_run(cls: Any, inputs: Inputs) -> Outputs:
+    init = inputs["init"]
+    what = f"TokenAndPositionEmbedding({init['vocab_size']}, {init['context_length']}, {init['d_model']})"
+    module = build_module(cls, what, init, inputs["weights"])
+    return {"x": as_tensor(module(inputs["idx"].clone()), f"{what} on idx {tuple(inputs['idx'].shape)}")}
+
+
+def _embedding_reference(inputs: Inputs) -> Outputs:
+    init, w = inputs["init"], inputs["weights"]
+    positions = LearnedPositions(init["context_length"], init["d_model"])
+    positions.load_state_dict({"weight": w["pos_emb.weight"]})
+    idx = inputs["idx"]
+    with torch.no_grad():
+        return {"x": w["tok_emb.weight"][idx] + positions(torch.arange(idx.size(1)))}  # (B, T, C) + (T, C)
+
+
+def _embedding_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    tok, pos, idx = inputs["weights"]["tok_emb.weight"], inputs["weights"]["pos_emb.weight"], inputs["idx"]
+    t = idx.size(1)
+    check_shape(got["x"], "B T C", inputs["sizes"], "embedding output")
+    mistakes = {
+        "the positions are missing: add pos_emb of positions 0..T-1 to the token embeddings": tok[idx],
+    }
+    if int(idx.max()) < pos.size(0):
+        mistakes["the position table was indexed by the token ids: positions are 0..T-1, whatever the tokens"] = \
+            tok[idx] + pos[idx]
+    if t < pos.size(0):
+        mistakes["the positions start at 1: the first token is at position 0"] = tok[idx] + pos[1:t + 1]
+    check_close(got["x"], expected["x"], "embedding output", mistakes=mistakes)
+
+
+def _embedding_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
+    return Case(case_id, what, make, _embedding_run, _embedding_reference, _embedding_judge, hidden)
+
+
+def _embedding_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    t_max = r.randint(8, 16)
+    return _embedding_inputs(r.randint(2, 4), r.randint(2, t_max - 1), r.randint(20, 40), t_max, r.randint(5, 7),
+                             seed)
+
+
+register(
+    _embedding_case("01.embedding.visible", "TokenAndPositionEmbedding with B=2, T=5, V=11, T_max=8, C=4",
+                    lambda seed: _embedding_inputs(2, 5, 11, 8, 4, seed)),
+    _embedding_case("01.embedding.hidden_single", "TokenAndPositionEmbedding on one token (B=1, T=1)",
+                    lambda seed: _embedding_inputs(1, 1, 9, 6, 3, seed), hidden=True),
+    _embedding_case("01.embedding.hidden_full", "TokenAndPositionEmbedding on a full context (T = T_max)",
+                    lambda seed: _embedding_inputs(3, 7, 10, 7, 5, seed), hidden=True),
+    _embedding_case("01.embedding.hidden_sizes", "TokenAndPositionEmbedding with other sizes",
+                    _embedding_hidden, hidden=True),
+)

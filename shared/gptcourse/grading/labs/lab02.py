@@ -1,0 +1,211 @@
+"""Lab 02, causal attention: `causal_mask(T)`, `attention(q, k, v)` and `AttentionHead(d_model, d_head)`.
+
+The student's `AttentionHead` has `query`, `key` and `value`: nn.Linear(d_model, d_head) with bias; the cases
+load reference weights into them and call `forward(x)`, which returns (output (B, T, D), weights (B, T, T)).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ...attention import AttentionHead, attention, causal_mask
+from ...checks import (
+    check_attention_weights,
+    check_causal,
+    check_causal_mask,
+    check_close,
+    check_known_mistakes,
+    check_no_future_weight,
+    check_shape,
+    perturbed_copies,
+)
+from ..cases import Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
+from ..student import as_tensor, as_tensors, build_module
+
+# ---- causal_mask(T)
+
+
+def _mask_run(fn: Any, inputs: Inputs) -> Outputs:
+    return {"mask": as_tensor(fn(inputs["t"]), f"causal_mask({inputs['t']})")}
+
+
+def _mask_reference(inputs: Inputs) -> Outputs:
+    return {"mask": causal_mask(inputs["t"])}
+
+
+def _mask_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    check_causal_mask(got["mask"], expected["mask"], f"causal_mask({inputs['t']})")
+
+
+def _mask_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
+    return Case(case_id, what, make, _mask_run, _mask_reference, _mask_judge, hidden)
+
+
+register(
+    _mask_case("02.causal_mask.visible", "causal_mask(4)", lambda seed: {"t": 4}),
+    _mask_case("02.causal_mask.hidden_single", "causal_mask(1)", lambda seed: {"t": 1}, hidden=True),
+    _mask_case("02.causal_mask.hidden_sizes", "causal_mask(T) for a longer T",
+               lambda seed: {"t": sizes_rng(seed).randint(6, 12)}, hidden=True),
+)
+
+# ---- attention(q, k, v) -> (output, weights), on (..., T, D)
+
+
+def _qkv_inputs(lead: tuple[int, ...], t: int, d: int, seed: int) -> Inputs:
+    gen = tensor_rng(seed)
+    q, k, v = (torch.randn(*lead, t, d, generator=gen) for _ in range(3))
+    sizes = dict(zip("BH", lead, strict=False)) | {"T": t, "D": d}
+    return {"q": q, "k": k, "v": v, "sizes": sizes}
+
+
+def _shape_symbols(inputs: Inputs) -> str:
+    return " ".join(s for s in "BH" if s in inputs["sizes"])
+
+
+def _call_attention(fn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    what = f"attention(q, k, v) on {tuple(q.shape)}"
+    return as_tensors(fn(q.clone(), k.clone(), v.clone()), ("output", "weights"), what)
+
+
+def _attention_run(fn: Any, inputs: Inputs) -> Outputs:
+    out, weights = _call_attention(fn, inputs["q"], inputs["k"], inputs["v"])
+    return {"output": out, "weights": weights}
+
+
+def _attention_reference(inputs: Inputs) -> Outputs:
+    out, weights = attention(inputs["q"], inputs["k"], inputs["v"])
+    return {"output": out, "weights": weights}
+
+
+def attention_mistakes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
+    """What common wrong attentions compute: description -> {"weights", "output"}."""
+    t, d = q.size(-2), q.size(-1)
+    raw = q @ k.transpose(-2, -1)  # (..., T, T)
+    allowed = torch.ones(t, t, dtype=torch.bool).tril()
+    variants = {
+        "the 1/sqrt(D) scaling is missing: divide the scores q k^T by sqrt(D) before the softmax":
+            raw.masked_fill(~allowed, float("-inf")).softmax(-1),
+        "the scores are divided by D instead of sqrt(D)": (raw / d).masked_fill(~allowed, float("-inf")).softmax(-1),
+        "softmax over the wrong axis: each query's weights must sum to 1 over the keys, softmax(dim=-1)":
+            (raw / math.sqrt(d)).masked_fill(~allowed, float("-inf")).softmax(-2),
+        "the mask is applied after the softmax: set future scores to -inf *before* it, so each row still sums "
+        "to 1": (raw / math.sqrt(d)).softmax(-1).masked_fill(~allowed, 0.0),
+    }
+    return {what: {"weights": w, "output": w @ v} for what, w in variants.items()}
+
+
+def _judge_attention_outputs(got: Outputs, expected: Outputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             sizes: dict[str, int], lead: str) -> None:
+    check_shape(got["weights"], f"{lead} T T", sizes, "attention weights")
+    check_shape(got["output"], f"{lead} T D", sizes, "attention output")
+    mistakes = attention_mistakes(q, k, v)
+    check_known_mistakes(got["weights"], expected["weights"], {what: m["weights"] for what, m in mistakes.items()},
+                         "attention weights")
+    check_attention_weights(got["weights"], "attention weights")
+    check_close(got["weights"], expected["weights"], "attention weights")
+    check_close(got["output"], expected["output"], "attention output (weights @ v)",
+                mistakes={"the output is the scores times v, not the softmax weights times v": q @ k.transpose(-2, -1)
+                          @ v / math.sqrt(q.size(-1))})
+
+
+def _attention_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    _judge_attention_outputs(got, expected, inputs["q"], inputs["k"], inputs["v"], inputs["sizes"],
+                             _shape_symbols(inputs))
+
+
+def _attention_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
+    return Case(case_id, what, make, _attention_run, _attention_reference, _attention_judge, hidden)
+
+
+def _causal_run(fn: Any, inputs: Inputs) -> Outputs:
+    copies = [perturbed_copies(inputs[name], dim=-2) for name in ("q", "k", "v")]  # each (T + 1, B, T, D)
+    runs = [_call_attention(fn, q, k, v) for q, k, v in zip(*copies, strict=True)]
+    return {"outputs": torch.stack([out for out, _ in runs]), "weights": runs[0][1]}
+
+
+def _causal_reference(inputs: Inputs) -> Outputs:
+    copies = [perturbed_copies(inputs[name], dim=-2) for name in ("q", "k", "v")]
+    runs = [attention(q, k, v) for q, k, v in zip(*copies, strict=True)]
+    return {"outputs": torch.stack([out for out, _ in runs]), "weights": runs[0][1]}
+
+
+def _causal_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    check_shape(got["weights"], "B T T", inputs["sizes"], "attention weights")
+    check_no_future_weight(got["weights"])
+    check_causal(got["outputs"], "attention", dim=-2)
+
+
+def _attention_hidden_4d(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    return _qkv_inputs((r.randint(2, 3), r.randint(2, 4)), r.randint(5, 9), r.choice([4, 6, 10]), seed)
+
+
+register(
+    _attention_case("02.attention.visible", "attention with q, k, v of shape (B, T, D) = (2, 5, 8)",
+                    lambda seed: _qkv_inputs((2,), 5, 8, seed)),
+    Case("02.attention.causal", "attention is causal: later q, k, v never change earlier outputs",
+         lambda seed: _qkv_inputs((2,), 6, 4, seed), _causal_run, _causal_reference, _causal_judge),
+    _attention_case("02.attention.hidden_single", "attention on one position (B=1, T=1)",
+                    lambda seed: _qkv_inputs((1,), 1, 4, seed), hidden=True),
+    _attention_case("02.attention.hidden_heads", "attention on (B, H, T, D) inputs (several heads at once)",
+                    _attention_hidden_4d, hidden=True),
+)
+
+# ---- AttentionHead(d_model, d_head): project x to q, k, v, then attend
+
+
+def _head_inputs(b: int, t: int, c: int, d: int, seed: int) -> Inputs:
+    gen = tensor_rng(seed)
+    return {
+        "init": {"d_model": c, "d_head": d},
+        "weights": random_weights(AttentionHead(c, d, bias=True), gen, scale=1 / math.sqrt(c)),
+        "x": torch.randn(b, t, c, generator=gen),
+        "sizes": {"B": b, "T": t, "C": c, "D": d},
+    }
+
+
+def _head_run(cls: Any, inputs: Inputs) -> Outputs:
+    c, d = inputs["init"]["d_model"], inputs["init"]["d_head"]
+    head = build_module(cls, f"AttentionHead({c}, {d})", inputs["init"], inputs["weights"])
+    out, weights = as_tensors(head(inputs["x"].clone()), ("output", "weights"),
+                              f"AttentionHead({c}, {d}) on x {tuple(inputs['x'].shape)}")
+    return {"output": out, "weights": weights}
+
+
+def _head_reference(inputs: Inputs) -> Outputs:
+    head = AttentionHead(inputs["init"]["d_model"], inputs["init"]["d_head"], bias=True)
+    head.load_state_dict(inputs["weights"])
+    with torch.no_grad():
+        out, weights = head(inputs["x"])
+    return {"output": out, "weights": weights}
+
+
+def _head_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    w, x = inputs["weights"], inputs["x"]
+    check_shape(got["output"], "B T D", inputs["sizes"], "head output", causes={
+        ("D", "C"): "the value projection is missing: the output is a mix of v = value(x), of width D"})
+    q, k, v = (x @ w[f"{n}.weight"].T + w[f"{n}.bias"] for n in ("query", "key", "value"))  # each (B, T, D)
+    _judge_attention_outputs(got, expected, q, k, v, inputs["sizes"], "B")
+
+
+def _head_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
+    return Case(case_id, what, make, _head_run, _head_reference, _head_judge, hidden)
+
+
+def _head_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    return _head_inputs(r.randint(2, 3), r.randint(4, 9), r.choice([16, 20, 24]), r.choice([4, 6, 8]), seed)
+
+
+register(
+    _head_case("02.head.visible", "AttentionHead(d_model=12, d_head=8) on x (B, T, C) = (2, 5, 12)",
+               lambda seed: _head_inputs(2, 5, 12, 8, seed)),
+    _head_case("02.head.hidden_single", "AttentionHead on one token (B=1, T=1)",
+               lambda seed: _head_inputs(1, 1, 6, 3, seed), hidden=True),
+    _head_case("02.head.hidden_square", "AttentionHead with d_head = d_model",
+               lambda seed: _head_inputs(2, 4, 6, 6, seed), hidden=True),
+    _head_case("02.head.hidden_sizes", "AttentionHead with other sizes", _head_hidden, hidden=True),
+)

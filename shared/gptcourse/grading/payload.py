@@ -1,0 +1,105 @@
+"""A check's result as plain data, and the verdict on it.
+
+The payload is what leaves the student's kernel (a display_data output of mimetype `MIME` in the notebook):
+
+    {"format": 1, "test_id": "02.causal_mask.visible", "seed": 123,
+     "outputs": {"mask": {"dtype": "bool", "shape": [4, 4], "data": "<base64 bytes>"}, "n": {"value": 3}},
+     "error": null}
+
+`outputs` is null and `error` a message when the student's code failed before producing outputs.
+`judge_payload` needs only this dict and the case registry: it recomputes the inputs from the seed and the
+expected outputs from the reference implementation, so it can run in a process where no student code ran.
+"""
+
+from __future__ import annotations
+
+import base64
+import textwrap
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..checks import CheckFailed
+from .cases import case_seed, get_case
+
+MIME = "application/vnd.gptcourse.result+json"
+FORMAT = 1
+MAX_ELEMENTS = 1_000_000  # per output tensor: a runaway shape must not bloat the notebook
+_DTYPES = {"float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"}
+
+
+def encode_value(value: Any) -> dict[str, Any]:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().as_subclass(torch.Tensor).contiguous()
+        if t.dtype == torch.bfloat16:
+            t = t.float()
+        if t.numel() > MAX_ELEMENTS:
+            raise CheckFailed(f"an output has {t.numel():,} elements (shape {tuple(t.shape)}), far more than expected")
+        array = t.numpy()
+        if array.dtype.name not in _DTYPES:
+            raise CheckFailed(f"an output has dtype {t.dtype}, which a check cannot compare")
+        return {"dtype": array.dtype.name, "shape": list(array.shape), "data": base64.b64encode(array.tobytes()).decode()}
+    if value is None or type(value) in (bool, int, float, str):
+        return {"value": value}
+    raise TypeError(f"a case's run must return tensors, numbers or strings, got {type(value).__name__}")
+
+
+def decode_value(encoded: dict[str, Any]) -> Any:
+    if "value" in encoded:
+        return encoded["value"]
+    dtype = np.dtype(encoded["dtype"])
+    if dtype.name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {dtype.name}")
+    array = np.frombuffer(base64.b64decode(encoded["data"]), dtype=dtype).reshape(encoded["shape"])
+    return torch.from_numpy(array.copy())
+
+
+def make_payload(test_id: str, seed: int, outputs: dict[str, Any] | None, error: str | None) -> dict[str, Any]:
+    encoded = None if outputs is None else {name: encode_value(v) for name, v in outputs.items()}
+    return {"format": FORMAT, "test_id": test_id, "seed": seed, "outputs": encoded, "error": error}
+
+
+WIDTH = 84  # `nbgrader validate` cuts lines at 90 characters, after a 4-space indent
+
+
+def _wrap(message: str) -> str:
+    return "\n".join(textwrap.fill(line, WIDTH, break_long_words=False, break_on_hyphens=False,
+                                   subsequent_indent="  ") for line in message.splitlines())
+
+
+def judge_payload(payload: dict[str, Any]) -> tuple[bool, str]:
+    """(passed, message) for one check's payload, judged with the case registry and the reference code.
+
+    The message is wrapped to fit `nbgrader validate`'s report.
+    """
+    passed, message = _judge(payload)
+    return passed, _wrap(message)
+
+
+def _judge(payload: dict[str, Any]) -> tuple[bool, str]:
+    test_id = str(payload.get("test_id"))
+    try:
+        case = get_case(test_id)
+    except KeyError as err:
+        return False, str(err.args[0])
+    seed = case_seed(case)
+    header = f"{case.id} failed: {case.what}" + (" (hidden test)" if case.hidden else "")
+    if payload.get("format") != FORMAT or payload.get("seed") != seed:
+        return False, f"{header}\nthe result was computed for other inputs (format {payload.get('format')}, " \
+                      f"seed {payload.get('seed')}); run the lab's cells again from the top"
+    if payload.get("error") is not None or payload.get("outputs") is None:
+        return False, f"{header}\n{payload.get('error') or 'no result'}"
+    try:
+        got = {name: decode_value(v) for name, v in payload["outputs"].items()}
+    except (KeyError, TypeError, ValueError) as err:
+        return False, f"{header}\nthe result could not be read ({type(err).__name__}: {err})"
+    inputs = case.make_inputs(seed)
+    expected = case.reference(inputs)
+    if set(got) != set(expected):
+        return False, f"{header}\nthe result holds {sorted(got)}, expected {sorted(expected)}"
+    try:
+        case.judge(got, expected, inputs)
+    except CheckFailed as failure:
+        return False, f"{header}\n{failure}"
+    return True, f"✓ {case.id} passed: {case.what}" + (" (hidden test)" if case.hidden else "")

@@ -1,0 +1,81 @@
+"""Calling the student's code from a case's `run`: build their module with reference weights, take their
+outputs as plain tensors, and describe their exceptions in words (with the line of *their* code that raised)."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..checks import fail, fmt_shape
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
+
+
+def build_module(cls: Any, what: str, kwargs: dict[str, Any], weights: dict[str, torch.Tensor]) -> nn.Module:
+    """`cls(**kwargs)` with the reference `weights` loaded, so random initialisation never decides a grade."""
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise fail(f"{what}: expected a class derived from nn.Module, got {type(cls).__name__} {cls!r}")
+    module = cls(**kwargs)
+    load_weights(module, weights, what)
+    return module.eval()
+
+
+def load_weights(module: nn.Module, weights: dict[str, torch.Tensor], what: str) -> None:
+    """Copy `weights` into `module`'s parameters; the lab fixes their names and shapes."""
+    have = {name: tuple(p.shape) for name, p in module.named_parameters()}
+    want = {name: tuple(w.shape) for name, w in weights.items()}
+    listing = ", ".join(f"{n} {fmt_shape(s)}" for n, s in want.items())
+    missing, unexpected = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    if missing or unexpected:
+        found = ", ".join(f"{n} {fmt_shape(s)}" for n, s in have.items()) or "none"
+        raise fail(f"{what} has parameters [{found}]; the lab fixes their names and shapes: [{listing}]"
+                   + (f". Missing: {missing}" if missing else "") + (f". Unexpected: {unexpected}" if unexpected else ""))
+    for name, shape in want.items():
+        if have[name] != shape:
+            hint = " (transposed: nn.Linear(in, out).weight has shape (out, in))" if have[name] == shape[::-1] else ""
+            raise fail(f"{what}: parameter {name} has shape {fmt_shape(have[name])}, expected {fmt_shape(shape)}"
+                       f"{hint}. The lab fixes: [{listing}]")
+    params = dict(module.named_parameters())
+    with torch.no_grad():
+        for name, w in weights.items():
+            params[name].copy_(w)
+
+
+def as_tensor(value: Any, what: str) -> torch.Tensor:
+    """The student's result as a plain, detached CPU tensor; a clear failure if it is not a tensor."""
+    if not isinstance(value, torch.Tensor):
+        raise fail(f"{what} returned {type(value).__name__}, expected a torch.Tensor")
+    return value.detach().cpu().as_subclass(torch.Tensor)
+
+
+def as_tensors(value: Any, names: tuple[str, ...], what: str) -> tuple[torch.Tensor, ...]:
+    """Unpack a returned tuple such as (output, weights), each a tensor."""
+    if not isinstance(value, tuple) or len(value) != len(names):
+        got = f"a tuple of {len(value)}" if isinstance(value, tuple) else type(value).__name__
+        raise fail(f"{what} must return a tuple ({', '.join(names)}), got {got}")
+    return tuple(as_tensor(v, f"{what} ({name})") for v, name in zip(value, names, strict=True))
+
+
+def _student_frame(err: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of the student's own code: not this package, not a library, not the standard library."""
+    library = (_PACKAGE_DIR, sys.prefix, sys.base_prefix)
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not f.filename.startswith(library) and "site-packages" not in f.filename]
+    return frames[-1] if frames else None
+
+
+def describe_error(err: BaseException) -> str:
+    """"your code raised IndexError: ... (line 3 of your cell: `...`)"."""
+    if isinstance(err, NotImplementedError):
+        return "not written yet (your code raises NotImplementedError): replace `raise NotImplementedError()` with " \
+               "your code"
+    message = f"your code raised {type(err).__name__}: {err}".rstrip(": ")
+    frame = _student_frame(err)
+    if frame is not None and frame.line:
+        message += f" (line {frame.lineno} of your cell: `{frame.line.strip()}`)"
+    return message
