@@ -109,3 +109,18 @@ def rotation_arrows(points: torch.Tensor, ax: Axes | None = None, title: str | N
     ax.axvline(0, color="0.8", lw=0.5)
     ax.set_title(title or "")
     return ax
+
+
+def flow_diagram(steps: Sequence[tuple[str, str]], ax: Axes | None = None, title: str | None = None) -> Axes:
+    """Boxes left to right joined by arrows: each step is (name, shape), e.g. ("token ids", "(B, T)")."""
+    ax = _new_axes(ax, (2.1 * len(steps), 1.6))
+    for i, (name, shape) in enumerate(steps):
+        ax.text(i, 0, f"{name}\n{shape}", ha="center", va="center", fontsize=9,
+                bbox={"boxstyle": "round,pad=0.4", "facecolor": "#e8f0fe", "edgecolor": "#4a6fa5"})
+        if i:
+            ax.annotate("", xy=(i - 0.36, 0), xytext=(i - 0.64, 0), arrowprops={"arrowstyle": "->"})
+    ax.set_xlim(-0.5, len(steps) - 0.5)
+    ax.set_ylim(-0.5, 0.5)
+    ax.axis("off")
+    ax.set_title(title or "")
+    return ax
