@@ -5,6 +5,7 @@
     grading/submitted/<student>/NN_topic/       collected submissions                (grading/ is git-ignored)
     grading/autograded/, grading/feedback/      nbgrader's output
     grading/gradebook.db                        the gradebook (SQLite)
+    grading/grades.csv                          `nbgrader export`
     grading/downloaded/NN_topic/archive/        submissions downloaded from an LMS, for `nbgrader zip_collect`,
                                                 named <student>_NN_topic.ipynb (or zips of such files)
 
@@ -32,6 +33,7 @@ c.CourseDirectory.solution_directory = os.path.join("grading", "solution")
 os.makedirs(os.path.join(ROOT, "grading"), exist_ok=True)  # SQLite creates the file, not its folder
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(ROOT, "grading", "gradebook.db")
 
+c.CsvExportPlugin.to = os.path.join(ROOT, "grading", "grades.csv")  # `nbgrader export`
 c.ZipCollectApp.downloaded_directory = os.path.join("grading", "downloaded")
 c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^/_]+)_(?P<file_id>[^/]+\.ipynb)$"
 

@@ -1,4 +1,4 @@
-"""The `gptcourse` command: `gptcourse check-env` (paste its output in bug reports)."""
+"""The `gptcourse` command: `gptcourse check-env` (paste its output in bug reports), `gptcourse progress`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import platform
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 MIN_PYTHON = (3, 10)
 PACKAGES = ("torch", "jupyterlab", "nbgrader", "ipywidgets", "matplotlib")
@@ -54,16 +55,73 @@ def check_env(_: argparse.Namespace) -> int:
     return 0 if all(ok for _, ok, _ in checks) else 1
 
 
-COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int]]] = {
-    "check-env": ("check that everything the course needs is installed", check_env),
+def _is_visible_test(cell: dict) -> bool:
+    """An autograded test cell of a released lab with code in it (hidden-test cells hold only a comment)."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    code = [line for line in cell.get("source", "").splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return cell.get("cell_type") == "code" and bool(meta.get("grade")) and not meta.get("solution") and bool(code)
+
+
+def _cell_passed(cell: dict) -> bool:
+    """nbgrader's rule: a test cell fails if it shows an error or writes to stderr."""
+    return not any(out.get("output_type") == "error"
+                   or (out.get("output_type") == "stream" and out.get("name") == "stderr")
+                   for out in cell.get("outputs", []))
+
+
+def lab_progress(notebook: Path, timeout: int = 120) -> tuple[int, list[str]]:
+    """Run a lab notebook (in memory: the file is not changed) -> (number of visible tests, ids of failing ones)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(notebook, as_version=4)
+    NotebookClient(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
+                   resources={"metadata": {"path": str(notebook.parent)}}).execute()
+    tests = [cell for cell in nb.cells if _is_visible_test(cell)]
+    failing = [cell.metadata.nbgrader.get("grade_id", "?") for cell in tests if not _cell_passed(cell)]
+    return len(tests), failing
+
+
+def progress(args: argparse.Namespace) -> int:
+    labs_dir = Path(args.labs)
+    wanted = tuple(args.lab) or ("",)
+    notebooks = sorted(p for p in labs_dir.glob("*/*.ipynb") if p.stem == p.parent.name and p.stem.startswith(wanted))
+    if not notebooks:
+        print(f"no labs found in {labs_dir.resolve()}: run from the course's root folder, or pass --labs PATH")
+        return 2
+    width = max(len(p.stem) for p in notebooks)
+    print(f"{'lab':<{width}}  visible tests  failing")
+    all_pass = True
+    for notebook in notebooks:
+        tests, failing = lab_progress(notebook)
+        all_pass &= not failing
+        status = "all pass" if not failing else ", ".join(failing)
+        print(f"{notebook.stem:<{width}}  {f'{tests - len(failing)}/{tests}':>13}  {status}", flush=True)
+    return 0 if all_pass else 1
+
+
+def _progress_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("lab", nargs="*", help="only labs whose name starts with this (e.g. 02)")
+    parser.add_argument("--labs", default="labs", help="the folder holding NN_topic/NN_topic.ipynb (default: labs)")
+
+
+Command = tuple[str, Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None] | None]
+
+COMMANDS: dict[str, Command] = {
+    "check-env": ("check that everything the course needs is installed", check_env, None),
+    "progress": ("run each lab's visible tests and show which pass (exit code 1 if any fails)", progress,
+                 _progress_arguments),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gptcourse", description="Build a GPT from scratch: course tools.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (help_text, func) in COMMANDS.items():
-        sub.add_parser(name, help=help_text).set_defaults(func=func)
+    for name, (help_text, func, add_arguments) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        if add_arguments is not None:
+            add_arguments(command)
+        command.set_defaults(func=func)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -39,7 +39,8 @@ def encode_value(value: Any) -> dict[str, Any]:
         array = t.numpy()
         if array.dtype.name not in _DTYPES:
             raise CheckFailed(f"an output has dtype {t.dtype}, which a check cannot compare")
-        return {"dtype": array.dtype.name, "shape": list(array.shape), "data": base64.b64encode(array.tobytes()).decode()}
+        data = base64.b64encode(array.tobytes()).decode()
+        return {"dtype": array.dtype.name, "shape": list(array.shape), "data": data}
     if value is None or type(value) in (bool, int, float, str):
         return {"value": value}
     raise TypeError(f"a case's run must return tensors, numbers or strings, got {type(value).__name__}")

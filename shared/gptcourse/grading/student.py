@@ -34,7 +34,8 @@ def load_weights(module: nn.Module, weights: dict[str, torch.Tensor], what: str)
     if missing or unexpected:
         found = ", ".join(f"{n} {fmt_shape(s)}" for n, s in have.items()) or "none"
         raise fail(f"{what} has parameters [{found}]; the lab fixes their names and shapes: [{listing}]"
-                   + (f". Missing: {missing}" if missing else "") + (f". Unexpected: {unexpected}" if unexpected else ""))
+                   + (f". Missing: {missing}" if missing else "")
+                   + (f". Unexpected: {unexpected}" if unexpected else ""))
     for name, shape in want.items():
         if have[name] != shape:
             hint = " (transposed: nn.Linear(in, out).weight has shape (out, in))" if have[name] == shape[::-1] else ""

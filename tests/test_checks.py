@@ -1,0 +1,226 @@
+"""gptcourse.checks: every diagnostic, each produced by a known-wrong implementation of the real thing.
+
+The wrong implementations are written here with torch's own modules (nn.LayerNorm, nn.RMSNorm,
+nn.MultiheadAttention, scaled_dot_product_attention) or the reference GPT with one piece left out.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from gptcourse import GPT, preset
+from gptcourse.checks import (
+    CheckFailed,
+    check_attention_weights,
+    check_causal,
+    check_causal_mask,
+    check_close,
+    check_parameter_count,
+    check_shape,
+    gpt_module_breakdown,
+    norm_mistakes,
+    perturbed_copies,
+)
+
+TINY = preset("seed-tiny")  # V=100, C=32, H=4, N=2, tied: 24,096 parameters
+
+
+def _fails(match: str):
+    return pytest.raises(CheckFailed, match=match)
+
+
+def _weights(scores: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    return scores.masked_fill(~mask, float("-inf")).softmax(dim)
+
+
+@pytest.fixture
+def qkv() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(2, 5, 8, generator=gen) for _ in range(3))
+
+
+# ---- shapes
+
+
+def test_missing_output_projection_is_named():
+    model = GPT(TINY)
+    hidden = model.forward_hidden(torch.randint(0, 100, (2, 5)))  # forgot lm_head: (B, T, C)
+    with _fails(r"shape \(B, T, C\) = \(2, 5, 32\), expected \(B, T, V\) = \(2, 5, 100\): axis 2 \(V\) has size "
+                r"32 = C, expected 100: the output projection \(C -> V\) is missing"):
+        check_shape(hidden, "B T V", {"B": 2, "T": 5, "C": 32, "V": 100}, "logits")
+
+
+def test_unmerged_heads_are_named():
+    mha = nn.MultiheadAttention(32, 4, batch_first=True)
+    x = torch.randn(2, 5, 32)
+    q = mha.in_proj_weight[:32] @ x.transpose(1, 2)  # (B, C, T)
+    per_head = q.transpose(1, 2).view(2, 5, 4, 8).transpose(1, 2)  # (B, H, T, D), never merged back
+    with _fails(r"\(B, H, T, D\) = \(2, 4, 5, 8\), expected \(B, T, C\).*the heads are not merged"):
+        check_shape(per_head, "B T C", {"B": 2, "H": 4, "T": 5, "D": 8, "C": 32}, "attention output")
+
+
+def test_transposed_axes_are_named():
+    x = torch.randn(2, 5, 32)
+    with _fails(r"axes 1 \(T\) and 2 \(C\) are swapped"):
+        check_shape(x.transpose(1, 2), "B T C", {"B": 2, "T": 5, "C": 32}, "block output")
+
+
+def test_missing_value_projection_is_named_with_a_lab_cause():
+    x = torch.randn(2, 5, 12)
+    out = F.scaled_dot_product_attention(x, x, x, is_causal=True)  # v = x: no value projection
+    cause = {("D", "C"): "the value projection is missing"}
+    with _fails(r"axis 2 \(D\) has size 12 = C, expected 8: the value projection is missing"):
+        check_shape(out, "B T D", {"B": 2, "T": 5, "C": 12, "D": 8}, "head output", causes=cause)
+
+
+def test_missing_batch_axis_is_named():
+    with _fails("the batch axis is missing"):
+        check_shape(torch.zeros(5, 32), "B T C", {"B": 2, "T": 5, "C": 32}, "embeddings")
+
+
+def test_right_shape_passes():
+    check_shape(torch.zeros(2, 5, 32), "B T C", {"B": 2, "T": 5, "C": 32}, "x")
+
+
+# ---- values
+
+
+def test_softmax_over_the_wrong_axis(qkv):
+    q, k, _ = qkv
+    scores = q @ k.transpose(-2, -1) / math.sqrt(8)
+    wrong = _weights(scores, torch.ones(5, 5, dtype=torch.bool).tril(), dim=-2)
+    with _fails(r"softmax is over the wrong axis.*softmax\(dim=-1\)"):
+        check_attention_weights(wrong)
+
+
+def test_mask_on_the_wrong_triangle(qkv):
+    q, k, _ = qkv
+    scores = q @ k.transpose(-2, -1) / math.sqrt(8)
+    wrong = _weights(scores, torch.ones(5, 5, dtype=torch.bool).triu())
+    with _fails("the mask is on the wrong triangle"):
+        check_attention_weights(wrong)
+
+
+def test_future_positions_are_listed(qkv):
+    q, k, _ = qkv
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    mask[1, 3] = True  # one leak
+    with _fails(r"weight on the future \(position 1 sees 3\)"):
+        check_attention_weights(_weights(q @ k.transpose(-2, -1), mask))
+
+
+def test_missing_scale_is_a_constant_ratio(qkv):
+    q, k, _ = qkv
+    expected = q @ k.transpose(-2, -1) / math.sqrt(8)
+    unscaled = q @ k.transpose(-2, -1)
+    with _fails(r"times 2\.828 everywhere \(= sqrt\(D\)\): a division by sqrt\(D\) is missing"):
+        check_close(unscaled, expected, "scores", scales={"sqrt(D)": math.sqrt(8)})
+
+
+def test_largest_error_and_where():
+    expected = torch.zeros(2, 3, 4)
+    got = expected.clone()
+    got[1, 2, 3] = 0.5
+    got[0, 0, 0] = 0.1
+    with _fails(r"largest error 0\.5 at index \(1, 2, 3\): got 0\.5, expected 0; 2 of 24 entries are off"):
+        check_close(got, expected, "output")
+
+
+def test_rmsnorm_with_mean_subtraction_is_recognised():
+    x = torch.randn(2, 5, 16) + 3.0  # a non-zero mean, so the mistake matters
+    reference = nn.RMSNorm(16, eps=1e-6)
+    wrong = nn.LayerNorm(16, eps=1e-6, bias=False)  # what "RMSNorm" minus the mean computes
+    with torch.no_grad():
+        reference.weight.uniform_(0.5, 1.5)
+        wrong.weight.copy_(reference.weight)
+        got, expected = wrong(x), reference(x)
+    with _fails("it subtracts the mean"):
+        check_close(got, expected, "RMSNorm output", mistakes=norm_mistakes(x, reference.weight.detach(), 1e-6))
+
+
+def test_a_known_mistake_that_gives_the_right_answer_is_not_blamed():
+    expected = torch.ones(1, 1, 1)
+    check_close(expected.clone(), expected, "weights", mistakes={"softmax over the wrong axis": expected.clone()})
+
+
+# ---- the mask and causality
+
+
+@pytest.mark.parametrize(("wrong", "message"), [
+    (lambda t: torch.ones(t, t, dtype=torch.bool).triu(), "on the wrong triangle"),
+    (lambda t: torch.ones(t, t, dtype=torch.bool).tril(-1), "the diagonal is masked"),
+    (lambda t: ~torch.ones(t, t, dtype=torch.bool).tril(), "True and False are swapped"),
+    (lambda t: torch.ones(t, t).tril(), "dtype torch.float32, expected torch.bool"),
+])
+def test_causal_mask_mistakes(wrong, message):
+    with _fails(message):
+        check_causal_mask(wrong(4), torch.tril(torch.ones(4, 4)).bool())
+
+
+def test_non_causal_model_lists_positions_that_see_the_future():
+    mha = nn.MultiheadAttention(8, 2, batch_first=True)  # no attn_mask: bidirectional
+    x = torch.randn(2, 4, 8)
+    with torch.no_grad():
+        outputs = torch.stack([mha(c, c, c, need_weights=False)[0] for c in perturbed_copies(x)])
+    with _fails(r"not causal.*position 0 sees 1, 2, 3; position 1 sees 2, 3; position 2 sees 3"):
+        check_causal(outputs, "attention")
+
+
+def test_causal_model_passes_the_probe():
+    mha = nn.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(2, 4, 8)
+    mask = torch.ones(4, 4, dtype=torch.bool).triu(1)  # True = blocked, torch's convention
+    with torch.no_grad():
+        outputs = torch.stack([mha(c, c, c, attn_mask=mask, need_weights=False)[0] for c in perturbed_copies(x)])
+    check_causal(outputs, "attention")
+
+
+def test_token_ids_are_perturbed_within_the_vocabulary():
+    copies = perturbed_copies(torch.tensor([[0, 99]]), vocab_size=100)
+    assert copies.tolist() == [[[0, 99]], [[1, 99]], [[0, 0]]]
+
+
+# ---- parameter counts
+
+
+def test_untied_output_projection_is_explained():
+    untied = sum(p.numel() for p in GPT(preset("seed-tiny-untied")).parameters())  # 27,296
+    with _fails(r"27,296, expected 24,096: \+3,200 = V x d: untied output projection\?"):
+        check_parameter_count(untied, TINY)
+
+
+def test_missing_position_table_is_explained():
+    config = preset("seed-repo")  # learned positions, T_max=64, d=128
+    without_positions = sum(p.numel() for n, p in GPT(config).named_parameters() if not n.startswith("pos_emb"))
+    with _fails(r"-8,192 = T_max x d: the learned position table is missing\?"):
+        check_parameter_count(without_positions, config)
+
+
+def test_component_breakdown_names_the_wrong_component():
+    model = GPT(TINY)
+    model.final_norm = nn.Identity()  # forgot the final norm
+    with _fails(r"1 component\(s\) wrong: final_norm is 0, expected 32 \(-32 = one norm: the final norm is "
+                r"missing\?\)"):
+        check_parameter_count(gpt_module_breakdown(model), TINY)
+
+
+def test_correct_counts_pass():
+    model = GPT(TINY)
+    check_parameter_count(sum(p.numel() for p in model.parameters()), TINY)
+    check_parameter_count(gpt_module_breakdown(model), TINY)
+
+
+# ---- display
+
+
+def test_notebook_display_is_the_message_only():
+    error = CheckFailed("logits: shape (2, 5, 32), expected (2, 5, 100)")
+    rendered = "\n".join(error._render_traceback_())
+    assert "logits: shape (2, 5, 32), expected (2, 5, 100)" in rendered
+    assert "Traceback" not in rendered and "File" not in rendered
+    assert isinstance(error, AssertionError)  # nbgrader scores a cell with any error output 0

@@ -1,0 +1,84 @@
+"""Lab 02 graded by real nbgrader: full marks for the solution, 0 for the untouched release, and each known
+mistake loses exactly the points of the tests it should fail."""
+
+from __future__ import annotations
+
+import pytest
+
+LAB = "02_causal_attention"
+ATTENTION = '''
+def attention(q, k, v):
+    T = q.size(-2)
+    scores = q @ k.transpose(-2, -1) / {scale}
+    scores = scores.masked_fill(~{mask}, float("-inf"))
+    weights = scores.softmax(dim={dim})
+    return weights @ v, weights
+'''
+RIGHT = {"scale": "math.sqrt(q.size(-1))", "mask": "causal_mask(T)", "dim": -1}
+ATTENTION_TESTS = {"test_attention", "test_attention_hidden", "test_head", "test_head_hidden"}
+# student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
+WRONG = {
+    # normalising over the queries mixes in later queries: the causal probe catches that leak too
+    "softmax-wrong-axis": ({"attention": ATTENTION.format(**RIGHT | {"dim": -2})},
+                           ATTENTION_TESTS | {"test_attention_causal"}),
+    "mask-wrong-triangle": ({"attention": ATTENTION.format(**RIGHT | {"mask": "torch.ones(T, T).bool().triu()"})},
+                            ATTENTION_TESTS | {"test_attention_causal"}),
+    "no-scaling": ({"attention": ATTENTION.format(**RIGHT | {"scale": "1"})}, ATTENTION_TESTS),
+    "no-value-projection": ({"head": '''
+class AttentionHead(nn.Module):
+    def __init__(self, d_model, d_head):
+        super().__init__()
+        self.query = nn.Linear(d_model, d_head)
+        self.key = nn.Linear(d_model, d_head)
+        self.value = nn.Linear(d_model, d_head)
+
+    def forward(self, x):
+        return attention(self.query(x), self.key(x), x)
+'''}, {"test_head", "test_head_hidden"}),
+}
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def scores(course):
+    return course.grade_class(LAB, WRONG)
+
+
+def test_solution_scores_full_marks(course, scores):
+    assert scores["solution"] == course.expected_scores(LAB)
+
+
+def test_untouched_release_scores_zero(course, scores):
+    assert scores["untouched"] == course.expected_scores(LAB, set(course.expected_scores(LAB)))
+
+
+@pytest.mark.parametrize("student", WRONG)
+def test_each_mistake_loses_exactly_its_tests(course, scores, student):
+    assert scores[student] == course.expected_scores(LAB, WRONG[student][1])
+
+
+def test_validate_reports_success_and_the_failing_test(course):
+    assert "Success! Your notebook passes all the tests." in course.validate("lab02-solved", course.solved(LAB))
+    report = course.validate("lab02-softmax-wrong-axis", course.solved(LAB, WRONG["softmax-wrong-axis"][0]))
+    assert "VALIDATION FAILED ON 3 CELL(S)" in report
+    assert 'check("02.attention.visible", attention)' in report
+    assert "softmax over the wrong axis" in report
+
+
+def test_recorded_results_judged_outside_the_kernel_agree_with_nbgrader(course, scores):
+    from gptcourse.grading import MIME, judge_payload
+
+    for student, by_cell in scores.items():
+        nb = course.notebook(f"grading/autograded/{student}", LAB)
+        for cell in nb.cells:
+            grade_id = cell.metadata.nbgrader.get("grade_id")
+            if grade_id not in by_cell:
+                continue
+            payloads = [out.data[MIME] for out in cell.outputs if MIME in out.get("data", {})]
+            calls = cell.source.count("check(")
+            rejudged = len(payloads) == calls and all(judge_payload(p)[0] for p in payloads)
+            assert rejudged == (by_cell[grade_id] > 0), (student, grade_id)
+            for error in (out for out in cell.outputs if out.output_type == "error"):
+                assert error.ename == "CheckFailed" and len(error.traceback) == 1, (student, grade_id)
+                assert "check(" not in error.traceback[0] and "Traceback" not in error.traceback[0]

@@ -1,0 +1,61 @@
+"""The course directory as an instructor and a student use it: labs/ is exactly what nbgrader generates from
+solutions/, zip_collect files submissions where autograde finds them, `gptcourse progress` reports each lab."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LABS = sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir())
+
+pytestmark = pytest.mark.slow
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_labs_are_exactly_what_nbgrader_generates_from_solutions(fresh_course):
+    shutil.rmtree(fresh_course.root / "labs")
+    for lab in LABS:
+        fresh_course.nbgrader("generate_assignment", lab)
+    generated, committed = _files(fresh_course.root / "labs"), _files(ROOT / "labs")
+    drift = sorted(name for name in generated.keys() | committed.keys() if generated.get(name) != committed.get(name))
+    assert not drift, (f"labs/ differs from what solutions/ generates: {drift}. From the repo root run "
+                       "`nbgrader generate_assignment NN_topic --force` for each changed lab and commit labs/.")
+
+
+def test_zip_collect_files_downloaded_submissions_for_autograde(fresh_course):
+    lab = LABS[0]
+    archive = fresh_course.root / "grading" / "downloaded" / lab / "archive"
+    archive.mkdir(parents=True)
+    released = fresh_course.root / "labs" / lab / f"{lab}.ipynb"
+    shutil.copy(released, archive / f"alice_{lab}.ipynb")
+    with zipfile.ZipFile(archive / "bob.zip", "w") as zf:
+        zf.write(released, f"bob_{lab}.ipynb")
+    fresh_course.nbgrader("zip_collect", lab)
+    for student in ("alice", "bob"):
+        submitted = fresh_course.root / "grading" / "submitted" / student / lab / f"{lab}.ipynb"
+        assert submitted.read_bytes() == released.read_bytes()
+
+
+def test_progress_shows_which_visible_tests_pass(fresh_course, tmp_path):
+    done, todo = LABS[0], LABS[1]
+    labs = tmp_path / "labs"
+    for lab in (done, todo):
+        (labs / lab).mkdir(parents=True)
+    nbformat.write(fresh_course.solved(done), labs / done / f"{done}.ipynb")
+    shutil.copy(ROOT / "labs" / todo / f"{todo}.ipynb", labs / todo)
+    proc = subprocess.run([sys.executable, "-m", "gptcourse.cli", "progress", "--labs", str(labs)],
+                          capture_output=True, text=True, timeout=600)
+    rows = {line.split()[0]: line.split(None, 2)[1:] for line in proc.stdout.splitlines()[1:]}
+    assert rows[done] == ["2/2", "all pass"]
+    assert rows[todo] == ["0/4", "test_causal_mask, test_attention, test_attention_causal, test_head"]
+    assert proc.returncode == 1
