@@ -71,3 +71,16 @@ def test_check_env_fails_loudly(monkeypatch, capsys):
 def test_cli_needs_a_command():
     with pytest.raises(SystemExit):
         cli.main([])
+
+
+def test_check_env_notices_a_disabled_nbgrader_extension(tmp_path, monkeypatch):
+    import jupyter_core.paths
+
+    labconfig = tmp_path / "labconfig"
+    labconfig.mkdir()
+    (labconfig / "page_config.json").write_text('{"disabledExtensions": {"@jupyter/nbgrader": true}}')
+    real = jupyter_core.paths.jupyter_config_path
+    monkeypatch.setattr(jupyter_core.paths, "jupyter_config_path", lambda: [str(tmp_path), *real()])
+    ok, detail = cli._nbgrader_labextension()
+    assert not ok
+    assert "jupyter labextension enable @jupyter/nbgrader" in detail

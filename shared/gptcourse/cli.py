@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import platform
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,16 +21,39 @@ def _version_of(module: str) -> tuple[bool, str]:
         return False, f"not importable ({type(err).__name__}: {err})"
 
 
+def _json_files(folder: str, pattern: str) -> list[dict]:
+    """Every JSON object in the files matching `pattern` under one Jupyter config folder."""
+    found = []
+    for path in sorted(Path(folder).glob(pattern)):
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def _nbgrader_labextension() -> tuple[bool, str]:
-    try:
-        out = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"],
-                             capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return False, f"could not run `jupyter labextension list`: {err}"
-    lines = [line for line in (out.stdout + out.stderr).splitlines() if "nbgrader" in line]
-    if any("enabled" in line and "disabled" not in line for line in lines):
-        return True, "enabled"
-    return False, "not enabled: run `jupyter labextension enable @jupyter/nbgrader`" if lines else "not installed"
+    """Read Jupyter's own config files (fast; `jupyter labextension list` takes seconds to start)."""
+    from jupyter_core.paths import jupyter_config_path, jupyter_path
+
+    packages = [Path(p) / "@jupyter" / "nbgrader" / "package.json" for p in jupyter_path("labextensions")]
+    installed = next((p for p in packages if p.is_file()), None)
+    if installed is None:
+        return False, "not installed: `pip install nbgrader` ships it"
+    disabled, server_enabled = set(), set()
+    for folder in jupyter_config_path():
+        for config in _json_files(folder, "labconfig/page_config.json"):
+            disabled |= {name for name, off in dict(config.get("disabledExtensions") or {}).items() if off}
+        for config in _json_files(folder, "jupyter_server_config.d/*.json"):
+            extensions = config.get("ServerApp", {}).get("jpserver_extensions", {})
+            server_enabled |= {name for name, on in extensions.items() if on and name.startswith("nbgrader")}
+    off = sorted(name for name in disabled if name.startswith("@jupyter/nbgrader"))
+    if off:
+        return False, f"disabled ({', '.join(off)}): run `jupyter labextension enable @jupyter/nbgrader`"
+    if "nbgrader.server_extensions.validate_assignment" not in server_enabled:
+        return False, "server extension not enabled: run `jupyter server extension enable --sys-prefix nbgrader`"
+    version = json.loads(installed.read_text()).get("version", "?")
+    return True, f"enabled ({version}, with {len(server_enabled)} server extensions)"
 
 
 def environment_checks() -> list[tuple[str, bool, str]]:
