@@ -17,6 +17,12 @@ from ...positions import LearnedPositions
 from ..cases import Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
 from ..student import as_tensor, build_module
 
+# piece -> references a student must not import or call for it (the lab's intro says so; the grader enforces it)
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "one_hot_embed": ("gptcourse.model.GPT",),
+    "embedding": ("gptcourse.positions.LearnedPositions", "gptcourse.model.GPT"),
+}
+
 # ---- one_hot_embed(ids, table): the embedding lookup written as one-hot @ E
 
 

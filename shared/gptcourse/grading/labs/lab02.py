@@ -25,6 +25,16 @@ from ...checks import (
 from ..cases import Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
 from ..student import as_tensor, as_tensors, build_module
 
+_ATTENTION = ("gptcourse.attention.attention", "gptcourse.attention.fused_attention",
+              "torch.nn.functional.scaled_dot_product_attention")
+# piece -> references a student must not import or call for it (the lab's intro says so; the grader enforces it)
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "causal_mask": ("gptcourse.attention.causal_mask",),
+    "attention": _ATTENTION,
+    "head": (*_ATTENTION, "gptcourse.attention.AttentionHead", "gptcourse.attention.MultiHeadAttention",
+             "torch.nn.MultiheadAttention"),
+}
+
 # ---- causal_mask(T)
 
 
