@@ -65,7 +65,7 @@ class GPT(nn.Module):
                 + (f" ({past} cached + {idx.size(1)} new)" if past else "")
             )
         if idx.numel() and idx.device.type != "meta":
-            lo, hi = int(idx.min()), int(idx.max())
+            lo, hi = (int(v) for v in torch.aminmax(idx))  # one pass over the ids, not two
             if lo < 0 or hi >= c.vocab_size:
                 bad = lo if lo < 0 else hi
                 raise ValueError(f"token id {bad} is out of range: expected 0 <= id < vocab_size={c.vocab_size}")

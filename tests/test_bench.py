@@ -1,0 +1,57 @@
+"""The benchmark script runs and reports what it promises (a smoke test: no speed is asserted)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gptcourse import GPT
+from gptcourse.bench import QUICK, TARGETS, flops_per_token, model_config
+
+
+@pytest.fixture(scope="module")
+def quick_report() -> dict:
+    proc = subprocess.run([sys.executable, "-m", "gptcourse.bench", "--quick", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_quick_json_has_every_section(quick_report):
+    r = quick_report
+    assert r["quick"] is True
+    assert set(r["machine"]) >= {"torch", "threads"}
+    assert r["machine"]["threads"] >= 1
+    assert [row["config"] for row in r["training"]] == [shape.name for shape in QUICK["shapes"]]
+    for row in r["training"]:
+        for key in ("peak_gflops", "ours_tokens_per_s", "hf_tokens_per_s", "ours_mfu", "hf_mfu", "ours_over_hf"):
+            assert row[key] > 0, (key, row)
+        # The ratio and MFU are the ones the raw timings imply.
+        assert row["ours_over_hf"] == pytest.approx(row["hf_ms_per_step"] / row["ours_ms_per_step"])
+        assert row["ours_mfu"] == pytest.approx(row["ours_tokens_per_s"] * row["flops_per_token"]
+                                                / (row["peak_gflops"] * 1e9))
+    assert [row["T"] for row in r["attention"]] == list(QUICK["attention_lengths"])
+    for row in r["attention"]:
+        assert row["fused_over_explicit"] == pytest.approx(row["explicit_ms"] / row["fused_ms"])
+    gen = r["generation"]
+    assert gen["new_tokens"] == QUICK["generate_tokens"]
+    assert gen["cache_over_recompute"] == pytest.approx(gen["recompute_s"] / gen["cache_s"])
+
+
+def test_every_target_is_reported_with_its_verdict(quick_report):
+    targets = {t["name"]: t for t in quick_report["targets"]}
+    assert set(targets) == set(TARGETS)
+    for name, t in targets.items():
+        assert t["target"] == TARGETS[name]
+        assert t["met"] is (t["value"] >= t["target"])
+
+
+@pytest.mark.parametrize("shape", QUICK["shapes"], ids=lambda s: s.name)
+def test_flops_per_token_is_nanogpt_formula(shape):
+    config = model_config(shape)
+    model = GPT(config)
+    # Independent count: the model's own parameters, without the position table (it does no matmul).
+    n = sum(p.numel() for p in model.parameters()) - model.pos_emb.weight.numel()
+    expected = 6 * n + 12 * shape.n_layers * shape.d_model * shape.block_size
+    assert flops_per_token(config) == expected
