@@ -1,4 +1,5 @@
-"""The `gptcourse` command: `gptcourse check-env` (paste its output in bug reports), `gptcourse progress`."""
+"""The `gptcourse` command: `gptcourse check-env` (paste its output in bug reports), `gptcourse progress`,
+`gptcourse autograde LAB` (instructors: nbgrader's autograde of a whole class, fast)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import platform
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+from .grading import batch
 
 MIN_PYTHON = (3, 10)
 PACKAGES = ("torch", "jupyterlab", "nbgrader", "ipywidgets", "matplotlib")
@@ -134,6 +137,8 @@ COMMANDS: dict[str, Command] = {
     "check-env": ("check that everything the course needs is installed", check_env, None),
     "progress": ("run each lab's visible tests and show which pass (exit code 1 if any fails)", progress,
                  _progress_arguments),
+    "autograde": ("grade a lab's submissions with nbgrader on all cores: progress bar, resume, summary table",
+                  batch.command, batch.add_arguments),
 }
 
 

@@ -1,0 +1,402 @@
+"""`gptcourse autograde LAB`: nbgrader's own autograde of a whole class, on every core, with a progress bar,
+resumable, ending with a summary table.
+
+It adds speed, never safety: each submission goes through nbgrader's `Autograde` converter configured exactly
+as `nbgrader autograde LAB` is (the course's nbgrader_config.py, with every preprocessor it lists), in the same
+gradebook. Two things change:
+- Workers: `--workers` processes (default: one per core) each grade one submission at a time, taken from a shared
+  queue, and keep nbgrader imported between submissions.
+- Kernels: each notebook still runs in a fresh kernel process of its own, but the kernel is forked from a warm
+  zygote that has already imported torch, ipykernel and gptcourse (`zygote.py`): the configured Execute
+  preprocessor is subclassed only to take its kernels from there. `--no-zygote` starts ordinary kernels.
+
+Resume: after a submission is graded, a record of what was graded (a hash of the submitted files, timestamp.txt
+included) is written to `<autograded>/.gptcourse-batch/LAB/STUDENT.json`, a folder nbgrader's globs skip. A
+submission is graded again when its record is missing or differs, or its autograded notebook is missing, or with
+`--force`. Grading a submission first deletes its record, and nbgrader replaces its autograded folder and updates
+its gradebook rows in place, so a batch killed half way and run again ends with every submission graded once,
+with no duplicated rows; the interrupted one is simply graded again.
+
+Gradebook: SQLite (the default) takes one writer at a time; workers wait for the lock (busy timeout) instead of
+failing with "database is locked", and a submission that still fails on a locked database is retried. With
+PostgreSQL (`--db postgresql://...` or `db_url` in nbgrader_config.py) workers write concurrently.
+
+Run from the course root, like nbgrader. Worker and kernel logs go to `<autograded>/.gptcourse-batch/LAB.log`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import hashlib
+import json
+import logging
+import os
+import re
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+STATE_FOLDER = ".gptcourse-batch"  # inside the autograded folder; nbgrader's "*" globs skip dot-names
+SQLITE_BUSY_TIMEOUT_MS = 300_000
+LOCKED_RETRIES = 3
+
+
+def _nbgrader_app(lab: str, nbgrader_args: list[str]) -> Any:
+    """An initialised `nbgrader autograde LAB ARGS` application: the course's config, loaded as nbgrader does."""
+    from nbgrader.apps import AutogradeApp
+
+    app = AutogradeApp()
+    app.initialize([lab, *nbgrader_args])
+    app.coursedir.assignment_id = lab
+    return app
+
+
+@dataclass(frozen=True)
+class Submission:
+    student: str
+    folder: Path  # the submitted folder
+    record: Path  # what was graded, written after a successful grade
+
+    def fingerprint(self) -> str:
+        """A hash of every submitted file's name and bytes (timestamp.txt included)."""
+        digest = hashlib.sha256()
+        for path in sorted(p for p in self.folder.rglob("*") if p.is_file()):
+            digest.update(str(path.relative_to(self.folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+        return digest.hexdigest()
+
+    def is_up_to_date(self, autograded: Path) -> bool:
+        try:
+            graded = json.loads(self.record.read_text())["fingerprint"]
+        except (OSError, ValueError, KeyError):
+            return False
+        notebooks = [p.name for p in self.folder.glob("*.ipynb")]
+        return graded == self.fingerprint() and all((autograded / name).exists() for name in notebooks)
+
+
+def submissions(coursedir: Any, lab: str) -> list[Submission]:
+    """Every submission of `lab` in the submitted folder, as nbgrader finds them."""
+    pattern = re.compile(coursedir.format_path(coursedir.submitted_directory, "(?P<student_id>[^/]+)", lab,
+                                               escape=True) + "$")
+    excluded = set(filter(None, coursedir.student_id_exclude.split(",")))
+    found = []
+    for folder in sorted(glob.glob(coursedir.format_path(coursedir.submitted_directory, "*", lab))):
+        match = pattern.match(folder)
+        if match and os.path.isdir(folder) and match["student_id"] not in excluded:
+            student = match["student_id"]
+            found.append(Submission(student, Path(folder), state_folder(coursedir, lab) / f"{student}.json"))
+    return found
+
+
+def state_folder(coursedir: Any, lab: str) -> Path:
+    return Path(coursedir.root, coursedir.autograded_directory, STATE_FOLDER, lab)
+
+
+def autograded_folder(coursedir: Any, lab: str, student: str) -> Path:
+    return Path(coursedir.format_path(coursedir.autograded_directory, student, lab))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Workers: processes that each grade one submission at a time, sent over a pipe.
+
+
+def _wait_for_sqlite_locks() -> None:
+    """Every SQLite connection in this process waits for another writer's lock instead of failing at once."""
+    import sqlite3
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    @event.listens_for(Engine, "connect")
+    def _busy_timeout(dbapi_connection: Any, _: Any) -> None:
+        if isinstance(dbapi_connection, sqlite3.Connection):
+            dbapi_connection.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+
+
+class _Messages(logging.Handler):
+    """Collects the warnings and errors nbgrader logs while one submission is graded."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _is_execute(preprocessor: Any) -> bool:
+    from nbclient import NotebookClient
+
+    return isinstance(preprocessor, type) and issubclass(preprocessor, NotebookClient)
+
+
+def grade_submission(app: Any, student: str, zygote_client: Any) -> dict[str, Any]:
+    """nbgrader's autograde of one student's submission (forced: the caller decided it needs grading)."""
+    from nbgrader.converters import Autograde
+    from nbgrader.converters.base import NbGraderException
+    from traitlets.utils.importstring import import_item
+
+    from .zygote import with_zygote
+
+    lab = app.coursedir.assignment_id
+    submission = next(s for s in submissions(app.coursedir, lab) if s.student == student)
+    submission.record.unlink(missing_ok=True)
+    app.coursedir.student_id = student
+    messages = _Messages()
+    app.log.addHandler(messages)
+    start = time.perf_counter()
+    try:
+        for attempt in range(LOCKED_RETRIES):
+            messages.lines.clear()
+            converter = Autograde(coursedir=app.coursedir, parent=app, force=True)
+            if zygote_client is not None:
+                preprocessors = [import_item(p) if isinstance(p, str) else p
+                                 for p in converter.autograde_preprocessors]
+                converter.autograde_preprocessors = [with_zygote(p, zygote_client) if _is_execute(p) else p
+                                                     for p in preprocessors]
+            try:
+                converter.start()
+                ok = True
+            except NbGraderException:
+                ok = False
+            locked = any("database is locked" in line for line in messages.lines)
+            if ok or not locked or attempt == LOCKED_RETRIES - 1:
+                break
+            app.log.warning("gradebook locked while grading %s: trying again", student)
+    finally:
+        app.log.removeHandler(messages)
+    if ok:
+        submission.record.parent.mkdir(parents=True, exist_ok=True)
+        submission.record.write_text(json.dumps({"fingerprint": submission.fingerprint(), "graded": time.time()}))
+    return {"student": student, "ok": ok, "seconds": time.perf_counter() - start,
+            "messages": [line.splitlines()[0] for line in messages.lines if line.strip()]}
+
+
+def _worker_main(lab: str, zygote_socket: str | None, nbgrader_args: list[str], conn: Connection,
+                 log_path: str) -> None:
+    """A worker process: grade each student id received on `conn`, answer with the result, stop on None."""
+    from .zygote import ZygoteClient, ZygoteError, die_with_parent
+
+    die_with_parent()
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.dup2(log, 1)  # nbgrader's log and anything printed go to the batch's log, not over the progress bar
+    os.dup2(log, 2)
+    _wait_for_sqlite_locks()
+    app = _nbgrader_app(lab, nbgrader_args)
+    client = None
+    if zygote_socket:
+        try:
+            client = ZygoteClient(zygote_socket)
+        except ZygoteError as err:
+            app.log.warning("%s: grading with ordinary kernels", err)
+    while (student := conn.recv()) is not None:
+        try:
+            result = grade_submission(app, student, client)
+        except Exception as err:  # one broken submission must not stop the class
+            app.log.exception("grading %s failed", student)
+            result = {"student": student, "ok": False, "seconds": 0.0, "messages": [f"{type(err).__name__}: {err}"]}
+        conn.send(result)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The batch: decide what needs grading, feed the workers, show progress, summarise.
+
+
+@dataclass
+class Outcome:
+    student: str
+    status: str  # "graded", "up to date", "failed", "not graded"
+    seconds: float = 0.0
+    messages: list[str] = field(default_factory=list)
+
+
+class _Worker:
+    """A worker process and the student it is grading."""
+
+    def __init__(self, context: Any, lab: str, zygote_socket: str | None, nbgrader_args: list[str],
+                 log_path: str) -> None:
+        self.conn, child_end = context.Pipe()
+        self.process = context.Process(target=_worker_main, daemon=True,
+                                       args=(lab, zygote_socket, nbgrader_args, child_end, log_path))
+        self.process.start()
+        child_end.close()
+        self.student: str | None = None
+
+    def give(self, student: str | None) -> None:
+        self.student = student
+        self.conn.send(student)
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send(None)
+        self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+def _process_context() -> Any:
+    """Linux: fork workers from this process, which has already imported nbgrader and torch (it runs no tensor
+    code, so no thread pool is inherited); elsewhere: start fresh interpreters."""
+    import multiprocessing
+
+    from .zygote import Zygote
+
+    return multiprocessing.get_context("fork" if Zygote.supported() else "spawn")
+
+
+def run_workers(lab: str, students: list[str], workers: int, zygote_socket: str | None, nbgrader_args: list[str],
+                log_path: str) -> Iterator[Outcome]:
+    """Grade `students` on `workers` worker processes; yields each outcome as it arrives."""
+    from multiprocessing.connection import wait
+
+    queue = list(reversed(students))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    context = _process_context()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Python >= 3.12 warns about fork and BLAS threads
+        pool = [_Worker(context, lab, zygote_socket, nbgrader_args, log_path)
+                for _ in range(min(workers, len(students)))]
+    try:
+        for w in pool:
+            w.give(queue.pop())
+        while busy := [w for w in pool if w.student is not None]:
+            ready = wait([w.conn for w in busy] + [w.process.sentinel for w in busy])
+            for w in busy:
+                if w.conn in ready:
+                    result = w.conn.recv()
+                    yield Outcome(result["student"], "graded" if result["ok"] else "failed", result["seconds"],
+                                  result["messages"])
+                    w.student = None
+                    if queue:
+                        w.give(queue.pop())
+                elif w.process.sentinel in ready:  # died mid-submission: that one is not graded, the rest go on
+                    yield Outcome(w.student or "?", "failed", messages=[
+                        f"grader process exited ({w.process.exitcode}) while grading; see the log"])
+                    w.student = None
+    finally:
+        for w in pool:
+            w.stop()
+
+
+def gradebook_rows(db_url: str, lab: str, students: list[str]) -> dict[str, tuple[float, float, list[str]]]:
+    """{student: (score, max score, notes from the gradebook)}."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    rows = {}
+    with Gradebook(db_url) as gb:
+        for student in students:
+            try:
+                sub = gb.find_submission(lab, student)
+            except MissingEntry:
+                continue
+            notes = []
+            if sub.needs_manual_grade:
+                notes.append("needs manual grading")
+            if sub.total_seconds_late > 0:
+                notes.append(f"late by {sub.total_seconds_late:.0f} s (penalty {sub.late_submission_penalty:g})")
+            rows[student] = (sub.score, sub.max_score, notes)
+    return rows
+
+
+def summary_table(outcomes: dict[str, Outcome], rows: dict[str, tuple[float, float, list[str]]]) -> str:
+    header = ("student", "score", "notes")
+    lines = []
+    for student in sorted(outcomes):
+        outcome = outcomes[student]
+        score, max_score, notes = rows.get(student, (None, None, []))
+        shown = f"{score:g}/{max_score:g}" if score is not None else "-"
+        lines.append((student, shown, "; ".join([outcome.status, *notes, *outcome.messages[:3]])))
+    widths = [max(len(row[i]) for row in [header, *lines]) for i in range(2)]
+    return "\n".join(f"{a:<{widths[0]}}  {b:>{widths[1]}}  {c}" for a, b, c in [header, *lines])
+
+
+def autograde_class(lab: str, workers: int | None = None, force: bool = False, use_zygote: bool = True,
+                    nbgrader_args: list[str] | None = None, progress: bool = True) -> dict[str, Outcome]:
+    """Grade every submission of `lab` that needs it (all with `force`); print a summary; return the outcomes."""
+    from tqdm.auto import tqdm
+
+    from .zygote import Zygote
+
+    nbgrader_args = list(nbgrader_args or [])
+    app = _nbgrader_app(lab, nbgrader_args)
+    coursedir = app.coursedir
+    _require_assignment(coursedir.db_url, lab)
+    found = submissions(coursedir, lab)
+    if not found:
+        raise SystemExit(f"no submissions of {lab} in {coursedir.format_path(coursedir.submitted_directory, '*', lab)}")
+    outcomes = {s.student: Outcome(s.student, "up to date") for s in found
+                if not force and s.is_up_to_date(autograded_folder(coursedir, lab, s.student))}
+    todo = [s.student for s in found if s.student not in outcomes]
+    workers = max(1, workers or len(os.sched_getaffinity(0)))
+    log_path = state_folder(coursedir, lab).with_suffix(".log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"{lab}: {len(found)} submissions, {len(todo)} to grade ({len(outcomes)} up to date), "
+          f"{min(workers, max(len(todo), 1))} workers; log: {log_path}", flush=True)
+    start = time.perf_counter()
+    _preload_for_workers()
+    with open(log_path, "a") as log:
+        zygote = Zygote(log) if use_zygote and todo and Zygote.supported() else None
+        bar = tqdm(total=len(todo), unit="submission", disable=not progress or not todo, dynamic_ncols=True)
+        try:
+            for outcome in run_workers(lab, todo, workers, zygote.socket_path if zygote else None, nbgrader_args,
+                                       str(log_path)):
+                outcomes[outcome.student] = outcome
+                bar.set_postfix_str(f"{outcome.student}: {outcome.status}", refresh=False)
+                bar.update()
+        except KeyboardInterrupt:
+            print("\ninterrupted: run the same command again to grade the rest", file=sys.stderr)
+        finally:
+            bar.close()
+            if zygote is not None:
+                zygote.close()
+    for student in todo:
+        outcomes.setdefault(student, Outcome(student, "not graded"))
+    print(summary_table(outcomes, gradebook_rows(coursedir.db_url, lab, sorted(outcomes))))
+    failed = sum(o.status in ("failed", "not graded") for o in outcomes.values())
+    print(f"graded {sum(o.status == 'graded' for o in outcomes.values())}, up to date "
+          f"{sum(o.status == 'up to date' for o in outcomes.values())}, failed or not graded {failed}, "
+          f"in {time.perf_counter() - start:.1f} s")
+    return outcomes
+
+
+def _preload_for_workers() -> None:
+    """What every worker imports, imported once before they are forked."""
+    import nbclient  # noqa: F401
+    import nbgrader.converters
+    import nbgrader.preprocessors  # noqa: F401
+
+    from . import zygote  # noqa: F401
+
+
+def _require_assignment(db_url: str, lab: str) -> None:
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(db_url) as gb:
+        try:
+            gb.find_assignment(lab)
+        except MissingEntry:
+            raise SystemExit(f"{lab} is not in the gradebook: run `nbgrader generate_assignment {lab}` first") \
+                from None
+
+
+def command(args: argparse.Namespace) -> int:
+    """`gptcourse autograde`."""
+    outcomes = autograde_class(args.lab, args.workers, args.force, not args.no_zygote,
+                               ["--db", args.db] if args.db else [])
+    return 0 if all(o.status in ("graded", "up to date") for o in outcomes.values()) else 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("lab", help="the assignment, e.g. 02_causal_attention")
+    parser.add_argument("--workers", type=int, default=None, help="parallel graders (default: one per core)")
+    parser.add_argument("--force", action="store_true", help="grade again submissions already graded")
+    parser.add_argument("--db", default=None, help="gradebook URL, as nbgrader's --db (e.g. postgresql://...)")
+    parser.add_argument("--no-zygote", action="store_true", help="start an ordinary kernel per notebook")

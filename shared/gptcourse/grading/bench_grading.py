@@ -1,0 +1,153 @@
+"""Benchmark: stock serial `nbgrader autograde LAB` against `gptcourse autograde LAB` on the same class.
+
+    python -m gptcourse.grading.bench_grading [--lab 02_causal_attention] [--students 32] [--course .]
+
+Builds a class of submissions of one lab in two identical temporary copies of the course (its
+nbgrader_config.py, solutions/ and labs/): a third hand in the solution, a third the solution with one piece
+left as the released stub (which piece varies), a third the untouched release. One copy is graded by
+`nbgrader autograde LAB` (one kernel start per submission, one after another), the other by `gptcourse
+autograde LAB`. Prints the machine's cores, both wall-clock times, their ratio (the target is <= 0.25), and
+whether every test cell of every student got the same score from both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+
+COURSE_FILES = ("nbgrader_config.py", "solutions", "labs")
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+
+
+def copy_course(source: Path, destination: Path) -> Path:
+    destination.mkdir(parents=True)
+    for name in COURSE_FILES:
+        (shutil.copytree if (source / name).is_dir() else shutil.copy)(source / name, destination / name)
+    return destination
+
+
+def answered(course: Path, lab: str, stubs: set[str] = frozenset()) -> nbformat.NotebookNode:
+    """The released lab with every solution cell answered by the solution's code, except the cells in `stubs`,
+    left as released."""
+    solution = nbformat.read(course / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+    answers = {cell.metadata.nbgrader["grade_id"]: "\n".join(
+        line for line in cell.source.splitlines() if BEGIN not in line and END not in line)
+        for cell in solution.cells if cell.metadata.get("nbgrader", {}).get("solution")}
+    released = nbformat.read(course / "labs" / lab / f"{lab}.ipynb", as_version=4)
+    for cell in released.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in answers and grade_id not in stubs:
+            cell.source = answers[grade_id]
+    return released
+
+
+def solution_cells(course: Path, lab: str) -> list[str]:
+    nb = nbformat.read(course / "labs" / lab / f"{lab}.ipynb", as_version=4)
+    return [c.metadata.nbgrader["grade_id"] for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+
+
+def build_class(course: Path, lab: str, students: int) -> dict[str, nbformat.NotebookNode]:
+    """{student: notebook}: solved, one piece left undone, untouched, in turn."""
+    pieces = solution_cells(course, lab)
+    released = nbformat.read(course / "labs" / lab / f"{lab}.ipynb", as_version=4)
+    class_ = {}
+    for i in range(students):
+        kind = i % 3
+        if kind == 0:
+            class_[f"student{i:03d}-solved"] = answered(course, lab)
+        elif kind == 1:
+            class_[f"student{i:03d}-partial"] = answered(course, lab, {pieces[(i // 3) % len(pieces)]})
+        else:
+            class_[f"student{i:03d}-untouched"] = released
+    return class_
+
+
+def submit(course: Path, lab: str, class_: dict[str, nbformat.NotebookNode]) -> None:
+    for student, nb in class_.items():
+        folder = course / "grading" / "submitted" / student / lab
+        folder.mkdir(parents=True)
+        nbformat.write(nb, folder / f"{lab}.ipynb")
+        (folder / "timestamp.txt").write_text("2025-01-01 12:00:00.000000 UTC")
+
+
+def run(command: list[str], course: Path) -> float:
+    """Seconds `command` takes in `course`; raises with its output if it fails."""
+    start = time.perf_counter()
+    proc = subprocess.run(command, cwd=course, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}:\n{proc.stdout[-3000:]}")
+    return seconds
+
+
+def scores(course: Path, lab: str) -> dict[str, dict[str, float]]:
+    """{student: {test cell: score}} from the course's SQLite gradebook."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'grading' / 'gradebook.db'}") as gb:
+        return {sub.student.id: {grade.name: grade.score for nb in sub.notebooks for grade in nb.grades}
+                for sub in gb.find_assignment(lab).submissions}
+
+
+def nbgrader(*args: str) -> list[str]:
+    return [sys.executable, "-m", "nbgrader", *args]
+
+
+def gptcourse(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gptcourse.cli", *args]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gptcourse.grading.bench_grading", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lab", default="02_causal_attention")
+    parser.add_argument("--students", type=int, default=32)
+    parser.add_argument("--course", type=Path, default=Path("."), help="the course root (default: .)")
+    parser.add_argument("--workers", type=int, default=None, help="gptcourse autograde --workers")
+    args = parser.parse_args(argv)
+    if not (args.course / "nbgrader_config.py").exists():
+        parser.error(f"{args.course.resolve()} is not the course root (no nbgrader_config.py): pass --course")
+
+    cores = len(os.sched_getaffinity(0))
+    print(f"machine: {cores} cores available ({os.cpu_count()} in total), load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    with tempfile.TemporaryDirectory(prefix="gptcourse-bench-") as tmp:
+        stock, fast = (copy_course(args.course, Path(tmp) / name) for name in ("stock", "fast"))
+        class_ = build_class(stock, args.lab, args.students)
+        for course in (stock, fast):
+            run(nbgrader("generate_assignment", args.lab, "--force"), course)
+            submit(course, args.lab, class_)
+        print(f"{args.lab}: {len(class_)} submissions (solved, one piece undone, untouched)", flush=True)
+
+        stock_seconds = run(nbgrader("autograde", args.lab), stock)
+        print(f"stock   nbgrader autograde {args.lab}: {stock_seconds:7.1f} s "
+              f"({stock_seconds / len(class_):.2f} s per submission)", flush=True)
+        workers = ["--workers", str(args.workers)] if args.workers else []
+        fast_seconds = run(gptcourse("autograde", args.lab, *workers), fast)
+        print(f"fast   gptcourse autograde {args.lab}: {fast_seconds:7.1f} s "
+              f"({fast_seconds / len(class_):.2f} s per submission)")
+
+        expected, got = scores(stock, args.lab), scores(fast, args.lab)
+        same = expected == got and len(got) == len(class_)
+        ratio = fast_seconds / stock_seconds
+        print(f"ratio fast/stock: {ratio:.3f} (target <= 0.25: {'met' if ratio <= 0.25 else 'NOT met'}); "
+              f"scores identical for all {len(class_)} submissions: {same}")
+        if not same:
+            for student in sorted(set(expected) | set(got)):
+                if expected.get(student) != got.get(student):
+                    print(f"  {student}: stock {expected.get(student)} fast {got.get(student)}")
+        totals = sorted(sum(s.values()) for s in expected.values())
+        print(f"total scores (stock): min {totals[0]:g}, max {totals[-1]:g}, distinct {len(set(totals))}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,384 @@
+"""A warm "zygote" process that forks a fresh Jupyter kernel for each notebook the grader runs.
+
+Why: starting an IPython kernel and importing torch costs about 2 s per notebook, far more than a lab's checks.
+The zygote imports torch, ipykernel and gptcourse once, then for every kernel the grader asks for it forks a
+child that becomes a brand-new ipykernel process. Student code still runs in a process of its own: never in the
+zygote, the grader, or another student's kernel (fork copies the zygote's memory; nothing flows back).
+
+Forking after `import torch` is safe only while no OpenMP (intra-op) thread pool has started: a child would
+inherit a pool whose threads do not exist and hang in its first parallel op. The zygote runs no tensor code, and
+after preloading it checks that it has no more threads than after `import numpy` alone (numpy's OpenBLAS pool,
+which OpenBLAS shuts down before a fork and restarts after). If that check fails the zygote refuses to serve
+and grading falls back to ordinary kernels.
+
+Pieces:
+- `serve(path)`: the zygote (`python -m gptcourse.grading.zygote SOCKET`); one JSON line per request on a Unix
+  socket: spawn a kernel, poll one. It exits, killing its kernels, when its stdin closes (its owner is gone).
+- `Zygote`: starts that process; `ZygoteClient`: one connection; `spawn(args, cwd, env)` -> `ForkedKernel`, a
+  Popen-like handle (poll, wait, send_signal, kill) of a forked kernel.
+- `ZygoteProvisioner`: jupyter_client's `LocalProvisioner`, except that `python -m ipykernel_launcher ...` is
+  forked by the zygote. Interrupts, timeouts and kills signal the kernel's process group exactly as for a
+  normal kernel (each forked kernel leads its own session).
+- `with_zygote(execute_class, client)`: nbgrader's Execute preprocessor (or a configured subclass), unchanged
+  except that its kernel manager uses the provisioner; `gptcourse autograde` swaps it in programmatically.
+
+Linux only (fork + prctl); elsewhere `Zygote.supported()` is False and kernels start as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.provisioning import LocalProvisioner
+from traitlets import Instance
+
+# What a lab's kernel imports; a name that is not installed is skipped.
+PRELOAD = ("torch", "gptcourse", "gptcourse.grading", "ipykernel.kernelapp", "ipykernel.ipkernel",
+           "ipykernel.debugger", "IPython.core.debugger", "IPython.core.completerlib",
+           "IPython.extensions.storemagic", "ipywidgets", "sqlite3", "psutil", "tqdm")
+_PR_SET_PDEATHSIG = 1
+_CONNECT_TIMEOUT = 300.0  # preloading torch on a loaded machine
+
+
+class ZygoteError(RuntimeError):
+    """The zygote is not running or refused a request."""
+
+
+def die_with_parent() -> None:
+    """Linux: get SIGKILL when the parent process exits, so nothing outlives a killed grader."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def preload() -> None:
+    """Import what kernels need, then make sure that no thread pool started (forking would then be unsafe)."""
+    import numpy  # noqa: F401 (its BLAS pool starts at import; OpenBLAS makes it fork-safe)
+
+    baseline = _thread_count()
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    from .cases import _load_labs
+
+    _load_labs()
+    if _thread_count() > baseline:
+        raise ZygoteError(f"preloading started {_thread_count() - baseline} thread(s) (an OpenMP/intra-op pool?): "
+                          "forking kernels from this process would be unsafe")
+
+
+def _become_kernel(request: dict[str, Any], zygote_pid: int, inherited: list[socket.socket]) -> None:
+    """In a forked child: turn into `python -m ipykernel_launcher ARGS` run in `cwd` with `env`. Never returns."""
+    code: Any = 1
+    try:
+        os.setsid()  # own process group: the grader's interrupt and kill reach the kernel and its subprocesses
+        die_with_parent()
+        if os.getppid() != zygote_pid:
+            os._exit(1)
+        for sock in inherited:
+            sock.close()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ["JPY_PARENT_PID"] = str(zygote_pid)  # the kernel's parent poller watches the zygote
+        _reseed()
+        # ipykernel read JPY_PARENT_PID when the zygote imported it, so pass it as an argument too.
+        args = [*request["args"], f"--IPKernelApp.parent_handle={zygote_pid}"]
+        sys.argv = ["ipykernel_launcher", *args]
+        from ipykernel import kernelapp
+
+        kernelapp.launch_new_instance(argv=args)
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code if isinstance(code, int) else (0 if code is None else 1))
+
+
+def _reseed() -> None:
+    """A fresh process draws fresh seeds for `random` and numpy's global generator; a forked one must redraw them
+    (torch's default generator starts from a fixed seed in any new process, and the zygote never used it)."""
+    import random
+
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+
+def _exit_code(status: int) -> int:
+    return os.waitstatus_to_exitcode(status)
+
+
+def serve(socket_path: str) -> None:
+    """The zygote's loop: preload, then answer {"op": "spawn", "args", "cwd", "env"} -> {"pid"} and
+    {"op": "poll", "pid"} -> {"returncode": None or int} until stdin closes."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the grader; it closes our stdin
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(64)  # clients may connect (and wait) while we preload
+    preload()
+    zygote_pid = os.getpid()
+    children: set[int] = set()
+    buffers: dict[socket.socket, bytes] = {}
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    selector.register(sys.stdin, selectors.EVENT_READ)
+    print(f"zygote {zygote_pid} ready on {socket_path}", flush=True)
+
+    def answer(request: dict[str, Any]) -> dict[str, Any]:
+        if request.get("op") == "spawn":
+            pid = os.fork()
+            if pid == 0:
+                _become_kernel(request, zygote_pid, [listener, *buffers])
+            children.add(pid)
+            return {"pid": pid}
+        if request.get("op") == "poll" and request.get("pid") in children:
+            pid, status = os.waitpid(request["pid"], os.WNOHANG)
+            if pid == 0:
+                return {"returncode": None}
+            children.discard(pid)
+            return {"returncode": _exit_code(status)}
+        return {"error": f"bad request {request!r}"}
+
+    try:
+        while True:
+            for key, _ in selector.select():
+                if key.fileobj is sys.stdin:
+                    if not os.read(sys.stdin.fileno(), 4096):
+                        return
+                elif key.fileobj is listener:
+                    conn, _ = listener.accept()
+                    buffers[conn] = b""
+                    selector.register(conn, selectors.EVENT_READ)
+                else:
+                    conn = key.fileobj
+                    data = conn.recv(1 << 20)
+                    if not data:
+                        selector.unregister(conn)
+                        del buffers[conn]
+                        conn.close()
+                        continue
+                    buffers[conn] += data
+                    while b"\n" in buffers[conn]:
+                        line, buffers[conn] = buffers[conn].split(b"\n", 1)
+                        conn.sendall(json.dumps(answer(json.loads(line))).encode() + b"\n")
+    finally:
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+class Zygote:
+    """Owns a zygote process (`serve`) and the temporary folder of its socket."""
+
+    def __init__(self, log: BinaryIO | int | None = None) -> None:
+        self._folder = tempfile.TemporaryDirectory(prefix="gptcourse-zygote-")
+        self.socket_path = os.path.join(self._folder.name, "zygote.sock")
+        self.process = subprocess.Popen([sys.executable, "-m", "gptcourse.grading.zygote", self.socket_path],
+                                        stdin=subprocess.PIPE, stdout=log, stderr=log)
+
+    @staticmethod
+    def supported() -> bool:
+        return sys.platform.startswith("linux") and hasattr(os, "fork")
+
+    def close(self) -> None:
+        if self.process.stdin:
+            self.process.stdin.close()  # the zygote kills its kernels and exits
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._folder.cleanup()
+
+    def __enter__(self) -> Zygote:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class ZygoteClient:
+    """A connection to a zygote at `socket_path` (thread-safe; a request takes well under a millisecond)."""
+
+    def __init__(self, socket_path: str, timeout: float = _CONNECT_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self._sock.connect(socket_path)
+                break
+            except OSError as err:
+                self._sock.close()
+                if time.monotonic() > deadline:
+                    raise ZygoteError(f"no zygote listening on {socket_path}: {err}") from None
+                time.sleep(0.05)
+        self._reader = self._sock.makefile("rb")
+        self._lock = threading.Lock()
+        self._sock.settimeout(timeout)  # the first answer waits for the zygote's preloading
+
+    def request(self, **message: Any) -> dict[str, Any]:
+        with self._lock:
+            try:
+                self._sock.sendall(json.dumps(message).encode() + b"\n")
+                line = self._reader.readline()
+            except OSError as err:
+                raise ZygoteError(f"lost the zygote: {err}") from None
+        if not line:
+            raise ZygoteError("the zygote exited (see the grading log for why)")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise ZygoteError(reply["error"])
+        return reply
+
+    def spawn(self, args: list[str], cwd: str, env: dict[str, str]) -> ForkedKernel:
+        return ForkedKernel(self, self.request(op="spawn", args=args, cwd=cwd, env=env)["pid"])
+
+    def close(self) -> None:
+        self._reader.close()
+        self._sock.close()
+
+
+class ForkedKernel:
+    """What `subprocess.Popen` offers LocalProvisioner, for a kernel forked by the zygote.
+
+    The zygote reaps the child only when a poll finds it exited, so its pid cannot be reused while signals may
+    still be sent to it."""
+
+    stdin = stdout = stderr = None
+
+    def __init__(self, client: ZygoteClient, pid: int) -> None:
+        self.client, self.pid, self.returncode = client, pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                self.returncode = self.client.request(op="poll", pid=self.pid)["returncode"]
+            except ZygoteError:  # a dead zygote took its kernels with it (PR_SET_PDEATHSIG)
+                self.returncode = -signal.SIGKILL
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"kernel {self.pid}", timeout or 0)
+            time.sleep(0.01)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def ipykernel_args(cmd: list[str]) -> list[str] | None:
+    """The arguments of `THIS_PYTHON -m ipykernel_launcher ARGS`, or None for any other kernel command."""
+    if len(cmd) >= 3 and cmd[1:3] == ["-m", "ipykernel_launcher"] \
+            and os.path.realpath(cmd[0]) == os.path.realpath(sys.executable):
+        return cmd[3:]
+    return None
+
+
+class ZygoteProvisioner(LocalProvisioner):
+    """LocalProvisioner whose ipykernel processes are forked by a zygote (any other kernel starts as usual)."""
+
+    client = Instance(ZygoteClient, allow_none=True)
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        args = ipykernel_args(cmd)
+        if self.client is None or args is None:
+            return await super().launch_kernel(cmd, **kwargs)
+        cwd = str(kwargs.get("cwd") or Path.cwd())
+        env = {str(k): str(v) for k, v in (kwargs.get("env") or os.environ).items()}
+        try:
+            self.process = self.client.spawn(args, cwd, env)
+        except ZygoteError as err:
+            self.log.warning("zygote unavailable (%s): starting an ordinary kernel", err)
+            return await super().launch_kernel(cmd, **kwargs)
+        self.pid = self.pgid = self.process.pid
+        self.cwd = cwd
+        return self.connection_info
+
+    async def wait(self) -> int | None:
+        if isinstance(self.process, ForkedKernel):
+            while self.process.poll() is None:
+                await asyncio.sleep(0.01)
+            code, self.process = self.process.returncode, None
+            return code
+        return await super().wait()
+
+
+def zygote_kernel_manager(manager_class: type[AsyncKernelManager], client: ZygoteClient) -> type[AsyncKernelManager]:
+    """`manager_class` whose kernels are forked by the zygote behind `client`."""
+
+    class ZygoteKernelManager(manager_class):  # type: ignore[misc,valid-type]
+        async def _async_pre_start_kernel(self, **kw: Any) -> Any:
+            if self.provisioner is None:
+                self.kernel_id = self.kernel_id or kw.pop("kernel_id", str(uuid.uuid4()))
+                self.provisioner = ZygoteProvisioner(client=client, kernel_id=self.kernel_id,
+                                                     kernel_spec=self.kernel_spec, parent=self)
+            return await super()._async_pre_start_kernel(**kw)
+
+    ZygoteKernelManager.__name__ = ZygoteKernelManager.__qualname__ = f"Zygote{manager_class.__name__}"
+    return ZygoteKernelManager
+
+
+def with_zygote(execute_class: type, client: ZygoteClient) -> type:
+    """A subclass of nbgrader's Execute preprocessor (or of the configured subclass of it), configured exactly
+    like it (traitlets applies a parent class's config to subclasses), whose kernels come from the zygote."""
+
+    class ZygoteExecute(execute_class):  # type: ignore[misc,valid-type]
+        def create_kernel_manager(self) -> Any:
+            if not getattr(self.kernel_manager_class, "_gptcourse_zygote", False):
+                self.kernel_manager_class = zygote_kernel_manager(self.kernel_manager_class, client)
+                self.kernel_manager_class._gptcourse_zygote = True
+            return super().create_kernel_manager()
+
+    ZygoteExecute.__name__ = ZygoteExecute.__qualname__ = f"Zygote{execute_class.__name__}"
+    return ZygoteExecute
+
+
+if __name__ == "__main__":
+    if sys.path and (sys.path[0] in ("", os.getcwd())):
+        del sys.path[0]  # like ipykernel_launcher: the course folder is not an import root (kernels add '')
+    serve(sys.argv[1])
