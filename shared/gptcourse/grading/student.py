@@ -27,7 +27,8 @@ def build_module(cls: Any, what: str, kwargs: dict[str, Any], weights: dict[str,
 
 def load_weights(module: nn.Module, weights: dict[str, torch.Tensor], what: str) -> None:
     """Copy `weights` into `module`'s parameters; the lab fixes their names and shapes."""
-    have = {name: tuple(p.shape) for name, p in module.named_parameters()}
+    # every name of a shared (tied) parameter is listed, so a tied head is filled whichever name comes first
+    have = {name: tuple(p.shape) for name, p in module.named_parameters(remove_duplicate=False)}
     want = {name: tuple(w.shape) for name, w in weights.items()}
     listing = ", ".join(f"{n} {fmt_shape(s)}" for n, s in want.items())
     missing, unexpected = sorted(set(want) - set(have)), sorted(set(have) - set(want))
@@ -41,7 +42,7 @@ def load_weights(module: nn.Module, weights: dict[str, torch.Tensor], what: str)
             hint = " (transposed: nn.Linear(in, out).weight has shape (out, in))" if have[name] == shape[::-1] else ""
             raise fail(f"{what}: parameter {name} has shape {fmt_shape(have[name])}, expected {fmt_shape(shape)}"
                        f"{hint}. The lab fixes: [{listing}]")
-    params = dict(module.named_parameters())
+    params = dict(module.named_parameters(remove_duplicate=False))
     with torch.no_grad():
         for name, w in weights.items():
             params[name].copy_(w)

@@ -1,0 +1,80 @@
+"""Lab 05 graded by real nbgrader: full marks for the solution, 0 for the untouched release, and each known
+mistake loses exactly the points of the tests it should fail."""
+
+from __future__ import annotations
+
+import pytest
+
+LAB = "05_assembling_gpt"
+GPT_CELL = '''
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        c = self.config = config
+        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
+        self.pos_emb = LearnedPositions(c.context_length, c.d_model) if c.position == "learned" else None
+        self.rope = RotaryEmbedding(c.d_head, c.context_length, c.rope_theta) if c.position == "rope" else None
+        self.blocks = nn.ModuleList(DecoderBlock(c) for _ in range(c.n_layers))
+        self.final_norm = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=c.lm_head_bias)
+        if {tie}:
+            self.lm_head.weight = self.tok_emb.weight
+
+    def forward_hidden(self, idx):
+        positions = torch.arange(idx.size(1))
+        x = self.tok_emb(idx)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(positions)
+        rope = self.rope(positions) if self.rope is not None else None
+        for block in self.blocks:
+            x = block(x, rope={rope})
+        return {final}
+
+    def forward(self, idx):
+        return {head}
+'''
+RIGHT = {"tie": "c.tie_weights", "rope": "rope", "final": "self.final_norm(x)",
+         "head": "self.lm_head(self.forward_hidden(idx))"}
+GPT_TESTS = {"test_gpt", "test_gpt_rope", "test_gpt_hidden"}
+# student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
+WRONG = {
+    # forward returns the hidden states: logits (B, T, C), and an untied head whose parameters never load
+    "no-output-projection": ({"gpt": GPT_CELL.format(**RIGHT | {"head": "self.forward_hidden(idx)"})},
+                             GPT_TESTS),
+    "no-final-norm": ({"gpt": GPT_CELL.format(**RIGHT | {"final": "x"})},
+                      GPT_TESTS | {"test_forward_hidden", "test_forward_hidden_hidden"}),
+    # learned positions (the visible test) work; every RoPE model fails
+    "rope-not-passed": ({"gpt": GPT_CELL.format(**RIGHT | {"rope": "None"})},
+                        {"test_gpt_rope", "test_gpt_hidden", "test_forward_hidden_hidden"}),
+    # the logits are right (the head is loaded with the token table), but two matrices are counted
+    "never-tied": ({"gpt": GPT_CELL.format(**RIGHT | {"tie": "False"})}, {"test_tying", "test_tying_hidden"}),
+}
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def scores(course):
+    return course.grade_class(LAB, WRONG)
+
+
+def test_solution_scores_full_marks(course, scores):
+    assert scores["solution"] == course.expected_scores(LAB)
+
+
+def test_untouched_release_scores_zero(course, scores):
+    assert scores["untouched"] == course.expected_scores(LAB, set(course.expected_scores(LAB)))
+
+
+@pytest.mark.parametrize("student", WRONG)
+def test_each_mistake_loses_exactly_its_tests(course, scores, student):
+    assert scores[student] == course.expected_scores(LAB, WRONG[student][1])
+
+
+def test_validate_reports_success_and_the_failing_test(course):
+    assert "Success! Your notebook passes all the tests." in course.validate("lab05-solved", course.solved(LAB))
+    report = course.validate("lab05-no-output-projection", course.solved(LAB, WRONG["no-output-projection"][0]))
+    assert "VALIDATION FAILED ON 2 CELL(S)" in report
+    assert 'check("05.gpt.visible", GPT)' in report
+    assert "(2, 5, 32), expected (B, T, V) = (2, 5, 100)" in report
+    assert "the output projection is missing" in report
