@@ -18,7 +18,12 @@ if TYPE_CHECKING:  # the module imports without Playwright, so the tests can ski
 
 NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 CELL = f"{NOTEBOOK} .jp-Notebook .jp-Cell"
-KERNEL_IDLE = f'{NOTEBOOK} .jp-Notebook-ExecutionIndicator[data-status="idle"]'
+# JupyterLab shows "idle" before a kernel exists (with the kernel name "No Kernel"): ready means both are settled.
+KERNEL_READY_JS = """nb => {
+    const status = document.querySelector(nb + ' .jp-Notebook-ExecutionIndicator')?.getAttribute('data-status');
+    const name = document.querySelector(nb + ' .jp-Toolbar-kernelName')?.textContent.trim();
+    return status === 'idle' && !!name && name !== 'No Kernel';
+}"""
 ERROR_OUTPUT = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^\w*(Error|Exception)\b", re.MULTILINE)
 
@@ -77,12 +82,16 @@ class LabPage:
         """Open a notebook and wait until its kernel has started and is idle."""
         self.open_lab(workspace, notebook)
         self.page.locator(CELL).first.wait_for(timeout=60_000)
-        self.page.locator(KERNEL_IDLE).wait_for(timeout=60_000)
+        self.wait_for_idle_kernel(timeout_ms=60_000)
+
+    def wait_for_idle_kernel(self, timeout_ms: float) -> None:
+        self.page.wait_for_function(KERNEL_READY_JS, arg=NOTEBOOK, timeout=timeout_ms)
 
     def menu(self, top: str, item: str) -> None:
-        """Click a menu bar entry, then one of its items (exact labels, as a person reads them)."""
+        """Click a menu bar entry, then one of its items (exact labels, as a person reads them), once it is enabled
+        (JupyterLab greys out notebook commands until the notebook is the current widget)."""
         self.page.locator(f'.lm-MenuBar-itemLabel:text-is("{top}")').click()
-        self.page.locator(f'.lm-Menu-itemLabel:text-is("{item}")').click()
+        self.page.locator(f'.lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel:text-is("{item}")').click()
 
     def notebook(self) -> Locator:
         return self.page.locator(NOTEBOOK)
@@ -94,16 +103,19 @@ class LabPage:
         return self.page.locator(f"{NOTEBOOK} .jp-OutputArea-output img")
 
     def wait_until_all_code_cells_ran(self, timeout_ms: float) -> None:
-        """Every code cell shows an execution count ("[3]:", not "[*]:" or "[ ]:") and the kernel is idle again."""
+        """Execution starts (some prompt turns to "[*]" or a count), then every code cell shows an execution count
+        ("[3]:", not "[*]:" or "[ ]:") and the kernel is idle again."""
+        prompts = f"{NOTEBOOK} .jp-CodeCell .jp-InputPrompt"
+        try:
+            self.page.locator(prompts).filter(has_text=re.compile(r"\[(\*|\d+)\]")).first.wait_for(timeout=30_000)
+        except Exception as exc:
+            raise AssertionError("no cell started running (no prompt shows [*] or a count)") from exc
         self.page.wait_for_function(
-            """sel => {
-                const prompts = [...document.querySelectorAll(sel)];
-                return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent));
-            }""",
-            arg=f"{NOTEBOOK} .jp-CodeCell .jp-InputPrompt",
+            "sel => [...document.querySelectorAll(sel)].every(p => /\\[\\d+\\]/.test(p.textContent))",
+            arg=prompts,
             timeout=timeout_ms,
         )
-        self.page.locator(KERNEL_IDLE).wait_for(timeout=timeout_ms)
+        self.wait_for_idle_kernel(timeout_ms)
 
     def save(self) -> None:
         """Press the notebook's Save button, then wait until its tab no longer shows unsaved changes."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,7 +40,6 @@ LAB = "02_causal_attention"
 SOLUTION_MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*(\n|$)", re.MULTILINE)
 # A mistake the labs' checks recognise: (text of the solution, the wrong text, words of the diagnostic it must get).
 WRONG_ANSWER = (".tril()", ".triu()", "on the wrong triangle")
-# ada hands in the lab solved as a student would type it (full marks), alan the untouched release (no points).
 STUDENTS = {"ada": ("Ada", "Lovelace"), "alan": ("Alan", "Turing")}
 
 
@@ -63,6 +64,62 @@ def _student_answers(course: Path) -> dict[int, str]:
     return {i: typed[c.metadata.nbgrader.grade_id] for i, c in enumerate(released.cells) if _is_solution(c)}
 
 
+class Instructor:
+    """The instructor's side of the formgrader scenario, as nbgrader commands run from the course root:
+    generate_assignment, two students, their submissions (ada: the lab solved as a student types it; alan: the
+    untouched release), autograde. It runs in a background thread from the start of this module, so autograde
+    (which executes both notebooks) overlaps with the student scenarios."""
+
+    def __init__(self, server: JupyterServer) -> None:
+        self.server = server
+        self._pool = ThreadPoolExecutor(max_workers=1)
+        self.released = self._pool.submit(self._release)
+        self.graded = self._pool.submit(self._collect_and_autograde)
+
+    def _nbgrader(self, *args: str) -> None:
+        result = subprocess.run(
+            [sys.executable, "-m", "nbgrader", *args],
+            cwd=self.server.root, env=self.server.env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        if result.returncode != 0:
+            command = " ".join(args)
+            raise AssertionError(f"nbgrader {command} exited {result.returncode}:\n{result.stdout}{result.stderr}")
+
+    def _release(self) -> tuple[dict[int, str], nbformat.NotebookNode]:
+        """generate_assignment rewrites labs/<LAB>; read the answers and the release before any student edits it."""
+        _lab_notebook(self.server.root, "solutions")  # skips the lab scenarios if the lab is not in the repository
+        self._nbgrader("generate_assignment", LAB, "--force")
+        return _student_answers(self.server.root), nbformat.read(_lab_notebook(self.server.root, "labs"), as_version=4)
+
+    def student_answers(self) -> dict[int, str]:
+        """The solved lab's answers by cell index, once generate_assignment has (re)written the lab."""
+        answers, _ = self.released.result(timeout=300)
+        return dict(answers)
+
+    def _collect_and_autograde(self) -> None:
+        answers, untouched = self.released.result()
+        solved = nbformat.from_dict(untouched)
+        for index, answer in answers.items():
+            solved.cells[index].source = answer
+        for student, notebook in (("ada", solved), ("alan", untouched)):
+            first, last = STUDENTS[student]
+            self._nbgrader("db", "student", "add", student, f"--first-name={first}", f"--last-name={last}")
+            folder = _submission_folder(self.server.root, student)
+            folder.mkdir(parents=True)
+            nbformat.write(notebook, folder / f"{LAB}.ipynb")
+        self._nbgrader("autograde", LAB)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def instructor(jupyter_server: JupyterServer) -> Iterator[Instructor]:
+    instructor = Instructor(jupyter_server)
+    yield instructor
+    instructor.close()
+
+
 def test_student_runs_lesson_01(tab: LabPage, course_copy: Path) -> None:
     if not (course_copy / LESSON).exists():
         pytest.skip(f"{LESSON} is not in the repository")
@@ -73,7 +130,7 @@ def test_student_runs_lesson_01(tab: LabPage, course_copy: Path) -> None:
         tab.output_images().first.wait_for(state="detached")
     with step("Run > Run All Cells"):
         tab.menu("Run", "Run All Cells")
-        tab.wait_until_all_code_cells_ran(timeout_ms=120_000)
+        tab.wait_until_all_code_cells_ran(timeout_ms=180_000)
     with step("no cell shows an error, on screen or in the saved notebook"):
         tab.assert_no_error_output("after Run All Cells")
         tab.save()
@@ -99,7 +156,14 @@ def test_student_runs_lesson_01(tab: LabPage, course_copy: Path) -> None:
         tab.assert_no_error_output(f"after the widget update ({action})")
 
 
-def _open_lab_and_answer(tab: LabPage, answers: dict[int, str]) -> None:
+def _open_lab_and_answer(tab: LabPage, instructor: Instructor, mistake: tuple[str, str] | None = None) -> None:
+    """Open the lab and type the solution into every solution cell; with `mistake` (text, replacement), make that
+    mistake in the first answer that contains the text."""
+    with step("wait for the instructor's nbgrader generate_assignment (it rewrites the lab)"):
+        answers = instructor.student_answers()
+    if mistake is not None:
+        index = next(i for i, answer in answers.items() if mistake[0] in answer)
+        answers[index] = answers[index].replace(*mistake)
     with step(f"open labs/{LAB} and wait for its kernel"):
         tab.open_notebook(LAB, f"labs/{LAB}/{LAB}.ipynb")
     for index, answer in answers.items():
@@ -116,8 +180,8 @@ def _validate(tab: LabPage) -> tuple[str, str]:
     return verdict, message.inner_text()
 
 
-def test_student_validates_a_solved_lab(tab: LabPage, course_copy: Path) -> None:
-    _open_lab_and_answer(tab, _student_answers(course_copy))
+def test_student_validates_a_solved_lab(tab: LabPage, instructor: Instructor) -> None:
+    _open_lab_and_answer(tab, instructor)
     with step("press Validate and read the result"):
         verdict, text = _validate(tab)
     with step("the result is success"):
@@ -125,27 +189,14 @@ def test_student_validates_a_solved_lab(tab: LabPage, course_copy: Path) -> None
         assert "passes all the tests" in text, text
 
 
-def test_student_sees_the_diagnostic_for_a_wrong_answer(tab: LabPage, course_copy: Path) -> None:
+def test_student_sees_the_diagnostic_for_a_wrong_answer(tab: LabPage, instructor: Instructor) -> None:
     right, wrong, diagnostic = WRONG_ANSWER
-    answers = _student_answers(course_copy)
-    index = next(i for i, answer in answers.items() if right in answer)
-    _open_lab_and_answer(tab, {**answers, index: answers[index].replace(right, wrong)})
+    _open_lab_and_answer(tab, instructor, mistake=(right, wrong))
     with step("press Validate and read the result"):
         verdict, text = _validate(tab)
     with step("the result is a failure that carries gptcourse.checks' diagnostic"):
         assert verdict == "validation-failed", f"expected a failure, the dialog says ({verdict}):\n{text}"
         assert diagnostic in text, f"the dialog lacks the diagnostic {diagnostic!r}:\n{text}"
-
-
-def _nbgrader(server: JupyterServer, *args: str) -> None:
-    """Run one nbgrader command as an instructor does: from the course root, with no extra flags."""
-    result = subprocess.run(
-        [sys.executable, "-m", "nbgrader", *args],
-        cwd=server.root, env=server.env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    if result.returncode != 0:
-        command = " ".join(args)
-        raise AssertionError(f"nbgrader {command} exited with {result.returncode}:\n{result.stdout}{result.stderr}")
 
 
 def _submission_folder(course: Path, student: str) -> Path:
@@ -175,23 +226,9 @@ def _table_row(frame: FrameLocator, text: str) -> dict[str, str]:
     return dict(zip(headers, cells, strict=True))
 
 
-def test_instructor_sees_autograded_scores_in_formgrader(tab: LabPage, jupyter_server: JupyterServer) -> None:
-    course = jupyter_server.root
-    released = nbformat.read(_lab_notebook(course, "labs"), as_version=4)
-    solved = nbformat.from_dict(released)
-    for index, answer in _student_answers(course).items():
-        solved.cells[index].source = answer
-    total = _max_score(course)
-    submissions, scores = {"ada": solved, "alan": released}, {"ada": total, "alan": 0}
-    with step("generate the lab, add two students, collect their submissions, autograde"):
-        _nbgrader(jupyter_server, "generate_assignment", LAB, "--force")
-        for student, (first, last) in STUDENTS.items():
-            _nbgrader(jupyter_server, "db", "student", "add", student, f"--first-name={first}", f"--last-name={last}")
-        for student, notebook in submissions.items():
-            folder = _submission_folder(course, student)
-            folder.mkdir(parents=True)
-            nbformat.write(notebook, folder / f"{LAB}.ipynb")
-        _nbgrader(jupyter_server, "autograde", LAB)
+def test_instructor_sees_autograded_scores_in_formgrader(tab: LabPage, instructor: Instructor) -> None:
+    with step("nbgrader: generate the lab, add two students, collect their submissions, autograde"):
+        instructor.graded.result(timeout=900)
     with step("open Nbgrader > Formgrader"):
         tab.open_lab("formgrader")
         tab.menu("Nbgrader", "Formgrader")
@@ -201,8 +238,9 @@ def test_instructor_sees_autograded_scores_in_formgrader(tab: LabPage, jupyter_s
         assert row.get("# Submissions") == "2", f"the formgrader's row for {LAB}: {row}"
     with step("Manage Students shows both students with their scores"):
         formgrader.locator('a:text-is("Manage Students")').click()
+        total = _max_score(instructor.server.root)
         for student, (first, last) in STUDENTS.items():
             row = _table_row(formgrader, f"{last}, {first}")
             assert row.get("Student ID") == student, f"the formgrader's row for {first} {last}: {row}"
-            score = f"{scores[student]:g} / {total:g}"
+            score = f"{total if student == 'ada' else 0:g} / {total:g}"
             assert row.get("Overall Score") == score, f"expected {score} for {student}, the formgrader's row: {row}"
