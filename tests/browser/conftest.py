@@ -34,11 +34,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-# The course copy leaves out what is not course material: version control, environments, caches, outputs of tools.
-NOT_COURSE = {
-    ".git", "artifacts", "grading", "build", "tests",
-    "__pycache__", ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints",
-}  # fmt: skip
+# The course copy leaves out what is not course material: version control, tests, tools' outputs, environments, caches.
+NOT_COURSE_TOP = {".git", "artifacts", "grading", "build", "tests"}
+NOT_COURSE_ANYWHERE = {"__pycache__", ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints"}
 # JupyterLab settings for an offline, quiet test session (no news feed, no update check).
 LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
@@ -61,7 +59,10 @@ def course_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A throwaway copy of the course (lessons, labs, solutions, nbgrader_config.py, ...) that tests may change."""
 
     def ignore(folder: str, names: list[str]) -> set[str]:
-        return {n for n in names if n in NOT_COURSE or n.startswith(".venv") or n.endswith(".egg-info")}
+        skipped = {n for n in names if n in NOT_COURSE_ANYWHERE or n.endswith(".egg-info")}
+        if Path(folder) == ROOT:
+            skipped |= {n for n in names if n in NOT_COURSE_TOP or n.startswith(".venv")}
+        return skipped
 
     dest = tmp_path_factory.mktemp("browser") / "course"
     shutil.copytree(ROOT, dest, ignore=ignore)
@@ -175,8 +176,10 @@ def tab(browser, jupyter_server: JupyterServer, request: pytest.FixtureRequest) 
     try:
         yield tab
     finally:
-        page.screenshot(path=str(tab.screenshot_path))
-        context.close()
+        try:
+            page.screenshot(path=str(tab.screenshot_path))
+        finally:
+            context.close()
 
 
 @pytest.hookimpl(wrapper=True)
