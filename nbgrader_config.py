@@ -13,8 +13,14 @@ The labs are the folders of solutions/; `nbgrader generate_assignment NN_topic` 
 nbgrader's default directory_structure "{nbgrader_step}/{student_id}/{assignment_id}" puts source and release
 at <step>/./<lab>, i.e. exactly solutions/<lab>/ and labs/<lab>/.
 
-Hidden tests draw their sizes and seeds from the environment variable GPTCOURSE_SECRET (see
-gptcourse.grading.cases); export a private value before `nbgrader autograde` when grading a real class.
+Hidden tests draw their sizes and seeds from the course secret: the environment variable GPTCOURSE_SECRET or,
+if it is unset, the first line of grading/secret.txt (git-ignored, like all of grading/). This file puts it in
+the environment, so the grader's judge and the student's kernel (which inherits it) agree. Without either, the
+PUBLIC default of gptcourse.grading.cases is used: fine for self-study and CI, not for a graded class.
+
+`nbgrader autograde` runs with the protections of gptcourse.grading (see its docstring): a tolerant reader and
+a cell restorer before execution, a kernel-restarting executor, the out-of-kernel judge, a report per
+submission in grading/reports/<lab>/<student>.txt; `nbgrader generate_feedback` hides hidden tests.
 """
 
 import os
@@ -39,3 +45,35 @@ c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^/_]+)_(?P<file_id
 
 # A lab's cells are small; a minute per cell leaves room for a slow laptop and stops a runaway loop.
 c.Execute.timeout = 60
+
+SECRET_FILE = os.path.join(ROOT, "grading", "secret.txt")
+if not os.environ.get("GPTCOURSE_SECRET") and os.path.isfile(SECRET_FILE):
+    with open(SECRET_FILE, encoding="utf-8") as secret_file:
+        os.environ["GPTCOURSE_SECRET"] = secret_file.readline().strip()
+
+# Autograde: nbgrader's steps, with gptcourse's in between (named as strings: imported only when autograding).
+GRADING = "gptcourse.grading."
+c.Autograde.exporter_class = GRADING + "sanitize.TolerantNotebookExporter"
+c.Autograde.sanitize_preprocessors = [
+    GRADING + "sanitize.RestoreCells",  # rebuild from the gradebook's cells: deleted/edited/retyped cells restored
+    "nbgrader.preprocessors.ClearOutput",
+    "nbgrader.preprocessors.DeduplicateIds",
+    "nbgrader.preprocessors.OverwriteKernelspec",
+    "nbgrader.preprocessors.OverwriteCells",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
+c.Autograde.autograde_preprocessors = [
+    GRADING + "execute.RobustExecute",  # survives dead and hung kernels, caps output, runs in a scratch folder
+    "nbgrader.preprocessors.IgnorePattern",
+    "nbgrader.preprocessors.LimitOutput",
+    GRADING + "judge.JudgeTestCells",  # re-judges the recorded results here, where no student code ran
+    "nbgrader.preprocessors.SaveAutoGrades",
+    "nbgrader.preprocessors.AssignLatePenalties",
+    "nbgrader.preprocessors.CheckCellMetadata",
+    GRADING + "report.WriteGradingReport",  # grading/reports/<lab>/<student>.txt and a cell atop the notebook
+]
+c.GenerateFeedback.preprocessors = [
+    GRADING + "feedback.HideHiddenTests",
+    "nbgrader.preprocessors.GetGrades",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+]

@@ -80,6 +80,17 @@ def get_case(test_id: str) -> Case:
         raise KeyError(f"no test case {test_id!r}; lab {lab} has {known}") from None
 
 
+def forbidden_names(lab: str) -> dict[str, tuple[str, ...]]:
+    """The lab's `FORBIDDEN`: piece -> dotted names of the references a student must not import or call for it."""
+    if not CASES:
+        _load_labs()
+    try:
+        module = importlib.import_module(f"{__package__}.labs.lab{lab}")
+    except ModuleNotFoundError:
+        return {}
+    return dict(getattr(module, "FORBIDDEN", {}))
+
+
 def course_secret(environ: Mapping[str, str] = os.environ) -> str:
     return environ.get(SECRET_ENV) or PUBLIC_SECRET
 

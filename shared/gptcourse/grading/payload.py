@@ -26,12 +26,15 @@ from .cases import case_seed, get_case
 MIME = "application/vnd.gptcourse.result+json"
 FORMAT = 1
 MAX_ELEMENTS = 1_000_000  # per output tensor: a runaway shape must not bloat the notebook
+MAX_MESSAGE = 2000  # characters of an error message recorded by the student's kernel
 _DTYPES = {"float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"}
 
 
 def encode_value(value: Any) -> dict[str, Any]:
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu().as_subclass(torch.Tensor).contiguous()
+        if type(t) is not torch.Tensor:
+            raise CheckFailed(f"an output is a {type(value).__name__}, expected a plain torch.Tensor")
         if t.dtype == torch.bfloat16:
             t = t.float()
         if t.numel() > MAX_ELEMENTS:
@@ -46,13 +49,37 @@ def encode_value(value: Any) -> dict[str, Any]:
     raise TypeError(f"a case's run must return tensors, numbers or strings, got {type(value).__name__}")
 
 
-def decode_value(encoded: dict[str, Any]) -> Any:
+def decode_value(encoded: Any) -> Any:
+    """A value from its encoding: a new plain tensor built from the raw bytes, or a number/string/None.
+
+    Whatever the encoding holds (it comes from the student's kernel), this returns plain data or raises
+    ValueError saying what is wrong with it.
+    """
+    if not isinstance(encoded, dict):
+        raise ValueError(f"an output is encoded as {type(encoded).__name__}, not an object")
     if "value" in encoded:
-        return encoded["value"]
-    dtype = np.dtype(encoded["dtype"])
-    if dtype.name not in _DTYPES:
-        raise ValueError(f"unsupported dtype {dtype.name}")
-    array = np.frombuffer(base64.b64decode(encoded["data"]), dtype=dtype).reshape(encoded["shape"])
+        value = encoded["value"]
+        if value is not None and type(value) not in (bool, int, float, str):
+            raise ValueError(f"an output value is a {type(value).__name__}")
+        return value
+    dtype, shape, data = encoded.get("dtype"), encoded.get("shape"), encoded.get("data")
+    if dtype not in _DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}")
+    if not (isinstance(shape, list) and len(shape) <= 8
+            and all(type(n) is int and 0 <= n <= MAX_ELEMENTS for n in shape)):
+        raise ValueError(f"bad shape {str(shape)[:80]}")
+    if not isinstance(data, str):
+        raise ValueError("the tensor's bytes are missing")
+    elements = int(np.prod(shape, dtype=np.int64))
+    if elements > MAX_ELEMENTS:
+        raise ValueError(f"{elements:,} elements, more than {MAX_ELEMENTS:,}")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"the tensor's bytes are not base64 ({err})") from None
+    if len(raw) != elements * np.dtype(dtype).itemsize:
+        raise ValueError(f"{len(raw)} bytes for shape {shape} of {dtype}")
+    array = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape)
     return torch.from_numpy(array.copy())
 
 
@@ -78,7 +105,9 @@ def judge_payload(payload: dict[str, Any]) -> tuple[bool, str]:
     return passed, _wrap(message)
 
 
-def _judge(payload: dict[str, Any]) -> tuple[bool, str]:
+def _judge(payload: Any) -> tuple[bool, str]:
+    if not isinstance(payload, dict):
+        return False, f"a recorded result is a {type(payload).__name__}, not an object"
     test_id = str(payload.get("test_id"))
     try:
         case = get_case(test_id)
@@ -90,11 +119,13 @@ def _judge(payload: dict[str, Any]) -> tuple[bool, str]:
         return False, f"{header}\nthe result was computed for other inputs (format {payload.get('format')}, " \
                       f"seed {payload.get('seed')}); run the lab's cells again from the top"
     if payload.get("error") is not None or payload.get("outputs") is None:
-        return False, f"{header}\n{payload.get('error') or 'no result'}"
+        return False, f"{header}\n{str(payload.get('error') or 'no result')[:MAX_MESSAGE]}"
     try:
-        got = {name: decode_value(v) for name, v in payload["outputs"].items()}
-    except (KeyError, TypeError, ValueError) as err:
-        return False, f"{header}\nthe result could not be read ({type(err).__name__}: {err})"
+        if not isinstance(payload["outputs"], dict):
+            raise ValueError("the outputs are not an object")
+        got = {str(name): decode_value(v) for name, v in payload["outputs"].items()}
+    except ValueError as err:
+        return False, f"{header}\nthe result could not be read: {err}"
     inputs = case.make_inputs(seed)
     expected = case.reference(inputs)
     if set(got) != set(expected):
@@ -103,4 +134,6 @@ def _judge(payload: dict[str, Any]) -> tuple[bool, str]:
         case.judge(got, expected, inputs)
     except CheckFailed as failure:
         return False, f"{header}\n{failure}"
+    except Exception as err:  # odd data (e.g. NaN everywhere) must fail the test, never crash the grader
+        return False, f"{header}\nthe result could not be judged ({type(err).__name__}: {str(err)[:200]})"
     return True, f"✓ {case.id} passed: {case.what}" + (" (hidden test)" if case.hidden else "")

@@ -1,0 +1,152 @@
+"""Running a submission so that a crash or a hang costs only the questions it breaks.
+
+`RobustExecute` replaces nbgrader's Execute preprocessor in `nbgrader autograde`:
+- a kernel that dies in a cell (os._exit, a segfault, out of memory) is restarted; the code cells that ran before
+  it (setup, solutions, the student's own cells; not the test cells) run again silently in the new kernel, and
+  grading goes on after the cell that killed it, so tests recorded before it still count;
+- a cell that times out is interrupted (nbgrader's behaviour); one that ignores the interrupt (SIGINT ignored, a
+  C loop) has its kernel killed and restarted the same way;
+- after `max_restarts` restarts the remaining cells are not run (their tests record nothing and fail);
+- each cell's output is capped at `max_output_bytes` (a print loop cannot exhaust the grader's memory);
+- the kernel runs in a scratch copy of the submission's folder, deleted afterwards, so files a notebook writes
+  next to itself never reach the autograded folder, the feedback or other submissions.
+Every event is a line in the grading report: "kernel died in cell 7 ('test_attention')", "cell 9 (...) timed
+out after 60 s". (The scratch folder is not a sandbox: the kernel runs as the grader's user. See the
+package docstring for what an instructor grading untrusted code should add.)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbconvert.exporters.exporter import ResourcesDict
+from nbformat.notebooknode import NotebookNode
+from nbformat.v4 import new_output
+from nbgrader import utils
+from nbgrader.preprocessors import Execute
+from traitlets import Integer
+
+from .report import add_line, cell_label
+
+
+class RobustExecute(Execute):
+    """nbgrader's Execute, surviving dead and hung kernels, with capped output and a scratch working folder."""
+
+    max_restarts = Integer(3, help="Kernel restarts per notebook before the remaining cells are skipped").tag(
+        config=True)
+    max_output_bytes = Integer(2_000_000, help="Output kept per cell; the rest is dropped with a note").tag(
+        config=True)
+
+    def preprocess(self, nb: NotebookNode, resources: ResourcesDict,
+                   km: object = None) -> tuple[NotebookNode, ResourcesDict]:
+        from nbclient import NotebookClient
+
+        NotebookClient.__init__(self, nb, km)
+        self.reset_execution_trackers()
+        self._check_assign_resources(resources)
+        self.shutdown_kernel = "immediate"
+        self._dropped: dict[int, int] = {}
+        self._kept: dict[int, int] = {}
+        folder = (resources or {}).get("metadata", {}).get("path") or "."
+        scratch = tempfile.mkdtemp(prefix="gptcourse-grading-")
+        try:
+            shutil.copytree(folder, scratch, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.ipynb"))
+            before = set(os.listdir(scratch))
+            self._run_all(nb, scratch)
+            written = sorted(set(os.listdir(scratch)) - before)
+            if written:
+                add_line(nb, f"the notebook wrote files while it ran ({', '.join(written[:5])}"
+                             f"{', ...' if len(written) > 5 else ''}); they were discarded")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        self.set_widgets_metadata()
+        return self.nb, self.resources
+
+    def _run_all(self, nb: NotebookNode, scratch: str) -> None:
+        index, restarts, broken = 0, 0, set()
+        while index < len(nb.cells):
+            with self.setup_kernel(cwd=scratch):
+                info = self.wait_for_reply(self.kc.kernel_info())
+                self.nb.metadata["language_info"] = info["content"]["language_info"]
+                if restarts and not self._replay(nb, index, broken):
+                    add_line(nb, "the kernel failed again while re-running the earlier cells: the remaining cells "
+                                 "were not run")
+                    self._skip(nb, index)
+                    return
+                while index < len(nb.cells) and not self._run_cell(nb, index):
+                    index += 1
+            if index == len(nb.cells):
+                return
+            broken.add(index)
+            index += 1
+            restarts += 1
+            if index < len(nb.cells) and restarts > self.max_restarts:
+                add_line(nb, f"the kernel was restarted {self.max_restarts} times: the remaining cells were not run")
+                self._skip(nb, index)
+                return
+
+    def _run_cell(self, nb: NotebookNode, index: int) -> bool:
+        """Run cell `index`; True if it broke the kernel (dead, or hung past the interrupt)."""
+        cell = nb.cells[index]
+        self._kept[index] = 0
+        try:
+            self.preprocess_cell(cell, self.resources, index)
+        except DeadKernelError:
+            self._fail(nb, cell, "KernelDied", "the kernel died while running this cell",
+                       f"kernel died in {cell_label(cell, index)}")
+            return True
+        except CellTimeoutError:
+            self._fail(nb, cell, "CellTimeoutError", f"this cell ran longer than {self.timeout} s and ignored the "
+                       "interrupt", f"{cell_label(cell, index)} timed out after {self.timeout} s and ignored the "
+                       "interrupt: the kernel was restarted")
+            return True
+        self._note(nb, cell, index)
+        return False
+
+    def _replay(self, nb: NotebookNode, upto: int, broken: set[int]) -> bool:
+        """Run the earlier code cells (not tests, not the cells that broke a kernel) again; False if that fails."""
+        for i, cell in enumerate(nb.cells[:upto]):
+            if cell.cell_type != "code" or utils.is_grade(cell) or i in broken:
+                continue
+            self._kept[i] = 0
+            try:
+                self.execute_cell(copy.deepcopy(cell), i, store_history=False)
+            except (DeadKernelError, CellTimeoutError):
+                return False
+        return True
+
+    def _fail(self, nb: NotebookNode, cell: NotebookNode, ename: str, evalue: str, line: str) -> None:
+        error = new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
+        cell.outputs = [*cell.get("outputs", []), error]
+        add_line(nb, line)
+
+    def _skip(self, nb: NotebookNode, start: int) -> None:
+        for cell in nb.cells[start:]:
+            if cell.cell_type == "code":
+                cell.outputs = [new_output("error", ename="NotRun", evalue="not run: the kernel kept failing",
+                                           traceback=["NotRun: not run: the kernel kept failing"])]
+
+    def _note(self, nb: NotebookNode, cell: NotebookNode, index: int) -> None:
+        """Report an interrupted timeout or dropped output of a cell that finished."""
+        outputs = cell.get("outputs", [])
+        if any(o.get("output_type") == "error" and o.get("ename") == "CellTimeoutError" for o in outputs):
+            add_line(nb, f"{cell_label(cell, index)} timed out after {self.timeout} s and was interrupted")
+        dropped = self._dropped.pop(index, 0)
+        if dropped:
+            cell.outputs.append(new_output("stream", name="stdout", text=f"\n... {dropped:,} bytes of output dropped"))
+            add_line(nb, f"{cell_label(cell, index)} printed more than {self.max_output_bytes:,} bytes: the rest "
+                         "was dropped")
+
+    def output(self, outs: list, msg: dict, display_id: str | None, cell_index: int) -> NotebookNode | None:
+        size = len(json.dumps(msg.get("content", {}), default=str))
+        kept = self._kept.get(cell_index, 0)
+        if kept + size > self.max_output_bytes:
+            self._dropped[cell_index] = self._dropped.get(cell_index, 0) + size
+            return None
+        self._kept[cell_index] = kept + size
+        return super().output(outs, msg, display_id, cell_index)

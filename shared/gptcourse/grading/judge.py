@@ -1,0 +1,140 @@
+"""Judging a lab's test cells in the grader's process, where no student code ever ran.
+
+`JudgeTestCells` runs in `nbgrader autograde` after the notebook executed and before SaveAutoGrades scores it.
+For every autograded test cell (a grade cell whose source, restored from the gradebook, calls
+`check("NN.piece.variant", obj)`):
+1. the test ids it must record are read from the cell's source with `ast`;
+2. the cell's outputs must hold exactly one result payload (`payload.MIME`) per id, with the seed the grader
+   computes from the course secret; a missing, repeated or stale payload fails that test with a line saying so;
+3. each payload is judged again here (`judge_payload`): its tensors are rebuilt from raw bytes, the inputs and
+   expected values recomputed with the reference code. Whatever the student's kernel printed, patched or raised
+   (torch.allclose, builtins, IPython's traceback display, NBGRADER_EXECUTION) is ignored;
+4. the cell's outputs are replaced: one line per passing test, or a single error output holding only the
+   diagnostics (nbgrader scores a cell with an error output 0), never a traceback or the test's source.
+A test of a piece whose reference implementation the student's cells import or use (the lab's `FORBIDDEN`,
+see `forbidden.py`) fails with the reason, and the report says so.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from nbconvert.exporters.exporter import ResourcesDict
+from nbformat.notebooknode import NotebookNode
+from nbformat.v4 import new_output
+from nbgrader import utils
+from nbgrader.preprocessors import NbGraderPreprocessor
+
+from .cases import forbidden_names
+from .forbidden import Finding, find_forbidden
+from .payload import MIME, judge_payload
+from .report import add_line, cell_label
+
+STOP_REASON_CHARS = 300
+
+
+def expected_test_ids(source: str) -> list[str]:
+    """The ids of the `check("id", obj)` calls in a test cell's source, in order; [] if it has none."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    return [node.args[0].value for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "check"
+            and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)]
+
+
+def _piece(test_id: str) -> str:
+    parts = test_id.split(".")
+    return parts[1] if len(parts) > 2 else ""
+
+
+def _stop_reason(cell: NotebookNode) -> str:
+    """Why a test cell stopped early, from its first error output ("" if none)."""
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "error":
+            text = f"{output.get('ename', '')}: {output.get('evalue', '')}".strip(": ")
+            return text[:STOP_REASON_CHARS]
+    return ""
+
+
+def judge_cell(cell: NotebookNode, test_ids: list[str], banned: dict[str, str]) -> tuple[bool, list[str]]:
+    """(all passed, one message per test id) from the cell's recorded payloads; `banned`: piece -> reason."""
+    payloads = [out["data"][MIME] for out in cell.get("outputs", [])
+                if out.get("output_type") in ("display_data", "execute_result") and MIME in out.get("data", {})]
+    reason = _stop_reason(cell)
+    verdicts = []
+    for test_id in test_ids:
+        mine = [p for p in payloads if isinstance(p, dict) and p.get("test_id") == test_id]
+        if _piece(test_id) in banned:
+            verdicts.append((False, f"{test_id}: 0 points: {banned[_piece(test_id)]}"))
+        elif not mine:
+            stopped = f" (it stopped with {reason})" if reason else ""
+            verdicts.append((False, f"no result recorded for {test_id}: the test cell did not run to the end{stopped}"))
+        elif len(mine) > 1:
+            verdicts.append((False, f"{len(mine)} results recorded for {test_id}, expected one: a test records its "
+                                    "result once"))
+        else:
+            verdicts.append(judge_payload(mine[0]))
+    return all(passed for passed, _ in verdicts), [message for _, message in verdicts]
+
+
+def _rewrite(cell: NotebookNode, passed: bool, messages: list[str]) -> None:
+    if passed:
+        cell.outputs = [new_output("stream", name="stdout", text="\n".join(messages) + "\n")]
+    else:
+        failures = "\n".join(m for m in messages if not m.startswith("✓"))
+        cell.outputs = [new_output("error", ename="CheckFailed", evalue=failures,
+                                   traceback=[f"\x1b[0;31mCheckFailed\x1b[0m: {failures}"])]
+
+
+class JudgeTestCells(NbGraderPreprocessor):
+    """Re-judge every check-calling test cell from its recorded payloads and rewrite its outputs."""
+
+    def preprocess(self, nb: NotebookNode, resources: ResourcesDict) -> tuple[NotebookNode, ResourcesDict]:
+        tests = [(cell, ids) for cell in nb.cells
+                 if cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell)
+                 and (ids := expected_test_ids(cell.source))]
+        labs = sorted({test_id.split(".")[0] for _, ids in tests for test_id in ids})
+        forbidden = {piece: names for lab in labs for piece, names in forbidden_names(lab).items()}
+        banned = self._banned_pieces(nb, forbidden, labs)
+        for cell, ids in tests:
+            passed, messages = judge_cell(cell, ids, banned)
+            _rewrite(cell, passed, messages)
+        return nb, resources
+
+    def _banned_pieces(self, nb: NotebookNode, forbidden: dict[str, tuple[str, ...]],
+                       labs: list[str]) -> dict[str, str]:
+        if not forbidden:
+            return {}
+        cells = [(cell_label(cell, i), cell.source, not utils.is_locked(cell))
+                 for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
+        owner = {cell_label(cell, i): cell.metadata.get("nbgrader", {}).get("grade_id")
+                 for i, cell in enumerate(nb.cells)}
+        banned: dict[str, str] = {}
+        prefix = labs[0] if len(labs) == 1 else "NN"
+        reported: set[object] = set()
+        for finding in find_forbidden(cells, forbidden):
+            key = (finding.cell, "dynamic") if finding.how == "dynamic" else finding.name
+            if key in reported:  # one line per forbidden name, one per cell for constructs the scan cannot follow
+                continue
+            reported.add(key)
+            pieces = finding.pieces or self._dynamic_pieces(finding, owner, forbidden)
+            lost = ", ".join(f"{prefix}.{p}.*" for p in pieces)
+            if finding.how == "dynamic":
+                line = (f"{finding.cell} uses {finding.name}, which the grader cannot follow (the lab's intro says "
+                        f"which imports to use): 0 points for {lost}")
+            else:
+                line = (f"{finding.cell} {finding.how} {finding.name}, the reference for a piece you must write: "
+                        f"0 points for {lost}")
+            add_line(nb, line)
+            for piece in pieces:
+                banned.setdefault(piece, f"{finding.cell} {finding.how} {finding.name}")
+        return banned
+
+    @staticmethod
+    def _dynamic_pieces(finding: Finding, owner: dict[str, str | None],
+                        forbidden: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+        """A construct the scan cannot follow costs the piece of its solution cell, or every piece elsewhere."""
+        grade_id = owner.get(finding.cell)
+        return (grade_id,) if grade_id in forbidden else tuple(forbidden)

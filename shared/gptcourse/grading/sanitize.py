@@ -1,0 +1,194 @@
+"""Repairing a submission before it runs, so a broken notebook gets a defined score instead of aborting.
+
+Two pieces, both in nbgrader's "sanitize" pass of `nbgrader autograde`:
+
+`TolerantNotebookExporter` (Autograde.exporter_class) reads the submitted file; a file that is not a notebook
+(malformed JSON, not UTF-8, not nbformat) becomes an empty notebook with a report line, instead of an exception
+that leaves the student "needs manual grading". Old formats (nbformat 3) are upgraded by nbformat.
+
+`RestoreCells` rebuilds the notebook from the gradebook's cells, in the order of the source notebook:
+- every instructor cell (markdown, setup, tests) comes from the gradebook: deleted, retyped, edited or duplicated
+  ones are restored (the report says which), and hidden tests are back in their cells;
+- a solution cell keeps the student's source (its first copy, if duplicated; a retyped one runs as code again);
+  a deleted solution cell comes back empty, so its tests fail with "not defined" rather than running stub code
+  over the student's own definitions;
+- cells the student added (or copies, or the second half of a split cell) keep their place after the instructor
+  cell they followed, as plain cells with no nbgrader metadata; they run, and they are read for forbidden imports.
+Grading the rebuilt notebook is therefore grading the student's code in the instructor's notebook, whatever
+happened to the file's structure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import nbformat
+from nbconvert.exporters import NotebookExporter
+from nbconvert.exporters.exporter import ResourcesDict
+from nbformat.notebooknode import NotebookNode
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_raw_cell
+from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
+
+from .report import add_line
+
+UNREADABLE = "unreadable"  # metadata key: why the submitted file could not be read
+
+
+class TolerantNotebookExporter(NotebookExporter):
+    """A NotebookExporter whose reader turns an unreadable file into an empty notebook plus a report line."""
+
+    def from_file(self, file_stream: Any, resources: ResourcesDict | None = None,
+                  **kw: Any) -> tuple[str, ResourcesDict]:
+        try:
+            nb = nbformat.reads(file_stream.read(), as_version=4)
+            if not isinstance(nb.get("cells"), list):
+                raise ValueError("it has no list of cells")
+        except Exception as err:
+            nb = new_notebook()
+            reason = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+            nb.metadata["gptcourse"] = {UNREADABLE: reason}
+        return self.from_notebook_node(nb, resources, **kw)
+
+
+def _source(cell: Any) -> str:
+    source = cell.get("source", "") if isinstance(cell, dict) else ""
+    return "".join(source) if isinstance(source, list) else str(source)
+
+
+def _grade_id(cell: Any) -> str | None:
+    try:
+        grade_id = cell["metadata"]["nbgrader"]["grade_id"]
+    except (KeyError, TypeError):
+        return None
+    return grade_id if isinstance(grade_id, str) else None
+
+
+def _released(source: str) -> str:
+    """What the student was given for an instructor cell: its source without the hidden-test region."""
+    cell = NotebookNode(source=source)
+    try:
+        ClearHiddenTests()._remove_hidden_test_region(cell)
+    except RuntimeError:
+        return source
+    return cell.source
+
+
+def _plain(cell: Any, number: int) -> NotebookNode:
+    """A student-added cell as a fresh cell of its type, without outputs or nbgrader metadata."""
+    kind = cell.get("cell_type") if isinstance(cell, dict) else None
+    make = {"code": new_code_cell, "markdown": new_markdown_cell}.get(kind, new_raw_cell)
+    new = make(_source(cell))
+    new.id = f"added-{number}"
+    return new
+
+
+class RestoreCells(NbGraderPreprocessor):
+    """Rebuild the submission from the gradebook's cells and the student's solution and added cells."""
+
+    def preprocess(self, nb: NotebookNode, resources: ResourcesDict) -> tuple[NotebookNode, ResourcesDict]:
+        info = resources["nbgrader"]
+        with Gradebook(info["db_url"]) as gb:
+            try:
+                notebook = gb.find_notebook(info["notebook"], info["assignment"])
+            except MissingEntry:
+                return nb, resources
+            sources = {c.name: (c.cell_type, c.source, c.locked, c.checksum) for c in notebook.source_cells}
+            points = {c.name: c.max_score for c in notebook.grade_cells}
+            solutions = {c.name for c in notebook.solution_cells}
+            known = {n.name for n in notebook.assignment.notebooks}
+        folder = resources.get("metadata", {}).get("path")
+        extra = sorted(name for name in (os.listdir(folder) if folder and os.path.isdir(folder) else [])
+                       if name.endswith(".ipynb") and name[:-len(".ipynb")] not in known)
+        if extra:
+            add_line(nb, f"not graded: {', '.join(extra)} (the lab is graded from {info['notebook']}.ipynb only)")
+        reason = nb.metadata.get("gptcourse", {}).get(UNREADABLE)
+        if reason:
+            add_line(nb, f"the submitted notebook could not be read ({reason}): graded as an empty submission")
+        order = self._instructor_order(info, sources, nb)
+
+        first: dict[str, Any] = {}  # grade_id -> the student's first cell with it
+        count: dict[str, int] = {}
+        added: dict[str | None, list[Any]] = {}  # anchor grade_id (None: before any) -> cells after it
+        anchor = None
+        for cell in nb.cells:
+            grade_id = _grade_id(cell)
+            if grade_id in sources:
+                count[grade_id] = count.get(grade_id, 0) + 1
+                if grade_id not in first:
+                    first[grade_id] = cell
+                    anchor = grade_id
+                    continue
+                if not sources[grade_id][2]:  # a copy (or split half) of a solution cell: the student's code
+                    added.setdefault(anchor, []).append(cell)
+                continue
+            added.setdefault(anchor, []).append(cell)
+
+        cells = []
+        number = 0
+        for grade_id in [None, *order]:
+            if grade_id is not None:
+                cells.append(self._restore(nb, grade_id, sources[grade_id], first.get(grade_id),
+                                           count.get(grade_id, 0), grade_id in solutions, points.get(grade_id)))
+            for cell in added.get(grade_id, []):
+                number += 1
+                cells.append(_plain(cell, number))
+        nb.cells = cells
+        nb.nbformat, nb.nbformat_minor = 4, 5
+        return nb, resources
+
+    def _instructor_order(self, info: dict[str, str], sources: dict[str, Any], nb: NotebookNode) -> list[str]:
+        """The grade_ids in the source notebook's order (the student's order if the source cannot be read)."""
+        order: list[str] = []
+        coursedir = getattr(getattr(self.parent, "parent", None), "coursedir", None)
+        if coursedir is not None:
+            path = os.path.join(coursedir.format_path(coursedir.source_directory, ".", info["assignment"]),
+                                f"{info['notebook']}.ipynb")
+            try:
+                order = [g for c in nbformat.read(path, as_version=4).cells if (g := _grade_id(c)) in sources]
+            except Exception:
+                order = []
+        if not order:
+            order = list(dict.fromkeys(g for c in nb.cells if (g := _grade_id(c)) in sources))
+        return order + sorted(set(sources) - set(order))
+
+    @staticmethod
+    def _restore(nb: NotebookNode, grade_id: str, source_cell: tuple, student: Any, copies: int,
+                 is_solution: bool, points: float | None) -> NotebookNode:
+        cell_type, source, locked, checksum = source_cell
+        reading = nb.metadata.get("gptcourse", {}).get(UNREADABLE)
+        if is_solution:
+            if student is None:
+                if not reading:
+                    add_line(nb, f"solution cell '{grade_id}' is missing from the submission: graded as unanswered")
+                source = "# (this solution cell was missing from the submission)"
+            else:
+                source = _source(student)
+                if student.get("cell_type") != cell_type:
+                    add_line(nb, f"solution cell '{grade_id}' was changed to {student.get('cell_type')}: "
+                                 f"graded as {cell_type}")
+            if copies > 1:
+                add_line(nb, f"solution cell '{grade_id}' appears {copies} times: all copies run, in order")
+        elif not reading:
+            if student is None:
+                add_line(nb, f"cell '{grade_id}' was deleted: restored from the course")
+            elif student.get("cell_type") != cell_type:
+                add_line(nb, f"cell '{grade_id}' was changed from {cell_type} to {student.get('cell_type')}: "
+                             "restored from the course")
+            elif _source(student).strip() != _released(source).strip():
+                add_line(nb, f"cell '{grade_id}' is locked but was edited: restored from the course (changes "
+                             "there are not graded)")
+            if copies > 1:
+                add_line(nb, f"cell '{grade_id}' appears {copies} times: graded once")
+        metadata = {"grade": points is not None, "grade_id": grade_id, "locked": bool(locked),
+                    "schema_version": 3, "solution": is_solution, "task": False, "checksum": checksum}
+        if points is not None:
+            metadata["points"] = points
+        make = new_code_cell if cell_type == "code" else new_markdown_cell
+        cell = make(source, metadata={"nbgrader": metadata})
+        if locked:
+            cell.metadata.update(deletable=False, editable=False)
+        cell.id = re.sub(r"[^A-Za-z0-9_-]", "-", grade_id)[:64]  # nbformat's rule for cell ids
+        return cell

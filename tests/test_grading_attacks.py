@@ -1,0 +1,246 @@
+"""`nbgrader autograde` with the committed config against sly and broken submissions of lab 02, in ONE batch.
+
+Each student below is one attack or breakage; each gets an exact score per test cell and, where something
+unusual happened, a line in its report (grading/reports/<lab>/<student>.txt). Points of lab 02: causal_mask 2+1,
+attention 3+2(causal)+2, head 3+2 = 15.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import nbformat
+import pytest
+
+LAB = "02_causal_attention"
+TIMEOUT = 10  # seconds per cell for this batch (the course's is 60): keeps the hanging submissions short
+
+NO_SCALING = '''
+def attention(q, k, v):
+    scores = (q @ k.transpose(-2, -1)).masked_fill(~causal_mask(q.size(-2)), float("-inf"))
+    weights = scores.softmax(dim=-1)
+    return weights @ v, weights
+'''
+SCALING_TESTS = {"test_attention", "test_attention_hidden", "test_head", "test_head_hidden"}  # what NO_SCALING fails
+ALL_ATTENTION = SCALING_TESTS | {"test_attention_causal"}
+CAUSAL_MASK_TESTS = {"test_causal_mask", "test_causal_mask_hidden"}
+PATCH_CHECKS = '''
+import numpy, torch, IPython
+torch.allclose = lambda *a, **k: True
+torch.equal = lambda *a, **k: True
+torch.testing.assert_close = lambda *a, **k: None
+numpy.testing.assert_allclose = lambda *a, **k: None
+numpy.allclose = lambda *a, **k: True
+IPython.core.interactiveshell.InteractiveShell.showtraceback = lambda *a, **k: None
+'''
+
+
+def code(source: str) -> nbformat.NotebookNode:
+    return nbformat.v4.new_code_cell(source)
+
+
+def index_of(nb: nbformat.NotebookNode, grade_id: str) -> int:
+    return next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def insert_after(nb: nbformat.NotebookNode, grade_id: str, *cells: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    i = index_of(nb, grade_id)
+    nb.cells[i + 1:i + 1] = list(cells)
+    return nb
+
+
+def submissions(course) -> dict[str, tuple[object, set[str], list[str]]]:
+    """student -> (notebook, or raw text for a file that is not one; test cells it fails; report patterns)."""
+    solved = course.solved
+    subs: dict[str, tuple[object, set[str], list[str]]] = {
+        "solution": (solved(LAB), set(), []),
+        "untouched": (course.notebook("labs", LAB), CAUSAL_MASK_TESTS | ALL_ATTENTION, []),
+        # monkeypatching what tests might rely on, in an added cell and in the locked setup cell
+        "patch-torch": (insert_after(solved(LAB, {"attention": NO_SCALING}), "setup", code(PATCH_CHECKS)),
+                        SCALING_TESTS, []),
+        "patch-builtins": (insert_after(solved(LAB, {"attention": NO_SCALING}), "setup", code(
+            "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.all = lambda x: True\n"
+            "builtins.isinstance = lambda *a: True")), CAUSAL_MASK_TESTS | ALL_ATTENTION,
+            [r"cell 3 \(added by you\) uses builtins, which the grader cannot follow.*0 points for 02.causal_mask.\*, "
+             r"02.attention.\*, 02.head.\*$"]),
+        "patch-under-nbgrader": (solved(LAB, {"attention": "import os\nif os.environ.get('NBGRADER_EXECUTION'):\n"
+                                                           "    torch.allclose = lambda *a, **k: True\n" + NO_SCALING}),
+                                 SCALING_TESTS, []),
+        "eq-always-true": (solved(LAB, {"attention": NO_SCALING.replace("return weights @ v, weights",
+                                                                        "return Sneaky(weights @ v), Sneaky(weights)")
+                                        + "\nclass Sneaky(torch.Tensor):\n    def __eq__(self, other):\n"
+                                          "        return True\n\n    def allclose(self, *a, **k):\n"
+                                          "        return True\n"}),
+                           SCALING_TESTS, []),
+        # the reference implementation of the piece being written
+        "imports-reference": (solved(LAB, {"attention": "from gptcourse.attention import attention"}), ALL_ATTENTION,
+                              [r"cell \d+ \(solution 'attention'\) imports gptcourse.attention.attention, the "
+                               r"reference for a piece you must write: 0 points for 02.attention.\*, 02.head.\*"]),
+        "uses-torch-mha": (solved(LAB, {"head": "class AttentionHead(nn.Module):\n    def __init__(self, d_model, "
+                                                "d_head):\n        super().__init__()\n        self.mha = "
+                                                "nn.MultiheadAttention(d_model, 1)\n"}),
+                           {"test_head", "test_head_hidden"}, [r"uses torch.nn.MultiheadAttention.*02.head.\*"]),
+        "importlib": (solved(LAB, {"causal_mask": "import importlib\ncausal_mask = importlib.import_module("
+                                                  "'gptcourse.attention').causal_mask"}),
+                      CAUSAL_MASK_TESTS, [r"uses importlib, which the grader cannot follow.*02.causal_mask.\*$"]),
+        # crashes and hangs cost only the tests they break
+        "kernel-dies": (insert_after(solved(LAB), "attention", code(
+            "_attention = attention\ndef attention(q, k, v):\n    if q.dim() == 4:\n        import os\n"
+            "        os._exit(1)\n    return _attention(q, k, v)")),
+                        {"test_attention_hidden"}, [r"kernel died in cell 12 \('test_attention_hidden'\)"]),
+        "hangs": (insert_after(solved(LAB), "test_causal_mask_hidden",
+                               code("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n"
+                                    "    pass"), code("while True:\n    pass")), set(),
+                  [rf"cell 8 \(added by you\) timed out after {TIMEOUT} s and ignored the interrupt",
+                   rf"cell 9 \(added by you\) timed out after {TIMEOUT} s and was interrupted"]),
+        "recursion": (solved(LAB, {"attention": "def attention(q, k, v):\n    return attention(q, k, v)"}),
+                      ALL_ATTENTION, []),
+        "huge-output": (insert_after(solved(LAB), "setup", code("print('x' * 30_000_000)")), set(),
+                        [r"cell 3 \(added by you\) printed more than 2,000,000 bytes"]),
+        "writes-files": (insert_after(solved(LAB), "setup", code("open('leak.txt', 'w').write('x')")), set(),
+                         [r"the notebook wrote files while it ran \(leak.txt\); they were discarded"]),
+        "warns-on-stderr": (solved(LAB, {"attention": "import sys, warnings\n" + NO_SCALING.replace(
+            "    return weights", "    warnings.warn('a torch-like UserWarning', UserWarning)\n"
+            "    print('debug', file=sys.stderr)\n    return weights").replace("scores = (q @", "scores = (q / "
+            "math.sqrt(q.size(-1)) @")}), set(), []),
+    }
+    # broken structure
+    nb = solved(LAB)
+    del nb.cells[index_of(nb, "head")]
+    del nb.cells[index_of(nb, "test_attention")]
+    del nb.cells[index_of(nb, "intro")]
+    subs["deleted-cells"] = (nb, {"test_head", "test_head_hidden"}, [
+        "solution cell 'head' is missing from the submission: graded as unanswered",
+        "cell 'test_attention' was deleted: restored from the course", "cell 'intro' was deleted"])
+    nb = solved(LAB)
+    wrong = nbformat.from_dict(json.loads(json.dumps(nb.cells[index_of(nb, "attention")])))
+    wrong.source, wrong.id = NO_SCALING, "copy-1"
+    test_copy = nbformat.from_dict(json.loads(json.dumps(nb.cells[index_of(nb, "test_causal_mask")])))
+    test_copy.id = "copy-2"
+    nb.cells.insert(index_of(nb, "attention"), wrong)  # the wrong copy first, the right one (kept) after it
+    nb.cells.insert(index_of(nb, "test_causal_mask"), test_copy)
+    subs["duplicated-cells"] = (nb, set(), ["solution cell 'attention' appears 2 times: all copies run, in order",
+                                            "cell 'test_causal_mask' appears 2 times: graded once"])
+    nb = solved(LAB)
+    i = index_of(nb, "attention")
+    first = nbformat.from_dict(json.loads(json.dumps(nb.cells[i])))
+    first.source, first.id = "def scale(q):\n    return math.sqrt(q.size(-1))", "split-1"
+    nb.cells[i].source = NO_SCALING.replace("(q @ k.transpose(-2, -1))", "(q @ k.transpose(-2, -1) / scale(q))")
+    nb.cells.insert(i, first)
+    subs["split-cell"] = (nb, set(), [])
+    nb = solved(LAB)
+    nb.cells[index_of(nb, "attention")].cell_type = "markdown"
+    for grade_id in ("attention", "test_head"):
+        cell = nb.cells[index_of(nb, grade_id)]
+        nb.cells[index_of(nb, grade_id)] = nbformat.v4.new_markdown_cell(cell.source, metadata=cell.metadata,
+                                                                         id=cell.id)
+    subs["retyped-cells"] = (nb, set(), ["solution cell 'attention' was changed to markdown: graded as code",
+                                         "cell 'test_head' was changed from code to markdown: restored"])
+    nb = solved(LAB, {"attention": NO_SCALING})
+    nb.cells[index_of(nb, "test_attention")].source = "print('all good')"
+    nb.cells[index_of(nb, "test_attention_hidden")].metadata.nbgrader["points"] = 100
+    nb.cells[index_of(nb, "setup")].source += "\ntorch.allclose = lambda *a, **k: True"
+    subs["edited-locked-cells"] = (nb, SCALING_TESTS, [
+        "cell 'test_attention' is locked but was edited: restored", "cell 'setup' is locked but was edited"])
+    # hidden cases drawn with the public secret (what the repository gives away) are not the graded ones
+    subs["public-secret"] = (insert_after(solved(LAB), "setup", code("import os\nos.environ.pop('GPTCOURSE_SECRET')")),
+                             {"test_causal_mask_hidden", "test_attention_hidden", "test_head_hidden"}, [])
+    text = nbformat.writes(solved(LAB))
+    subs["malformed-json"] = (text[:len(text) // 2], CAUSAL_MASK_TESTS | ALL_ATTENTION,
+                              [r"the submitted notebook could not be read \(NotJSONError.*graded as an empty"])
+    subs["nbformat-v3"] = (nbformat.writes(nbformat.convert(solved(LAB), 3)), set(), [])
+    subs["extra-notebook"] = (solved(LAB), set(), [r"not graded: scratch.ipynb \(the lab is graded from "])
+    return subs
+
+
+pytestmark = pytest.mark.slow
+
+
+SECRET = "an instructor's private value"
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    """A course of its own, with a private secret in grading/secret.txt (as an instructor keeps it)."""
+    from conftest import Course
+
+    course = Course(tmp_path_factory.mktemp("attacks"))
+    (course.root / "grading").mkdir(exist_ok=True)
+    (course.root / "grading" / "secret.txt").write_text(SECRET + "\n")
+    return course
+
+
+@pytest.fixture(scope="module")
+def graded(course):
+    course.nbgrader("generate_assignment", LAB, "--force")
+    subs = submissions(course)
+    for student, (nb, _, _) in subs.items():
+        if isinstance(nb, str):
+            folder = course.root / "grading" / "submitted" / student / LAB
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{LAB}.ipynb").write_text(nb)
+        else:
+            course.submit(student, LAB, nb)
+    nbformat.write(nbformat.v4.new_notebook(), course.root / "grading" / "submitted" / "extra-notebook" / LAB
+                   / "scratch.ipynb")
+    run = course.nbgrader("autograde", LAB, f"--Execute.timeout={TIMEOUT}")
+    return subs, course.scores(LAB), run.stdout
+
+
+def report(course, student: str) -> str:
+    return (course.root / "grading" / "reports" / LAB / f"{student}.txt").read_text()
+
+
+def test_every_submission_gets_its_exact_score(course, graded):
+    subs, scores, _ = graded
+    wrong = {student: scores.get(student) for student, (_, failing, _) in subs.items()
+             if scores.get(student) != course.expected_scores(LAB, failing)}
+    assert not wrong, wrong
+
+
+def test_reports_say_what_happened(course, graded):
+    subs, _, _ = graded
+    for student, (_, _, patterns) in subs.items():
+        text = report(course, student)
+        for pattern in patterns:
+            assert re.search(pattern, text, re.MULTILINE), (student, pattern, text)
+
+
+def test_ordinary_submissions_have_nothing_to_report(course, graded):
+    for student in ("solution", "untouched", "patch-torch", "recursion", "warns-on-stderr"):
+        assert "\n- " not in report(course, student), report(course, student)
+
+
+def test_test_cells_show_messages_only(course, graded):
+    for student in ("untouched", "patch-torch", "imports-reference"):
+        nb = course.notebook(f"grading/autograded/{student}", LAB)
+        for cell in nb.cells:
+            for out in cell.get("outputs", []) if cell.metadata.get("nbgrader", {}).get("grade") else []:
+                assert out.output_type in ("stream", "error")
+                if out.output_type == "error":
+                    assert out.ename == "CheckFailed" and "check(" not in out.traceback[0]
+
+
+def test_files_written_by_a_notebook_stay_out_of_the_course(course, graded):
+    assert not list(course.root.rglob("leak.txt"))
+
+
+def test_regrading_gives_the_same_scores_and_report(course, graded):
+    _, scores, _ = graded
+    first = report(course, "kernel-dies")
+    course.nbgrader("autograde", LAB, "--student=kernel-dies", "--force", f"--Execute.timeout={TIMEOUT}")
+    assert course.scores(LAB)["kernel-dies"] == scores["kernel-dies"]
+    assert report(course, "kernel-dies") == first
+
+
+def test_feedback_shows_no_hidden_test_source(course, graded):
+    subs, _, _ = graded
+    course.nbgrader("generate_feedback", LAB, "--force")
+    hidden = re.compile(r"02\.[a-z_]+\.hidden[a-z_]*(&quot;|&#34;|\")|BEGIN HIDDEN TESTS")
+    for student in subs:
+        html = (course.root / "grading" / "feedback" / student / LAB / f"{LAB}.html").read_text()
+        assert not hidden.search(html), (student, hidden.search(html))
+        assert "Grading report" in html
+    untouched = (course.root / "grading" / "feedback" / "untouched" / LAB / f"{LAB}.html").read_text()
+    assert "not written yet" in untouched and "02.attention.hidden_heads failed" in untouched

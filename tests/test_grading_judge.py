@@ -1,0 +1,124 @@
+"""The grader's pieces in-process (no kernel, no nbgrader run): payloads from a hostile kernel are judged without
+crashing, the forbidden-reference scan follows imports and aliases, and a test cell's verdict comes only from
+its recorded payloads."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+import torch
+from nbformat.v4 import new_code_cell, new_output
+
+from gptcourse.grading import MIME, case_seed, get_case, judge_payload
+from gptcourse.grading.cases import forbidden_names
+from gptcourse.grading.forbidden import find_forbidden
+from gptcourse.grading.judge import expected_test_ids, judge_cell
+from gptcourse.grading.payload import make_payload
+
+
+def _mask_payload(mask: torch.Tensor, test_id: str = "02.causal_mask.visible") -> dict:
+    case = get_case(test_id)
+    return make_payload(test_id, case_seed(case), {"mask": mask}, None)
+
+
+GOOD = _mask_payload(torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+@pytest.mark.parametrize("outputs, message", [
+    ({"mask": {"dtype": "bool", "shape": [4, 4], "data": "not base64!"}}, "not base64"),
+    ({"mask": {"dtype": "bool", "shape": [4, 4], "data": base64.b64encode(b"\x01" * 15).decode()}},
+     "15 bytes for shape [4, 4]"),
+    ({"mask": {"dtype": "object", "shape": [4, 4], "data": ""}}, "unsupported dtype 'object'"),
+    ({"mask": {"dtype": "bool", "shape": [-4, 4], "data": ""}}, "bad shape"),
+    ({"mask": {"dtype": "bool", "shape": [10**9, 10**9], "data": ""}}, "bad shape"),
+    ({"mask": {"value": [1, 2]}}, "an output value is a list"),
+    ({"mask": "tensor"}, "encoded as str"),
+    ("everything passed", "the outputs are not an object"),
+])
+def test_garbage_payloads_fail_with_a_message(outputs, message):
+    passed, text = judge_payload(GOOD | {"outputs": outputs})
+    assert not passed and message in text
+
+
+def test_non_dict_payloads_and_values_the_judge_cannot_handle_fail():
+    assert judge_payload(["not", "a", "payload"])[0] is False
+    nan = _mask_payload(torch.full((4, 4), float("nan")))
+    passed, text = judge_payload(nan)
+    assert not passed and "02.causal_mask.visible failed" in text
+
+
+def _cell(source: str, *payloads: object, error: tuple[str, str] | None = None):
+    cell = new_code_cell(source)
+    cell.outputs = [new_output("display_data", data={MIME: p, "text/plain": ""}) for p in payloads]
+    if error:
+        cell.outputs.append(new_output("error", ename=error[0], evalue=error[1], traceback=[]))
+    return cell
+
+
+def test_expected_ids_come_from_the_cells_source():
+    source = '# Hidden tests\n### BEGIN HIDDEN TESTS\ncheck("02.a.hidden_x", f)\ncheck("02.a.hidden_y", f)\n'
+    assert expected_test_ids(source + "### END HIDDEN TESTS") == ["02.a.hidden_x", "02.a.hidden_y"]
+    assert expected_test_ids("print('no checks')") == []
+    assert expected_test_ids("check(") == []
+
+
+def test_a_cells_verdict_needs_exactly_one_fresh_payload_per_test():
+    ids = ["02.causal_mask.visible"]
+    assert judge_cell(_cell("", GOOD), ids, {}) == (True, ["✓ 02.causal_mask.visible passed: causal_mask(4)"])
+    # in-kernel errors are ignored when the payload is right (a patched traceback display, a stderr warning)
+    assert judge_cell(_cell("", GOOD, error=("AssertionError", "")), ids, {})[0]
+    passed, [text] = judge_cell(_cell("", error=("NameError", "name 'causal_mask' is not defined")), ids, {})
+    assert not passed and text == ("no result recorded for 02.causal_mask.visible: the test cell did not run to the "
+                                   "end (it stopped with NameError: name 'causal_mask' is not defined)")
+    passed, [text] = judge_cell(_cell("", GOOD, GOOD), ids, {})
+    assert not passed and "2 results recorded for 02.causal_mask.visible" in text
+    passed, [text] = judge_cell(_cell("", GOOD | {"seed": GOOD["seed"] + 1}), ids, {})
+    assert not passed and "computed for other inputs" in text
+    passed, [text] = judge_cell(_cell("", GOOD), ids, {"causal_mask": "cell 4 imports gptcourse.x"})
+    assert not passed and text == "02.causal_mask.visible: 0 points: cell 4 imports gptcourse.x"
+
+
+def _scan(*student_sources: str, setup: str = "import math\nimport torch\nfrom torch import nn\n") -> set:
+    cells = [("setup", setup, False)] + [(f"cell {i}", s, True) for i, s in enumerate(student_sources)]
+    return {(f.name, f.pieces, f.how) for f in find_forbidden(cells, forbidden_names("02"))}
+
+
+ATTENTION_PIECES = ("attention", "head")
+
+
+@pytest.mark.parametrize("source, found", [
+    ("from gptcourse.attention import attention as a", ("gptcourse.attention.attention", ATTENTION_PIECES, "imports")),
+    ("import gptcourse.attention as A\ndef f(q):\n    return A.causal_mask(4)",
+     ("gptcourse.attention.causal_mask", ("causal_mask",), "uses")),
+    ("import gptcourse\nx = gptcourse.block.MultiHeadAttention", ("gptcourse.attention.MultiHeadAttention",
+                                                                  ("head",), "uses")),
+    ("F = torch.nn.functional\ny = F.scaled_dot_product_attention",
+     ("torch.nn.functional.scaled_dot_product_attention", ATTENTION_PIECES, "uses")),
+    ("import gptcourse.attention\ny = getattr(gptcourse.attention, 'fused_attention')",
+     ("gptcourse.attention.fused_attention", ATTENTION_PIECES, "uses")),
+    ("from gptcourse.attention import *", ("gptcourse.attention.*", ("attention", "causal_mask", "head"), "imports")),
+    ("import importlib\nm = importlib.import_module('gptcourse.attention')", ("importlib", (), "dynamic")),
+    ("x = __import__('gptcourse')", ("__import__()", (), "dynamic")),
+    ("exec(open('x.py').read())", ("exec()", (), "dynamic")),
+    ("import sys\nm = sys.modules['gptcourse.attention']", ("sys.modules", (), "dynamic")),
+    ("from gptcourse.grading import get_case\nr = get_case('02.attention.visible').reference",
+     ("gptcourse.grading.get_case", (), "dynamic")),
+])
+def test_the_scan_follows_imports_and_aliases(source, found):
+    assert found in _scan(source)
+
+
+def test_the_scan_leaves_honest_code_and_instructor_cells_alone():
+    honest = ("def causal_mask(T):\n    return torch.ones(T, T, dtype=torch.bool).tril()\n"
+              "def attention(q, k, v):\n    w = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).softmax(-1)\n"
+              "    return w @ v, w\nclass AttentionHead(nn.Module):\n    pass\n"
+              "from gptcourse.grading import check\ncheck('02.causal_mask.visible', causal_mask)")
+    assert _scan(honest) == set()
+    # an import in a locked (instructor) cell is not the student's doing; a later student use of it is
+    assert _scan("y = 1", setup="from gptcourse.attention import causal_mask") == set()
+    assert ("gptcourse.attention.causal_mask", ("causal_mask",), "uses") in _scan(
+        "m = causal_mask(3)", setup="from gptcourse.attention import causal_mask")
+    # a student's own definition shadows an imported name
+    assert _scan("def attention(q, k, v):\n    return q, q\nattention(1, 2, 3)",
+                 setup="from torch import nn\nattention = None") == set()
