@@ -22,7 +22,7 @@ from itertools import combinations
 import torch
 
 from .config import GPTConfig
-from .params import parameter_breakdown
+from .params import block_breakdown, parameter_breakdown
 
 
 class CheckFailed(AssertionError):
@@ -591,3 +591,38 @@ def block_mistakes(
         "the norms are not applied: each sublayer reads a normalised copy, attn(norm1(x)) and mlp(norm2(u))":
             (x + attn(x)) + mlp(x + attn(x)),
     }
+
+
+def _block_count_causes(config: GPTConfig) -> dict[str, list[tuple[int, str]]]:
+    """Per block component: (amount a count is commonly off by, likely cause)."""
+    c, f = config.d_model, config.hidden_width
+    norm = block_breakdown(config)["norms"] // 2
+    attn_bias = [(-4 * c, "the attention biases are missing (qkv and out have bias=True here)")] if config.attn_bias \
+        else [(4 * c, "the attention has biases, but this config has none")]
+    if config.mlp == "swiglu":
+        mlp = [
+            (-c * f, "w_in maps C -> d_ff, but it holds the gate and the value: C -> 2 d_ff"),
+            (c * f, "SwiGLU has three C x d_ff matrices (gate, value, output), not four"),
+            (2 * f + c, "SwiGLU's linear layers have biases, but this config has none: use bias=False"),
+        ]
+    else:
+        mlp = [(f + c, "the MLP has biases, but this config has none"), (-(f + c), "the MLP biases are missing")]
+    norms = [(-norm, "a norm is missing: one before attention (norm1), one before the MLP (norm2)"),
+             (2 * c, "a bias (beta) in each norm: RMSNorm has only a gain" if config.norm == "rmsnorm"
+              else "a bias (beta) in each norm, but this config has none")]
+    return {"attention": attn_bias, "mlp": mlp, "norms": norms}
+
+
+def check_block_parameter_count(got: Mapping[str, int], config: GPTConfig, name: str = "decoder block") -> None:
+    """Compare a block's parameters by component ({"attention", "mlp", "norms"}) with `block_breakdown(config)`."""
+    expected = block_breakdown(config)
+    causes = _block_count_causes(config)
+    wrong = []
+    for component, want in expected.items():
+        have = int(got.get(component, 0))
+        if have != want:
+            why = next((why for amount, why in causes[component] if amount == have - want), "")
+            wrong.append(f"{component} has {have:,}, expected {want:,} ({have - want:+,}" + (f": {why})" if why
+                                                                                            else ")"))
+    if wrong:
+        raise fail(f"{name} parameters: " + "; ".join(wrong) + ".")

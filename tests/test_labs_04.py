@@ -1,0 +1,98 @@
+"""Lab 04 graded by real nbgrader: full marks for the solution, 0 for the untouched release, and each known
+mistake loses exactly the points of the tests it should fail."""
+
+from __future__ import annotations
+
+import pytest
+
+LAB = "04_decoder_block"
+RMSNORM = '''
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return {body}
+'''
+SWIGLU = '''
+class SwiGLU(nn.Module):
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.w_in = nn.Linear(d_model, 2 * d_ff, bias={bias})
+        self.w_out = nn.Linear(d_ff, d_model, bias={bias})
+
+    def forward(self, x):
+        gate, value = self.w_in(x).chunk(2, dim=-1)
+        return self.w_out({hidden})
+'''
+RIGHT_SWIGLU = {"bias": False, "hidden": "nn.functional.silu(gate) * value"}
+BLOCK_VALUES = {"test_block", "test_block_rope", "test_block_hidden"}
+# student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
+WRONG = {
+    # the block uses the student's norm and MLP, so their mistakes show there too; none of them breaks causality
+    "rmsnorm-subtracts-mean": ({"rmsnorm": RMSNORM.format(
+        body="(x - x.mean(-1, keepdim=True)) / (x - x.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True)"
+             ".add(self.eps).sqrt() * self.weight")}, {"test_rmsnorm", "test_rmsnorm_hidden"} | BLOCK_VALUES),
+    # only the hidden tiny-input test sees where eps went
+    "eps-outside-sqrt": ({"rmsnorm": RMSNORM.format(
+        body="x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.weight")}, {"test_rmsnorm_hidden"}),
+    "gate-value-swapped": ({"swiglu": SWIGLU.format(**RIGHT_SWIGLU | {"hidden": "nn.functional.silu(value) * gate"})},
+                           {"test_swiglu", "test_swiglu_hidden"} | BLOCK_VALUES),
+    # biases change the parameter names and count: every test that builds a SwiGLU fails, the count says why
+    "swiglu-with-biases": ({"swiglu": SWIGLU.format(**RIGHT_SWIGLU | {"bias": True})},
+                           {"test_swiglu", "test_swiglu_hidden", "test_block_causal", "test_block_params"}
+                           | BLOCK_VALUES),
+    "post-norm": ({"block": '''
+class DecoderBlock(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff):
+        super().__init__()
+        self.norm1 = RMSNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads)
+        self.norm2 = RMSNorm(d_model)
+        self.mlp = SwiGLU(d_model, d_ff)
+
+    def forward(self, x, rope=None):
+        x = self.norm1(x + self.attn(x, rope=rope))
+        return self.norm2(x + self.mlp(x))
+'''}, BLOCK_VALUES),
+}
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def scores(course):
+    return course.grade_class(LAB, WRONG)
+
+
+def test_solution_scores_full_marks(course, scores):
+    assert scores["solution"] == course.expected_scores(LAB)
+    assert sum(scores["solution"].values()) == 18
+
+
+def test_untouched_release_scores_zero(course, scores):
+    assert scores["untouched"] == course.expected_scores(LAB, set(course.expected_scores(LAB)))
+
+
+@pytest.mark.parametrize("student", WRONG)
+def test_each_mistake_loses_exactly_its_tests(course, scores, student):
+    assert scores[student] == course.expected_scores(LAB, WRONG[student][1])
+
+
+def test_validate_reports_success_and_the_failing_test(course):
+    assert "Success! Your notebook passes all the tests." in course.validate("lab04-solved", course.solved(LAB))
+    report = course.validate("lab04-subtracts-mean", course.solved(LAB, WRONG["rmsnorm-subtracts-mean"][0]))
+    assert "VALIDATION FAILED ON 3 CELL(S)" in report
+    assert 'check("04.rmsnorm.visible", RMSNorm)' in report
+    assert "it subtracts the mean (that is LayerNorm)" in report
+
+
+def test_the_parameter_count_names_the_biases(course, scores):
+    nb = course.notebook("grading/autograded/swiglu-with-biases", LAB)
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_block_params")
+    message = " ".join(" ".join(out.traceback) for out in cell.outputs if out.output_type == "error").split()
+    message = " ".join(message)  # the message is wrapped for display
+    assert "mlp has 6,304, expected 6,144 (+160: SwiGLU's linear" in message
+    assert "use bias=False" in message
