@@ -1,6 +1,7 @@
 """Drive JupyterLab like a person: open a notebook, use the menus, type into a cell, read what is on screen.
 
-Every selector the browser tests rely on lives here, so a JupyterLab upgrade that renames a class breaks one file.
+JupyterLab's and ipywidgets' selectors live here, so an upgrade that renames a class breaks one file; nbgrader's
+(the Validate button, the formgrader) are in the test file, next to the scenarios that use them.
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ KERNEL_READY_JS = """nb => {
     const name = document.querySelector(nb + ' .jp-Toolbar-kernelName')?.textContent.trim();
     return status === 'idle' && !!name && name !== 'No Kernel';
 }"""
-ERROR_OUTPUT = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
-TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^\w*(Error|Exception)\b", re.MULTILINE)
+WIDGET_CONTROL = ".widget-slider, .widget-dropdown, .widget-toggle-buttons, .widget-text, .widget-checkbox"
+# JupyterLab renders error outputs and stderr alike; an error is stderr that holds a traceback or "SomeError: ...".
+# Read outputs with textContent, not innerText: JupyterLab skips rendering off-screen cells (content-visibility), and
+# their innerText is empty.
+STDERR_OUTPUT = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
+TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^\w*(Error|Exception|Failed)\b", re.MULTILINE)
 
 # Everything a widget cell shows besides its controls: text, HTML, images (their data URLs change with the plot).
 OUTPUT_FINGERPRINT_JS = """cell => {
@@ -102,20 +107,24 @@ class LabPage:
     def output_images(self) -> Locator:
         return self.page.locator(f"{NOTEBOOK} .jp-OutputArea-output img")
 
-    def wait_until_all_code_cells_ran(self, timeout_ms: float) -> None:
-        """Execution starts (some prompt turns to "[*]" or a count), then every code cell shows an execution count
-        ("[3]:", not "[*]:" or "[ ]:") and the kernel is idle again."""
-        prompts = f"{NOTEBOOK} .jp-CodeCell .jp-InputPrompt"
+    def run_all_cells(self, timeout_ms: float) -> None:
+        """Run > Run All Cells; wait until the run ends (no prompt shows "[*]", the kernel is idle); then every code
+        cell must show an execution count and no error (a run stops at the first error, leaving later cells "[ ]")."""
+        self.menu("Run", "Run All Cells")
+        prompts = self.notebook().locator(".jp-CodeCell .jp-InputPrompt")
         try:
-            self.page.locator(prompts).filter(has_text=re.compile(r"\[(\*|\d+)\]")).first.wait_for(timeout=30_000)
+            prompts.filter(has_text=re.compile(r"\[(\*|\d+)\]")).first.wait_for(timeout=30_000)
         except Exception as exc:
             raise AssertionError("no cell started running (no prompt shows [*] or a count)") from exc
         self.page.wait_for_function(
-            "sel => [...document.querySelectorAll(sel)].every(p => /\\[\\d+\\]/.test(p.textContent))",
-            arg=prompts,
+            "sel => ![...document.querySelectorAll(sel)].some(p => p.textContent.includes('[*]'))",
+            arg=f"{NOTEBOOK} .jp-CodeCell .jp-InputPrompt",
             timeout=timeout_ms,
         )
         self.wait_for_idle_kernel(timeout_ms)
+        self.assert_no_error_output("after Run All Cells")
+        not_run = [i for i, prompt in enumerate(prompts.all_text_contents()) if not re.search(r"\[\d+\]", prompt)]
+        assert not not_run, f"the run stopped early: code cells {not_run} (counting code cells only) did not run"
 
     def save(self) -> None:
         """Press the notebook's Save button, then wait until its tab no longer shows unsaved changes."""
@@ -124,7 +133,7 @@ class LabPage:
 
     def assert_no_error_output(self, when: str) -> None:
         """No error or traceback on screen in the open notebook (stderr without one, e.g. a warning, is fine)."""
-        texts = self.notebook().locator(ERROR_OUTPUT).all_inner_texts()
+        texts = self.notebook().locator(STDERR_OUTPUT).all_text_contents()
         errors = [t for t in texts if TRACEBACK.search(t)]
         assert not errors, f"error output {when}:\n" + "\n---\n".join(errors)
 
@@ -141,7 +150,6 @@ class LabPage:
             raise AssertionError(f"the editor shows\n{shown}\ninstead of the typed text\n{source}")
 
 
-
 def output_fingerprint(cell: Locator) -> str:
     return cell.evaluate(OUTPUT_FINGERPRINT_JS)
 
@@ -153,9 +161,6 @@ def wait_for_new_output(cell: Locator, before: str, timeout_ms: float) -> None:
         arg=[cell.element_handle(), before],
         timeout=timeout_ms,
     )
-
-
-WIDGET_CONTROL = ".widget-slider, .widget-dropdown, .widget-toggle-buttons, .widget-text, .widget-checkbox"
 
 
 def nudge_widget(cell: Locator) -> str:
