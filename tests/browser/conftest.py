@@ -6,7 +6,6 @@ Without Chromium or Playwright the tests skip and say how to enable them.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import secrets
@@ -49,7 +48,9 @@ def chromium_path() -> str:
     path = shutil.which("chromium")
     if path is None:
         pytest.skip(f"browser tests need Chromium, which is not on PATH; {HOW_TO_ENABLE}")
-    if importlib.util.find_spec("playwright") is None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
         pytest.skip(f"browser tests need the playwright package, which is not installed; {HOW_TO_ENABLE}")
     return path
 
