@@ -60,8 +60,8 @@ def submissions(course) -> dict[str, tuple[object, set[str], list[str]]]:
         "patch-torch": (insert_after(solved(LAB, {"attention": NO_SCALING}), "setup", code(PATCH_CHECKS)),
                         SCALING_TESTS, []),
         "patch-builtins": (insert_after(solved(LAB, {"attention": NO_SCALING}), "setup", code(
-            "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.all = lambda x: True\n"
-            "builtins.isinstance = lambda *a: True")), CAUSAL_MASK_TESTS | ALL_ATTENTION,
+            "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.all = lambda x: True")),
+            CAUSAL_MASK_TESTS | ALL_ATTENTION,
             [r"cell 3 \(added by you\) uses builtins, which the grader cannot follow.*0 points for 02.causal_mask.\*, "
              r"02.attention.\*, 02.head.\*$"]),
         "patch-under-nbgrader": (solved(LAB, {"attention": "import os\nif os.environ.get('NBGRADER_EXECUTION'):\n"
@@ -92,8 +92,8 @@ def submissions(course) -> dict[str, tuple[object, set[str], list[str]]]:
         "hangs": (insert_after(solved(LAB), "test_causal_mask_hidden",
                                code("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n"
                                     "    pass"), code("while True:\n    pass")), set(),
-                  [rf"cell 8 \(added by you\) timed out after {TIMEOUT} s and ignored the interrupt",
-                   rf"cell 9 \(added by you\) timed out after {TIMEOUT} s and was interrupted"]),
+                  [rf"cell 7 \(added by you\) timed out after {TIMEOUT} s and ignored the interrupt",
+                   rf"cell 8 \(added by you\) timed out after {TIMEOUT} s and was interrupted"]),
         "recursion": (solved(LAB, {"attention": "def attention(q, k, v):\n    return attention(q, k, v)"}),
                       ALL_ATTENTION, []),
         "huge-output": (insert_after(solved(LAB), "setup", code("print('x' * 30_000_000)")), set(),
@@ -148,7 +148,8 @@ def submissions(course) -> dict[str, tuple[object, set[str], list[str]]]:
                              {"test_causal_mask_hidden", "test_attention_hidden", "test_head_hidden"}, [])
     text = nbformat.writes(solved(LAB))
     subs["malformed-json"] = (text[:len(text) // 2], CAUSAL_MASK_TESTS | ALL_ATTENTION,
-                              [r"the submitted notebook could not be read \(NotJSONError.*graded as an empty"])
+                              [r"the submitted notebook could not be read \(NotJSONError: Notebook does not "
+                               r"appear to be JSON\): graded as an empty submission"])
     subs["nbformat-v3"] = (nbformat.writes(nbformat.convert(solved(LAB), 3)), set(), [])
     subs["extra-notebook"] = (solved(LAB), set(), [r"not graded: scratch.ipynb \(the lab is graded from "])
     return subs
@@ -243,4 +244,6 @@ def test_feedback_shows_no_hidden_test_source(course, graded):
         assert not hidden.search(html), (student, hidden.search(html))
         assert "Grading report" in html
     untouched = (course.root / "grading" / "feedback" / "untouched" / LAB / f"{LAB}.html").read_text()
-    assert "not written yet" in untouched and "02.attention.hidden_heads failed" in untouched
+    assert "not written yet" in untouched and "02.attention.hidden_single failed" in untouched
+    assert "no result recorded for 02.attention.hidden_heads: the test cell did not run to the end (it stopped with " \
+           "an earlier test of this cell failing)" in untouched.replace("\n", " ")

@@ -101,6 +101,7 @@ ATTENTION_PIECES = ("attention", "head")
     ("import importlib\nm = importlib.import_module('gptcourse.attention')", ("importlib", (), "dynamic")),
     ("x = __import__('gptcourse')", ("__import__()", (), "dynamic")),
     ("exec(open('x.py').read())", ("exec()", (), "dynamic")),
+    ("__builtins__.isinstance = lambda *a: True", ("__builtins__", (), "dynamic")),
     ("import sys\nm = sys.modules['gptcourse.attention']", ("sys.modules", (), "dynamic")),
     ("from gptcourse.grading import get_case\nr = get_case('02.attention.visible').reference",
      ("gptcourse.grading.get_case", (), "dynamic")),

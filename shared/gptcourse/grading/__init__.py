@@ -36,6 +36,28 @@ What `check(test_id, obj)` does, in the student's kernel (`kernel.py`):
 `judge_payload` needs only the payload, so a grader process where no student code ran can re-judge the
 notebook's recorded results with the same registry.
 
+Grading a class: what `nbgrader autograde LAB` does with the committed nbgrader_config.py
+-------------------------------------------------------------------------------------------
+Student code runs only in the student's kernel; the verdict is reached in the grader's process, from plain data.
+1. Read (`sanitize.TolerantNotebookExporter`): a file that is not a notebook becomes an empty one (0 points,
+   report line); nbformat 3 is upgraded.
+2. Restore (`sanitize.RestoreCells`, first sanitize step): the notebook is rebuilt from the gradebook's cells in
+   the source notebook's order; deleted, retyped, edited or duplicated instructor cells are restored; the
+   student's solution cells and added cells keep their code; each repair is a report line.
+3. Execute (`execute.RobustExecute`): a dead or hung kernel is restarted, the earlier non-test cells re-run,
+   grading goes on after the cell that broke it; output capped; the kernel works in a scratch folder.
+4. Judge (`judge.JudgeTestCells`, before SaveAutoGrades): each test cell's expected ids come from its restored
+   source; exactly one payload per id with the grader's seed, re-judged here; outputs rewritten to the verdict.
+   In-kernel monkeypatching, printed text, raised or hidden errors cannot earn points. Pieces whose reference
+   the student's cells import or use (`FORBIDDEN` in labNN.py, `forbidden.py`) score 0.
+5. Report (`report.WriteGradingReport`, last): grading/reports/<lab>/<student>.txt and a cell atop the notebook.
+`nbgrader generate_feedback` cuts hidden-test regions (`feedback.HideHiddenTests`). The course secret comes from
+env GPTCOURSE_SECRET or grading/secret.txt (nbgrader_config.py exports it to the judge and the kernel).
+Limits: the kernel runs as the grader's user (the scratch folder is not a sandbox: a hostile notebook could
+still open absolute paths such as the gradebook); grade untrusted classes in a container or as a separate user.
+The forbidden-reference scan is static: it follows imports, aliases, `getattr` with a constant and flags the
+import machinery, but cannot see source copied from the package.
+
 Adding a case (a lab author)
 ----------------------------
 In `gptcourse/grading/labs/labNN.py` (imported automatically), write `make_inputs(seed)`, `run(obj, inputs)`,

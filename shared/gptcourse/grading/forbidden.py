@@ -115,6 +115,8 @@ class _Scanner(ast.NodeVisitor):
     visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _define
 
     def visit_Name(self, node: ast.Name) -> None:
+        if node.id == "__builtins__":
+            self._use("__builtins__", "dynamic")
         if node.id in self.aliases:
             self._use(self.aliases[node.id], "uses")
 

@@ -53,6 +53,8 @@ def _stop_reason(cell: NotebookNode) -> str:
     """Why a test cell stopped early, from its first error output ("" if none)."""
     for output in cell.get("outputs", []):
         if output.get("output_type") == "error":
+            if output.get("ename") == "CheckFailed":
+                return "an earlier test of this cell failing"
             text = f"{output.get('ename', '')}: {output.get('evalue', '')}".strip(": ")
             return text[:STOP_REASON_CHARS]
     return ""

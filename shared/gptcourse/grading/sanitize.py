@@ -48,7 +48,7 @@ class TolerantNotebookExporter(NotebookExporter):
                 raise ValueError("it has no list of cells")
         except Exception as err:
             nb = new_notebook()
-            reason = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+            reason = f"{type(err).__name__}: {err}".splitlines()[0].split(": '")[0][:200]  # no file excerpt
             nb.metadata["gptcourse"] = {UNREADABLE: reason}
         return self.from_notebook_node(nb, resources, **kw)
 
