@@ -13,18 +13,26 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from gptcourse import GPT, preset
+from gptcourse import GPT, DecoderBlock, MultiHeadAttention, preset
 from gptcourse.checks import (
     CheckFailed,
+    block_mistakes,
     check_attention_weights,
+    check_block_parameter_count,
     check_causal,
     check_causal_mask,
     check_close,
     check_parameter_count,
     check_shape,
     gpt_module_breakdown,
+    merge_heads_mistakes,
+    multi_head_mistakes,
     norm_mistakes,
     perturbed_copies,
+    rope_mistakes,
+    rope_table_mistakes,
+    split_heads_mistakes,
+    swiglu_mistakes,
 )
 
 TINY = preset("seed-tiny")  # V=100, C=32, H=4, N=2, tied: 24,096 parameters
@@ -224,3 +232,173 @@ def test_notebook_display_is_the_message_only():
     assert "logits: shape (2, 5, 32), expected (2, 5, 100)" in rendered
     assert "Traceback" not in rendered and "File" not in rendered
     assert isinstance(error, AssertionError)  # nbgrader scores a cell with any error output 0
+
+
+# ---- heads, RoPE, SwiGLU, the decoder block (labs 03 and 04): each wrong implementation written independently
+
+
+def _split_by_slices(x: torch.Tensor, h: int) -> torch.Tensor:
+    d = x.size(-1) // h
+    return torch.stack([x[..., i * d:(i + 1) * d] for i in range(h)], dim=1)  # (B, H, T, D)
+
+
+@pytest.mark.parametrize(("wrong", "message"), [
+    (lambda x: x.reshape(2, 3, 5, 4), r"cut with view\(B, H, T, D\) straight from \(B, T, C\)"),
+    (lambda x: torch.stack([x[..., i::3] for i in range(3)], dim=1), "each head took every H-th feature"),
+])
+def test_split_heads_mistakes(wrong, message):
+    x = torch.randn(2, 5, 12)
+    with _fails(message):
+        check_close(wrong(x), _split_by_slices(x, 3), "split_heads", mistakes=split_heads_mistakes(x, 3))
+
+
+@pytest.mark.parametrize(("wrong", "message"), [
+    (lambda y: y.reshape(2, 5, 12), r"reshaped to \(B, T, C\) without transpose\(1, 2\)"),
+    (lambda y: torch.stack(list(y.unbind(1)), dim=-1).flatten(-2), "the heads' features are interleaved"),
+])
+def test_merge_heads_mistakes(wrong, message):
+    y = torch.randn(2, 3, 5, 4)
+    expected = torch.cat(list(y.unbind(1)), dim=-1)  # head after head: (B, T, C)
+    with _fails(message):
+        check_close(wrong(y), expected, "merge_heads", mistakes=merge_heads_mistakes(y))
+
+
+def _angles(t: int, d: int, theta: float = 10000.0) -> torch.Tensor:
+    """(T, D/2): position m times pair i's frequency, from the formula, one number at a time."""
+    return torch.tensor([[m * theta ** (-2 * i / d) for i in range(d // 2)] for m in range(t)], dtype=torch.float64)
+
+
+def _rope_complex(x: torch.Tensor, angles: torch.Tensor, pairs: str) -> torch.Tensor:
+    """RoPE as complex multiplication; pairs "half" = (i, i + D/2), "interleaved" = (2i, 2i + 1)."""
+    rotation = torch.polar(torch.ones_like(angles), angles)  # (T, D/2)
+    if pairs == "half":
+        x1, x2 = x.chunk(2, dim=-1)
+        z = torch.complex(x1, x2) * rotation
+        return torch.cat([z.real, z.imag], dim=-1)
+    z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2).contiguous()) * rotation
+    return torch.view_as_real(z).flatten(-2)
+
+
+def test_rope_mistakes_are_recognised():
+    x = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    angles = _angles(5, 8)
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    expected = _rope_complex(x, angles, "half")
+    mistakes = rope_mistakes(x, cos, sin)
+    with _fails(r"the pairs are interleaved, feature 2i with 2i\+1, each turned by pair i's angle"):
+        check_close(_rope_complex(x, angles, "interleaved"), expected, "RoPE", mistakes=mistakes)
+    pairs_swapped = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)  # rotate_half on (2i, 2i + 1)
+    with _fails(r"the pairs are interleaved, feature 2i with 2i\+1 \(the RoPE paper's"):
+        check_close(x * cos + pairs_swapped * sin, expected, "RoPE", mistakes=mistakes)
+    with _fails("the rotation goes the wrong way"):
+        check_close(_rope_complex(x, -angles, "half"), expected, "RoPE", mistakes=mistakes)
+
+
+def test_rope_table_mistakes_are_recognised():
+    angles = _angles(6, 8)
+    expected = torch.cat([angles, angles], dim=-1).cos()
+    mistakes = {what: a.cos() for what, a in rope_table_mistakes(8, 6, 10000.0).items()}
+    with _fails("the angles are in the interleaved layout"):
+        check_close(angles.repeat_interleave(2, dim=-1).cos(), expected, "cos", mistakes=mistakes)
+    slow = _angles(6, 16)[:, :4]  # theta^(-2i/16) = theta^(-i/8): half the exponent
+    with _fails(r"the frequencies use theta\^\(-i/D\)"):
+        check_close(torch.cat([slow, slow], dim=-1).cos(), expected, "cos", mistakes=mistakes)
+
+
+def _sdpa_attention(x, layer, h, rope=None, rotate_v=False, scale=None):
+    """A multi-head attention written with nn.Linear weights and scaled_dot_product_attention."""
+    q, k, v = (_split_by_slices(z, h) for z in F.linear(x, layer.qkv.weight, layer.qkv.bias).chunk(3, -1))
+    if rope is not None:
+        q, k = _rope_complex(q, rope, "half"), _rope_complex(k, rope, "half")
+        v = _rope_complex(v, rope, "half") if rotate_v else v
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)  # (B, H, T, D)
+    return F.linear(torch.cat(list(y.unbind(1)), dim=-1), layer.out.weight, layer.out.bias)
+
+
+@pytest.mark.parametrize(("wrong", "message"), [
+    ({"rotate_v": True}, "RoPE is applied to v as well"),
+    ({"rope": None}, "RoPE is missing"),
+    ({"scale": 1 / math.sqrt(32)}, r"divided by sqrt\(C\), the model width"),
+])
+def test_multi_head_mistakes(wrong, message):
+    torch.manual_seed(0)
+    layer, x = MultiHeadAttention(32, 4), torch.randn(2, 6, 32)
+    angles = _angles(6, 8).float()
+    rope = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    with torch.no_grad():
+        expected = layer(x, rope=rope)
+        got = _sdpa_attention(x, layer, 4, **{"rope": angles} | wrong)
+        mistakes = multi_head_mistakes(x, layer.qkv, layer.out, 4, rope)
+    with _fails(message):
+        check_close(got, expected, "attention output", mistakes=mistakes)
+
+
+@pytest.mark.parametrize(("hidden", "message"), [
+    (lambda g, v: F.silu(v) * g, "the gate and the value are swapped"),
+    (lambda g, v: F.silu(g) * F.silu(v), "SiLU is applied to the value too"),
+    (lambda g, v: g * v, "the gate's SiLU is missing"),
+    (lambda g, v: F.relu(g) * v, "ReLU instead of SiLU"),
+    (lambda g, v: torch.sigmoid(g) * v, "sigmoid instead of SiLU"),
+    (lambda g, v: F.silu(g) + v, "the gate and the value are added"),
+])
+def test_swiglu_mistakes(hidden, message):
+    gate, value, out = nn.Linear(16, 24, bias=False), nn.Linear(16, 24, bias=False), nn.Linear(24, 16, bias=False)
+    x = torch.randn(2, 5, 16)
+    w_in = torch.cat([gate.weight, value.weight]).detach()  # rows [gate; value]
+    with torch.no_grad():
+        expected = out(x @ gate.weight.T * torch.sigmoid(x @ gate.weight.T) * value(x))  # silu(g) = g sigmoid(g)
+        got = out(hidden(gate(x), value(x)))
+    with _fails(message):
+        check_close(got, expected, "SwiGLU", mistakes=swiglu_mistakes(x, w_in, out.weight.detach()))
+
+
+def _torch_block(x, block, order):
+    """A decoder block written with torch.nn.RMSNorm and the block's attention and MLP."""
+    norm1, norm2 = nn.RMSNorm(32, eps=1e-6), nn.RMSNorm(32, eps=1e-6)
+    norm1.weight.data, norm2.weight.data = block.norm1.weight.data, block.norm2.weight.data
+    if order == "post-norm":
+        u = norm1(x + block.attn(x))
+        return norm2(u + block.mlp(u))
+    if order == "parallel":
+        return x + block.attn(norm1(x)) + block.mlp(norm2(x))
+    u = x + block.attn(norm1(x))
+    return {"no-mlp-residual": block.mlp(norm2(u)), "norm1-twice": u + block.mlp(norm1(u))}[order]
+
+
+@pytest.mark.parametrize(("order", "message"), [
+    ("post-norm", "post-norm: the norms are applied after the residual additions"),
+    ("parallel", r"the MLP reads norm2\(x\), not norm2\(u\)"),
+    ("no-mlp-residual", "the MLP's residual is missing"),
+    ("norm1-twice", "norm1 is used before both sublayers"),
+])
+def test_block_mistakes(order, message):
+    torch.manual_seed(0)
+    block = DecoderBlock(TINY)
+    with torch.no_grad():
+        block.norm1.weight.uniform_(0.5, 1.5)
+        block.norm2.weight.uniform_(0.5, 1.5)
+        x = torch.randn(2, 5, 32) + 0.5
+        expected, got = block(x), _torch_block(x, block, order)
+        mistakes = block_mistakes(x, block.attn, block.mlp, block.norm1, block.norm2)
+    with _fails(message):
+        check_close(got, expected, "block output", mistakes=mistakes)
+
+
+def _block_counts(block: nn.Module) -> dict[str, int]:
+    counts = {"attention": 0, "mlp": 0, "norms": 0}
+    for name, p in block.named_parameters():
+        counts[{"attn": "attention", "mlp": "mlp", "norm1": "norms", "norm2": "norms"}[name.split(".")[0]]] += p.numel()
+    return counts
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"mlp_bias": True}, r"mlp has 6,304, expected 6,144 \(\+160: SwiGLU's linear layers have biases"),
+    ({"norm": "layernorm"}, r"norms has 128, expected 64 \(\+64: a bias \(beta\) in each norm: RMSNorm has only"),
+    ({"mlp": "relu"}, r"mlp has 4,096, expected 6,144 \(-2,048: w_in maps C -> d_ff"),
+    ({"attn_bias": False}, r"attention has 4,096, expected 4,224 \(-128: the attention biases are missing"),
+])
+def test_block_parameter_mistakes_are_explained(change, message):
+    wrong = DecoderBlock(TINY.replace(**{"mlp_bias": False} | change))  # a real block with one thing changed
+    with _fails(message):
+        check_block_parameter_count(_block_counts(wrong), TINY)
+    check_block_parameter_count(_block_counts(DecoderBlock(TINY)), TINY)

@@ -18,6 +18,19 @@ class TokenAndPositionEmbedding(nn.Module):
 '''
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
+    "tokenizer-keyerror-on-unknown": ({"tokenizer": '''
+class CharTokenizer:
+    def __init__(self, text):
+        self.chars = sorted(set(text))
+        self.stoi = {ch: i for i, ch in enumerate(self.chars)}
+        self.vocab_size = len(self.chars)
+
+    def encode(self, s):
+        return [self.stoi[ch] for ch in s]  # an unknown character: a bare KeyError
+
+    def decode(self, ids):
+        return "".join(self.chars[i] for i in ids)
+'''}, {"test_tokenizer", "test_tokenizer_hidden"}),
     "no-positions": ({"embedding": EMBEDDING.format(body="self.tok_emb(idx)")},
                      {"test_embedding", "test_embedding_hidden"}),
     "positions-from-1": ({"embedding": EMBEDDING.format(
@@ -71,5 +84,5 @@ def test_feedback_shows_the_diagnostic_and_export_has_the_scores(course, scores)
     header = rows[0].split(",")
     totals = {r["student_id"]: (float(r["score"]), float(r["max_score"]))
               for r in (dict(zip(header, row.split(","), strict=True)) for row in rows[1:]) if r["assignment"] == LAB}
-    assert totals["solution"] == (8.0, 8.0) and totals["untouched"] == (0.0, 8.0)
-    assert totals["no-positions"] == (3.0, 8.0)
+    assert totals["solution"] == (11.0, 11.0) and totals["untouched"] == (0.0, 11.0)
+    assert totals["no-positions"] == (6.0, 11.0)

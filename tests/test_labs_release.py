@@ -56,6 +56,6 @@ def test_progress_shows_which_visible_tests_pass(fresh_course, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "gptcourse.cli", "progress", "--labs", str(labs)],
                           capture_output=True, text=True, timeout=600)
     rows = {line.split()[0]: line.split(None, 2)[1:] for line in proc.stdout.splitlines()[1:]}
-    assert rows[done] == ["2/2", "all pass"]
+    assert rows[done] == ["3/3", "all pass"]
     assert rows[todo] == ["0/4", "test_causal_mask, test_attention, test_attention_causal, test_head"]
     assert proc.returncode == 1

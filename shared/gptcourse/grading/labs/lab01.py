@@ -1,4 +1,8 @@
-"""Lab 01, tokens and embeddings: `one_hot_embed(ids, table)` and `TokenAndPositionEmbedding`.
+"""Lab 01, tokens and embeddings: `CharTokenizer(text)`, `one_hot_embed(ids, table)` and
+`TokenAndPositionEmbedding`.
+
+The student's `CharTokenizer(text)` has `vocab_size`, `encode(str) -> list[int]` and `decode(ids) -> str`, with the
+vocabulary sorted(set(text)), and raises ValueError naming a character that is not in the vocabulary.
 
 The student's `TokenAndPositionEmbedding(vocab_size, context_length, d_model)` has `tok_emb` (V, C) and
 `pos_emb` (T_max, C) parameter tables (nn.Embedding or a (T_max, C) `.weight`); the cases load reference
@@ -12,10 +16,133 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...checks import check_close, check_shape
+from ...checks import check_close, check_shape, fail
 from ...positions import LearnedPositions
+from ...tokenizer import CharTokenizer
 from ..cases import Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
 from ..student import as_tensor, build_module
+
+_WHOLE = ("gptcourse.GPT", "gptcourse.model.GPT")
+# piece -> the gptcourse names a student must not import or call for it
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "tokenizer": ("gptcourse.CharTokenizer", "gptcourse.tokenizer.CharTokenizer"),
+    "one_hot_embed": _WHOLE,
+    "embedding": ("gptcourse.LearnedPositions", "gptcourse.positions.LearnedPositions", *_WHOLE),
+}
+
+# ---- CharTokenizer(text): sorted distinct characters <-> ids 0 .. V-1
+
+
+def _tokenizer_inputs(text: str, sample: str, unknown: str) -> Inputs:
+    """A training text, a string to encode (its characters are in the text) and one holding an unknown character."""
+    reference = CharTokenizer(text)
+    return {"text": text, "sample": sample, "unknown": unknown, "ids": reference.encode(sample[::-1]),
+            "unknown_char": next(ch for ch in unknown if ch not in reference.stoi)}
+
+
+def _as_ids(value: Any, what: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise fail(f"{what} returned {value!r:.80}, expected a list of int ids")
+    return torch.tensor(list(value), dtype=torch.int64).reshape(-1)
+
+
+def _as_text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise fail(f"{what} returned {type(value).__name__} {value!r:.60}, expected a str")
+    return value
+
+
+def _tokenizer_run(cls: Any, inputs: Inputs) -> Outputs:
+    tok = cls(inputs["text"])
+    sample, ids = inputs["sample"], inputs["ids"]
+    vocab_size = tok.vocab_size
+    if not isinstance(vocab_size, int):
+        raise fail(f"CharTokenizer.vocab_size is {type(vocab_size).__name__} {vocab_size!r:.60}, expected an int "
+                   "(a property or an attribute)")
+    outputs = {
+        "vocab_size": vocab_size,
+        "ids": _as_ids(tok.encode(sample), f"encode({sample!r})"),
+        "decoded": _as_text(tok.decode(list(ids)), f"decode({ids})"),
+        "roundtrip": _as_text(tok.decode(tok.encode(sample)), f"decode(encode({sample!r}))"),
+        "unknown_error": "",
+        "unknown_returned": "",
+    }
+    try:
+        outputs["unknown_returned"] = f"{tok.encode(inputs['unknown'])!r:.80}"
+    except Exception as err:  # which exception, and what it says, is what the case grades
+        outputs["unknown_error"] = f"{type(err).__name__}: {err}"[:300]
+    return outputs
+
+
+def _tokenizer_reference(inputs: Inputs) -> Outputs:
+    tok = CharTokenizer(inputs["text"])
+    try:
+        tok.encode(inputs["unknown"])
+    except ValueError as err:
+        unknown_error = f"ValueError: {err}"
+    return {"vocab_size": tok.vocab_size, "ids": torch.tensor(tok.encode(inputs["sample"]), dtype=torch.int64),
+            "decoded": tok.decode(inputs["ids"]), "roundtrip": inputs["sample"], "unknown_error": unknown_error,
+            "unknown_returned": ""}
+
+
+def _tokenizer_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    text, sample = inputs["text"], inputs["sample"]
+    if got["vocab_size"] != expected["vocab_size"]:
+        why = ("one id per *distinct* character: the vocabulary is sorted(set(text))"
+               if got["vocab_size"] == len(text) else "the vocabulary is the distinct characters of the text")
+        raise fail(f"vocab_size is {got['vocab_size']}, expected {expected['vocab_size']} for a text with "
+                   f"{len(set(text))} distinct character{'s' * (len(set(text)) != 1)}: {why}.")
+    if got["ids"].numel() != len(sample):
+        raise fail(f"encode({sample!r}) returned {got['ids'].numel()} ids for {len(sample)} characters: one id per "
+                   "character.")
+    first_seen = {ch: i for i, ch in enumerate(dict.fromkeys(text))}
+    check_close(got["ids"], expected["ids"], f"encode({sample!r})", mistakes={
+        "the ids follow the order in which characters first appear in the text: the vocabulary is sorted, "
+        "sorted(set(text)), so ids follow character order": torch.tensor([first_seen[ch] for ch in sample]),
+        "the ids start at 1: the first character of the vocabulary has id 0": expected["ids"] + 1,
+    })
+    for name, call in (("decoded", f"decode({inputs['ids']})"), ("roundtrip", f"decode(encode({sample!r}))")):
+        if got[name] != expected[name]:
+            hint = (": join the characters with ''.join(...), not with a separator"
+                    if got[name].replace(" ", "") == expected[name].replace(" ", "") else "")
+            raise fail(f"{call} returned {got[name]!r}, expected {expected[name]!r}{hint}.")
+    unknown, ch, error = inputs["unknown"], inputs["unknown_char"], got["unknown_error"]
+    if not error:
+        raise fail(f"encode({unknown!r}) returned {got['unknown_returned']} without an error, but {ch!r} is not in "
+                   "the vocabulary: raise a ValueError that names the character instead of inventing an id.")
+    if not error.startswith("ValueError"):
+        raise fail(f"encode({unknown!r}) raised {error}; expected a ValueError whose message names the unknown "
+                   f"character {ch!r} (catch the KeyError and raise ValueError(...) from None).")
+    if ch not in error and repr(ch) not in error:
+        raise fail(f"encode({unknown!r}) raised {error}, which does not name the unknown character {ch!r}: say which "
+                   "character is not in the vocabulary.")
+
+
+def _tokenizer_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
+    return Case(case_id, what, make, _tokenizer_run, _tokenizer_reference, _tokenizer_judge, hidden)
+
+
+def _tokenizer_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    pool = list("abcdefghijklmnopqrstuvwxyzABCDEFGH .,;:'\n\té-")
+    chars = r.sample(pool, r.randint(8, 20))
+    text = "".join(r.choice(chars) for _ in range(r.randint(30, 60))) + "".join(chars)
+    sample = "".join(r.choice(chars) for _ in range(r.randint(5, 15)))
+    return _tokenizer_inputs(text, sample, sample[:3] + r.choice("!#~€9@") + sample[3:])
+
+
+register(
+    _tokenizer_case("01.tokenizer.visible", "CharTokenizer('hello world'): encode, decode, an unknown character",
+                    lambda seed: _tokenizer_inputs("hello world", "world hello", "hello!")),
+    _tokenizer_case("01.tokenizer.hidden_single", "CharTokenizer with a one-character vocabulary",
+                    lambda seed: _tokenizer_inputs("aaaa", "a", "a#"), hidden=True),
+    _tokenizer_case("01.tokenizer.hidden_empty", "CharTokenizer encoding and decoding the empty string",
+                    lambda seed: _tokenizer_inputs("to be or not", "", "Z"), hidden=True),
+    _tokenizer_case("01.tokenizer.hidden_sizes", "CharTokenizer on another text (newlines, tabs, accents)",
+                    _tokenizer_hidden, hidden=True),
+)
 
 # piece -> references a student must not import or call for it (the lab's intro says so; the grader enforces it)
 FORBIDDEN: dict[str, tuple[str, ...]] = {
