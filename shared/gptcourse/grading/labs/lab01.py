@@ -144,12 +144,6 @@ register(
                     _tokenizer_hidden, hidden=True),
 )
 
-# piece -> references a student must not import or call for it (the lab's intro says so; the grader enforces it)
-FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "one_hot_embed": ("gptcourse.model.GPT",),
-    "embedding": ("gptcourse.positions.LearnedPositions", "gptcourse.model.GPT"),
-}
-
 # ---- one_hot_embed(ids, table): the embedding lookup written as one-hot @ E
 
 
