@@ -7,6 +7,7 @@ nn.MultiheadAttention, scaled_dot_product_attention) or the reference GPT with o
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -232,6 +233,117 @@ def test_notebook_display_is_the_message_only():
     assert "logits: shape (2, 5, 32), expected (2, 5, 100)" in rendered
     assert "Traceback" not in rendered and "File" not in rendered
     assert isinstance(error, AssertionError)  # nbgrader scores a cell with any error output 0
+
+
+# ---- labs 05-07: the assembled model, parameter counts, training and sampling, judged through their cases
+
+
+def _judged(test_id: str, obj) -> str:
+    """The failure message of case `test_id` on `obj` (a known-wrong implementation)."""
+    from gptcourse.grading import check
+
+    with pytest.raises(CheckFailed) as failure:
+        check(test_id, obj)
+    return " ".join(str(failure.value).split())  # unwrapped
+
+
+class _GPTWithout(GPT):
+    """gptcourse.GPT with one step of the forward pass left out, as a student might write it."""
+
+    skip = ""
+
+    def forward_hidden(self, idx, cache=None):
+        positions = torch.arange(idx.size(1))
+        x = self.tok_emb(idx)
+        if self.pos_emb is not None and self.skip != "positions":
+            x = x + self.pos_emb(positions)
+        rope = self.rope(positions) if self.rope is not None and self.skip != "rope" else None
+        for block in self.blocks:
+            x = block(x, rope=rope)
+        return x if self.skip == "final_norm" else self.final_norm(x)
+
+    def forward(self, idx, cache=None):
+        hidden = self.forward_hidden(idx)
+        return hidden if self.skip == "lm_head" else self.lm_head(hidden)
+
+
+@pytest.mark.parametrize(("skip", "test_id", "message"), [
+    ("lm_head", "05.gpt.visible", r"logits: shape \(B, T, C\) = \(2, 5, 32\), expected \(B, T, V\) = \(2, 5, 100\): "
+                                  r"axis 2 \(V\) has size 32 = C, expected 100: the output projection is missing"),
+    ("final_norm", "05.gpt.visible", "logits: the final norm is missing"),
+    ("final_norm", "05.forward_hidden.visible", "forward_hidden: the final norm is missing"),
+    ("positions", "05.gpt.visible", "logits: the positions are missing"),
+    ("rope", "05.gpt.rope", "logits: RoPE is not used"),
+])
+def test_assembly_mistakes_are_named(skip, test_id, message):
+    wrong = type(f"GPTWithout_{skip}", (_GPTWithout,), {"skip": skip})
+    assert re.search(message, _judged(test_id, wrong))
+
+
+def test_a_model_that_never_ties_is_explained():
+    class NeverTied(GPT):
+        def __init__(self, config):
+            super().__init__(config.replace(tie_weights=False))
+
+    assert "+3,200 = V x d: untied output projection?" in _judged("05.tying.visible", NeverTied)
+
+
+def test_layernorm_without_bias_is_explained_per_component():
+    config = preset("gpt2-small")
+    with torch.device("meta"):  # shapes without memory
+        counts = gpt_module_breakdown(GPT(config.replace(norm_bias=False)))
+    with _fails(r"block_norms is 18,432, expected 36,864 \(-18,432 = 2N x d: the block norms' LayerNorm bias "
+                r"\(beta\) is not counted\?\); final_norm is 768, expected 1,536 \(-768 = d: the final LayerNorm's "
+                r"bias \(beta\) is not counted\?\)"):
+        check_parameter_count(counts, config)
+
+
+def _train_step(model, optimizer, tokens, grad_clip, *, zero_grad=True, clip=True, shift=True):
+    """A training step written with torch alone, with one of the usual mistakes when asked."""
+    x = tokens[:, :-1]
+    y = tokens[:, 1:] if shift else x
+    if zero_grad:
+        optimizer.zero_grad()
+    loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    loss.backward()
+    if clip:
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss.item()
+
+
+def test_training_mistakes_are_named():
+    def unshifted_loss(model, tokens):
+        return F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, :-1].flatten())
+
+    assert "the loss: the targets are not shifted" in _judged("07.loss.visible", unshifted_loss)
+    assert "the loss is summed over the B x T positions" in _judged(
+        "07.loss.visible", lambda m, t: F.cross_entropy(m(t[:, :-1]).flatten(0, 1), t[:, 1:].flatten(),
+                                                        reduction="sum"))
+    no_zero_grad = _judged("07.step.twice", lambda *a: _train_step(*a, zero_grad=False))
+    assert "the gradients accumulate from one step to the next" in no_zero_grad
+    assert "the gradients are not clipped" in _judged("07.step.visible", lambda *a: _train_step(*a, clip=False))
+
+
+def _probs(logits, temperature=1.0, top_k=None, *, after_softmax=False, keep="<"):
+    if not after_softmax:
+        logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth if keep == "<" else logits <= kth, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return probs / temperature if after_softmax else probs
+
+
+def test_sampling_mistakes_are_named():
+    after = _judged("07.probs.visible", lambda *a, **k: _probs(*a, **k, after_softmax=True))
+    assert "the temperature is applied after the softmax" in after
+    assert "top-k keeps k - 1 tokens" in _judged("07.probs.top_k", lambda *a, **k: _probs(*a, **k, keep="<="))
+
+    def first_position(model, idx, temperature=1.0, top_k=None, generator=None):
+        return model(idx)[:, 0].argmax(dim=-1, keepdim=True)
+
+    assert "the logits of the first position were used" in _judged("07.sample.greedy", first_position)
 
 
 # ---- heads, RoPE, SwiGLU, the decoder block (labs 03 and 04): each wrong implementation written independently

@@ -372,6 +372,8 @@ def _count_causes(config: GPTConfig) -> list[tuple[int, str, str]]:
         causes.append((n * c * f, "N x d x F", "SwiGLU has three d x F matrices, not four"))
     if config.norm == "layernorm" and config.norm_bias:
         causes.append((-(2 * n + 1) * c, "(2N + 1) x d", "LayerNorm's bias (beta) is not counted?"))
+        causes.append((-2 * n * c, "2N x d", "the block norms' LayerNorm bias (beta) is not counted?"))
+        causes.append((-c, "d", "the final LayerNorm's bias (beta) is not counted?"))
     return causes
 
 

@@ -1,0 +1,171 @@
+"""Lab 06, parameter counting: the student's closed forms `parameter_breakdown(config)` and
+`count_parameters(config)`, for any GPTConfig, without building a model.
+
+The expected counts are the `numel` of gptcourse.GPT's parameters, component by component, on the meta device
+(shapes without memory), so a 7-billion-parameter model costs nothing; `check_parameter_count` explains a
+mismatch ("+3,200 = V x d: untied output projection?"). The visible presets have published totals: seed-tiny
+24,096, untied 27,296, GPT-2 small 124,439,808, Llama-2-7B 6,738,415,616.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from numbers import Integral
+from typing import Any
+
+import torch
+
+from ...checks import check_parameter_count, fail, gpt_module_breakdown
+from ...config import PRESETS, GPTConfig, preset
+from ...model import GPT
+from ..cases import Case, Inputs, Outputs, register, sizes_rng
+
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    piece: ("gptcourse.count_parameters", "gptcourse.parameter_breakdown", "gptcourse.block_breakdown",
+            "gptcourse.params", "gptcourse.checks.gpt_module_breakdown", "gptcourse.checks.check_parameter_count",
+            "gptcourse.widgets.ParameterCalculator", "gptcourse.GPT", "gptcourse.model")
+    for piece in ("breakdown", "total")
+}
+
+COMPONENTS = ("token_embedding", "position_embedding", "attention", "mlp", "block_norms", "final_norm",
+              "output_projection")
+
+
+def config_name(config: GPTConfig) -> str:
+    """A preset's name, or the fields that differ from GPTConfig()."""
+    for name, known in PRESETS.items():
+        if known == config:
+            return name
+    default = GPTConfig()
+    changed = ", ".join(f"{f}={getattr(config, f)!r}" for f in default.__dataclass_fields__
+                        if getattr(config, f) != getattr(default, f))
+    return f"GPTConfig({changed})"
+
+
+def _as_count(value: Any, what: str) -> int:
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise fail(f"{what} is {type(value).__name__} {value!r}, expected a whole number (int)")
+    return int(value)
+
+
+# ---- parameter_breakdown(config) -> {component: count}
+
+
+def _breakdown_run(fn: Any, inputs: Inputs) -> Outputs:
+    outputs: Outputs = {}
+    for i, config in enumerate(inputs["configs"]):
+        what = f"parameter_breakdown({config_name(config)})"
+        got = fn(config)
+        if not isinstance(got, Mapping):
+            raise fail(f"{what} returned {type(got).__name__}, expected a dict {{component: count}} with the keys "
+                       f"{list(COMPONENTS)}")
+        if set(got) != set(COMPONENTS):
+            missing, unknown = sorted(set(COMPONENTS) - set(got)), sorted(set(got) - set(COMPONENTS), key=str)
+            raise fail(f"{what}: keys {sorted(got, key=str)}; expected exactly {list(COMPONENTS)}"
+                       + (f" (missing: {missing})" if missing else "") + (f" (unknown: {unknown})" if unknown else ""))
+        outputs |= {f"{i}.{k}": _as_count(got[k], f"{what}[{k!r}]") for k in COMPONENTS}
+    return outputs
+
+
+def _numel_breakdown(config: GPTConfig) -> dict[str, int]:
+    with torch.device("meta"):  # shapes without memory: Llama-2-7B costs nothing
+        return gpt_module_breakdown(GPT(config))
+
+
+def _breakdown_reference(inputs: Inputs) -> Outputs:
+    return {f"{i}.{k}": v for i, config in enumerate(inputs["configs"]) for k, v in _numel_breakdown(config).items()}
+
+
+def _breakdown_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    for i, config in enumerate(inputs["configs"]):
+        counts = {k: got[f"{i}.{k}"] for k in COMPONENTS}
+        check_parameter_count(counts, config, f"parameter_breakdown({config_name(config)})")
+        if any(counts[k] != expected[f"{i}.{k}"] for k in COMPONENTS):  # the closed form disagrees with numel
+            raise fail(f"parameter_breakdown({config_name(config)}): {counts}, but the model has "
+                       f"{ {k: expected[f'{i}.{k}'] for k in COMPONENTS} }")
+
+
+def _configs(*configs: GPTConfig) -> Any:
+    return lambda seed: {"configs": list(configs)}
+
+
+def random_config(r: random.Random) -> GPTConfig:
+    """Any architecture the config can express, at sizes from tiny to large."""
+    h, d = r.randint(1, 16), r.choice([8, 16, 32, 64, 128])
+    mlp = r.choice(["relu", "gelu", "gelu_tanh", "swiglu"])
+    return GPTConfig(
+        vocab_size=r.randint(50, 60_000), context_length=r.choice([128, 512, 1000, 2048]), d_model=h * d,
+        n_heads=h, n_layers=r.randint(1, 40), position=r.choice(["learned", "rope", "none"]),
+        norm=r.choice(["layernorm", "rmsnorm"]), norm_bias=r.random() < 0.5, mlp=mlp,
+        d_ff=r.choice([None, r.randint(16, 4 * h * d)]), attn_bias=r.random() < 0.5, mlp_bias=r.random() < 0.5,
+        tie_weights=r.random() < 0.5, lm_head_bias=r.random() < 0.3,
+    )
+
+
+def _random_configs(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    return {"configs": [random_config(r) for _ in range(3)]}
+
+
+VARIANTS = (
+    preset("seed-repo"),  # learned, LayerNorm, ReLU, untied head with a bias, no attention biases
+    GPTConfig(vocab_size=300, context_length=128, d_model=48, n_heads=3, n_layers=5, position="none",
+              norm="layernorm", norm_bias=False, mlp="gelu", d_ff=100, attn_bias=False, mlp_bias=False),
+    GPTConfig(vocab_size=1000, context_length=256, d_model=64, n_heads=8, n_layers=3, position="rope",
+              norm="rmsnorm", mlp="swiglu", attn_bias=True, mlp_bias=True, tie_weights=True),
+)
+
+
+def _breakdown_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
+    return Case(case_id, what, make, _breakdown_run, _breakdown_reference, _breakdown_judge, hidden)
+
+
+register(
+    _breakdown_case("06.breakdown.visible", "parameter_breakdown of seed-tiny (24,096) and seed-tiny-untied (27,296)",
+                    _configs(preset("seed-tiny"), preset("seed-tiny-untied"))),
+    _breakdown_case("06.breakdown.gpt2", "parameter_breakdown of gpt2-small (124,439,808)",
+                    _configs(preset("gpt2-small"))),
+    _breakdown_case("06.breakdown.llama", "parameter_breakdown of llama2-7b (6,738,415,616)",
+                    _configs(preset("llama2-7b"))),
+    _breakdown_case("06.breakdown.hidden_variants", "parameter_breakdown of seed-repo, no positions, biased SwiGLU",
+                    _configs(*VARIANTS), hidden=True),
+    _breakdown_case("06.breakdown.hidden_random", "parameter_breakdown of three random configs", _random_configs,
+                    hidden=True),
+)
+
+# ---- count_parameters(config) -> total
+
+
+def _total_run(fn: Any, inputs: Inputs) -> Outputs:
+    return {f"{i}.total": _as_count(fn(config), f"count_parameters({config_name(config)})")
+            for i, config in enumerate(inputs["configs"])}
+
+
+def _total_reference(inputs: Inputs) -> Outputs:
+    return {f"{i}.total": sum(_numel_breakdown(config).values()) for i, config in enumerate(inputs["configs"])}
+
+
+def _total_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    for i, config in enumerate(inputs["configs"]):
+        check_parameter_count(got[f"{i}.total"], config, f"count_parameters({config_name(config)})")
+        if got[f"{i}.total"] != expected[f"{i}.total"]:
+            raise fail(f"count_parameters({config_name(config)}): {got[f'{i}.total']:,}, but the model has "
+                       f"{expected[f'{i}.total']:,}")
+
+
+def _total_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
+    return Case(case_id, what, make, _total_run, _total_reference, _total_judge, hidden)
+
+
+register(
+    _total_case("06.total.visible", "count_parameters of seed-tiny (24,096) and seed-tiny-untied (27,296)",
+                _configs(preset("seed-tiny"), preset("seed-tiny-untied"))),
+    _total_case("06.total.published", "count_parameters of gpt2-small (124,439,808) and llama2-7b (6,738,415,616)",
+                _configs(preset("gpt2-small"), preset("llama2-7b"))),
+    _total_case("06.total.hidden_random", "count_parameters of seed-repo, no positions, a biased SwiGLU and three "
+                "random configs", lambda seed: {"configs": [*VARIANTS, *_random_configs(seed)["configs"]]},
+                hidden=True),
+)

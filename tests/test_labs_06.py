@@ -1,0 +1,88 @@
+"""Lab 06 graded by real nbgrader: full marks for the solution, 0 for the untouched release, and each known
+mistake loses exactly the points of the tests it should fail."""
+
+from __future__ import annotations
+
+import pytest
+
+LAB = "06_parameter_counting"
+BREAKDOWN = '''
+def parameter_breakdown(config):
+    c, v, n, f = config.d_model, config.vocab_size, config.n_layers, config.hidden_width
+    norm = {norm}
+    attention = 4 * c * c + (4 * c if config.attn_bias else 0)
+    if config.mlp == "swiglu":
+        mlp = {swiglu} + (2 * f + c if config.mlp_bias else 0)
+    else:
+        mlp = 2 * c * f + (f + c if config.mlp_bias else 0)
+    return {{
+        "token_embedding": v * c,
+        "position_embedding": {positions},
+        "attention": n * attention,
+        "mlp": n * mlp,
+        "block_norms": n * 2 * norm,
+        "final_norm": norm,
+        "output_projection": {head} + (v if config.lm_head_bias else 0),
+    }}
+'''
+RIGHT = {"norm": '2 * c if config.norm == "layernorm" and config.norm_bias else c', "swiglu": "3 * c * f",
+         "positions": 'config.context_length * c if config.position == "learned" else 0',
+         "head": "(0 if config.tie_weights else v * c)"}
+TOTALS = {"test_total", "test_total_published", "test_total_hidden"}  # count_parameters sums the breakdown
+# student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
+WRONG = {
+    # seed-tiny and GPT-2 are tied, Llama-2 is not
+    "always-untied": ({"breakdown": BREAKDOWN.format(**RIGHT | {"head": "v * c"})},
+                      {"test_breakdown", "test_breakdown_gpt2", "test_breakdown_hidden"} | TOTALS),
+    # seed-tiny and Llama-2 use SwiGLU, GPT-2 does not
+    "swiglu-two-matrices": ({"breakdown": BREAKDOWN.format(**RIGHT | {"swiglu": "2 * c * f"})},
+                            {"test_breakdown", "test_breakdown_llama", "test_breakdown_hidden"} | TOTALS),
+    # only GPT-2 (and the seed's repo model) have LayerNorm with a bias
+    "layernorm-without-bias": ({"breakdown": BREAKDOWN.format(**RIGHT | {"norm": "c"})},
+                               {"test_breakdown_gpt2", "test_breakdown_hidden", "test_total_published",
+                                "test_total_hidden"}),
+    # RoPE (seed-tiny, Llama-2) and no positions have no table
+    "positions-always-counted": ({"breakdown": BREAKDOWN.format(**RIGHT | {"positions": "config.context_length * c"})},
+                                 {"test_breakdown", "test_breakdown_llama", "test_breakdown_hidden"} | TOTALS),
+    "total-counts-the-tied-head-twice": (
+        {"total": "def count_parameters(config):\n    return sum(parameter_breakdown(config).values()) + "
+                  "config.vocab_size * config.d_model"}, TOTALS),
+}
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def scores(course):
+    return course.grade_class(LAB, WRONG)
+
+
+def test_solution_scores_full_marks(course, scores):
+    assert scores["solution"] == course.expected_scores(LAB)
+
+
+def test_untouched_release_scores_zero(course, scores):
+    assert scores["untouched"] == course.expected_scores(LAB, set(course.expected_scores(LAB)))
+
+
+@pytest.mark.parametrize("student", WRONG)
+def test_each_mistake_loses_exactly_its_tests(course, scores, student):
+    assert scores[student] == course.expected_scores(LAB, WRONG[student][1])
+
+
+def test_validate_reports_success_and_the_failing_test(course):
+    assert "Success! Your notebook passes all the tests." in course.validate("lab06-solved", course.solved(LAB))
+    report = course.validate("lab06-always-untied", course.solved(LAB, WRONG["always-untied"][0]))
+    assert "VALIDATION FAILED ON 4 CELL(S)" in report
+    assert 'check("06.breakdown.visible", parameter_breakdown)' in report
+    assert "(+3,200 = V x d: untied output projection?" in report
+
+
+def test_the_visible_presets_have_their_published_totals():
+    from gptcourse.grading import case_seed, get_case
+
+    case = get_case("06.total.published")
+    totals = case.reference(case.make_inputs(case_seed(case)))
+    assert totals == {"0.total": 124_439_808, "1.total": 6_738_415_616}
+    case = get_case("06.total.visible")
+    assert case.reference(case.make_inputs(case_seed(case))) == {"0.total": 24_096, "1.total": 27_296}
