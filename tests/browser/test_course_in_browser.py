@@ -39,7 +39,7 @@ LESSON = "lessons/01_tokens_and_embeddings.ipynb"
 LAB = "02_causal_attention"
 SOLUTION_MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*(\n|$)", re.MULTILINE)
 # A mistake the labs' checks recognise: (text of the solution, the wrong text, words of the diagnostic it must get).
-WRONG_ANSWER = (".tril()", ".triu()", "on the wrong triangle")
+WRONG_ANSWER = ("tril", "triu", "on the wrong triangle")
 STUDENTS = {"ada": ("Ada", "Lovelace"), "alan": ("Alan", "Turing")}
 
 
@@ -66,9 +66,9 @@ def _student_answers(course: Path) -> dict[int, str]:
 
 class Instructor:
     """The instructor's side of the formgrader scenario, as nbgrader commands run from the course root:
-    generate_assignment, two students, their submissions (ada: the lab solved as a student types it; alan: the
-    untouched release), autograde. It runs in a background thread from the start of this module, so autograde
-    (which executes both notebooks) overlaps with the student scenarios."""
+    generate_assignment, a roster of two students, their submissions (ada: the lab solved as a student types it;
+    alan: the untouched release), autograde. It runs in a background thread from the start of this module, so
+    autograde (which executes both notebooks) overlaps with the student scenarios."""
 
     def __init__(self, server: JupyterServer) -> None:
         self.server = server
@@ -101,9 +101,10 @@ class Instructor:
         solved = nbformat.from_dict(untouched)
         for index, answer in answers.items():
             solved.cells[index].source = answer
+        roster = self.server.root / "grading" / "students.csv"
+        roster.write_text("id,first_name,last_name\n" + "".join(f"{i},{f},{n}\n" for i, (f, n) in STUDENTS.items()))
+        self._nbgrader("db", "student", "import", str(roster))
         for student, notebook in (("ada", solved), ("alan", untouched)):
-            first, last = STUDENTS[student]
-            self._nbgrader("db", "student", "add", student, f"--first-name={first}", f"--last-name={last}")
             folder = _submission_folder(self.server.root, student)
             folder.mkdir(parents=True)
             nbformat.write(notebook, folder / f"{LAB}.ipynb")
@@ -160,8 +161,9 @@ def _open_lab_and_answer(tab: LabPage, instructor: Instructor, mistake: tuple[st
     with step("wait for the instructor's nbgrader generate_assignment (it rewrites the lab)"):
         answers = instructor.student_answers()
     if mistake is not None:
-        index = next(i for i, answer in answers.items() if mistake[0] in answer)
-        answers[index] = answers[index].replace(*mistake)
+        with step(f"make the mistake {mistake[0]!r} -> {mistake[1]!r} in the first answer that has {mistake[0]!r}"):
+            index = min(i for i, answer in answers.items() if mistake[0] in answer)
+            answers[index] = answers[index].replace(*mistake)
     with step(f"open labs/{LAB} and wait for its kernel"):
         tab.open_notebook(LAB, f"labs/{LAB}/{LAB}.ipynb")
     for index, answer in answers.items():
