@@ -469,25 +469,25 @@ def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
 
 
-def rope_mistakes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Wrong RoPEs of x (..., T, D) with rotate-half cos/sin tables (T, D)."""
 def _rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Pairs (2i, 2i+1) of x (..., D) turned by the angles of cos, sin (T, D/2)."""
     even, odd = x[..., 0::2], x[..., 1::2]  # each (..., T, D/2)
     return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
 
 
+def rope_mistakes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Wrong RoPEs of x (..., T, D) with rotate-half cos/sin tables (T, D)."""
     half = x.size(-1) // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # rotate_half(x)
     return {
         "the pairs are interleaved, feature 2i with 2i+1 (the RoPE paper's and Meta's layout): this course "
         "uses the rotate-half layout of GPT-NeoX and Hugging Face Llama, feature i paired with i + D/2, "
         "rotate_half(x) = cat(-x2, x1)": x * cos + _rotate_pairs(x) * sin,
-        "the rotation goes the wrong way: rotate_half(x) is cat(-x2, x1), not cat(x2, -x1)": x * cos - rotated * sin,
-        "cos and sin are swapped: x * cos + rotate_half(x) * sin": x * sin + rotated * cos,
         "the pairs are interleaved, feature 2i with 2i+1, each turned by pair i's angle (the layout of Meta's "
         "complex-number code): this course uses the rotate-half layout of GPT-NeoX and Hugging Face Llama, feature "
         "i paired with i + D/2": _rotate_interleaved(x, cos[..., :half], sin[..., :half]),
+        "the rotation goes the wrong way: rotate_half(x) is cat(-x2, x1), not cat(x2, -x1)": x * cos - rotated * sin,
+        "cos and sin are swapped: x * cos + rotate_half(x) * sin": x * sin + rotated * cos,
         "rotate_half is missing: the sin term multiplies rotate_half(x), not x": x * cos + x * sin,
     }
 
