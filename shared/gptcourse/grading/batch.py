@@ -4,11 +4,13 @@ resumable, ending with a summary table.
 It adds speed, never safety: each submission goes through nbgrader's `Autograde` converter configured exactly
 as `nbgrader autograde LAB` is (the course's nbgrader_config.py, with every preprocessor it lists), in the same
 gradebook. Two things change:
-- Workers: `--workers` processes (default: one per core) each grade one submission at a time, taken from a shared
-  queue, and keep nbgrader imported between submissions.
+- Workers: `--workers` processes (default: one per core) each grade one submission at a time, handed out as they
+  finish. On Linux they are forked from this process once it has imported nbgrader and torch (it runs no tensor
+  code, so no thread pool is inherited), so no worker pays for those imports again.
 - Kernels: each notebook still runs in a fresh kernel process of its own, but the kernel is forked from a warm
   zygote that has already imported torch, ipykernel and gptcourse (`zygote.py`): the configured Execute
-  preprocessor is subclassed only to take its kernels from there. `--no-zygote` starts ordinary kernels.
+  preprocessor is subclassed only to take its kernels from there, and to kill a kernel once every cell has run
+  instead of waiting for it to exit. `--no-zygote` starts ordinary kernels.
 
 Resume: after a submission is graded, a record of what was graded (a hash of the submitted files, timestamp.txt
 included) is written to `<autograded>/.gptcourse-batch/LAB/STUDENT.json`, a folder nbgrader's globs skip. A
@@ -179,11 +181,15 @@ def grade_submission(app: Any, student: str, zygote_client: Any) -> dict[str, An
 
 
 def _worker_main(lab: str, zygote_socket: str | None, nbgrader_args: list[str], conn: Connection,
-                 log_path: str) -> None:
-    """A worker process: grade each student id received on `conn`, answer with the result, stop on None."""
+                 log_path: str, threads: int) -> None:
+    """A worker process: grade each student id received on `conn`, answer with the result, stop on None.
+    `threads`: intra-op threads for this worker's tensor code and for each kernel it runs."""
+    import torch
+
     from .zygote import ZygoteClient, ZygoteError, die_with_parent
 
     die_with_parent()
+    torch.set_num_threads(threads)
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     os.dup2(log, 1)  # nbgrader's log and anything printed go to the batch's log, not over the progress bar
     os.dup2(log, 2)
@@ -192,7 +198,7 @@ def _worker_main(lab: str, zygote_socket: str | None, nbgrader_args: list[str], 
     client = None
     if zygote_socket:
         try:
-            client = ZygoteClient(zygote_socket)
+            client = ZygoteClient(zygote_socket, kernel_threads=threads)
         except ZygoteError as err:
             app.log.warning("%s: grading with ordinary kernels", err)
     while (student := conn.recv()) is not None:
@@ -220,10 +226,10 @@ class _Worker:
     """A worker process and the student it is grading."""
 
     def __init__(self, context: Any, lab: str, zygote_socket: str | None, nbgrader_args: list[str],
-                 log_path: str) -> None:
+                 log_path: str, threads: int) -> None:
         self.conn, child_end = context.Pipe()
         self.process = context.Process(target=_worker_main, daemon=True,
-                                       args=(lab, zygote_socket, nbgrader_args, child_end, log_path))
+                                       args=(lab, zygote_socket, nbgrader_args, child_end, log_path, threads))
         self.process.start()
         child_end.close()
         self.student: str | None = None
@@ -260,10 +266,11 @@ def run_workers(lab: str, students: list[str], workers: int, zygote_socket: str 
     sys.stdout.flush()
     sys.stderr.flush()
     context = _process_context()
+    workers = min(workers, len(students))
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # Python >= 3.12 warns about fork and BLAS threads
-        pool = [_Worker(context, lab, zygote_socket, nbgrader_args, log_path)
-                for _ in range(min(workers, len(students)))]
+        pool = [_Worker(context, lab, zygote_socket, nbgrader_args, log_path, threads) for _ in range(workers)]
     try:
         for w in pool:
             w.give(queue.pop())

@@ -6,14 +6,16 @@ Builds a class of submissions of one lab in two identical temporary copies of th
 nbgrader_config.py, solutions/ and labs/): a third hand in the solution, a third the solution with one piece
 left as the released stub (which piece varies), a third the untouched release. One copy is graded by
 `nbgrader autograde LAB` (one kernel start per submission, one after another), the other by `gptcourse
-autograde LAB`. Prints the machine's cores, both wall-clock times, their ratio (the target is <= 0.25), and
-whether every test cell of every student got the same score from both.
+autograde LAB`. Prints the machine's cores and load, both wall-clock times and their ratio (the target is
+<= 0.25), the CPU time each used (itself and every process it started: a measure other programs running on
+the machine do not inflate as much), and whether every test cell of every student got the same score from both.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -78,14 +80,20 @@ def submit(course: Path, lab: str, class_: dict[str, nbformat.NotebookNode]) -> 
         (folder / "timestamp.txt").write_text("2025-01-01 12:00:00.000000 UTC")
 
 
-def run(command: list[str], course: Path) -> float:
-    """Seconds `command` takes in `course`; raises with its output if it fails."""
-    start = time.perf_counter()
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run(command: list[str], course: Path) -> tuple[float, float]:
+    """(wall-clock seconds, CPU seconds of it and all its descendants) of `command` run in `course`; raises with
+    its output if it fails."""
+    start, cpu = time.perf_counter(), _children_cpu()
     proc = subprocess.run(command, cwd=course, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}:\n{proc.stdout[-3000:]}")
-    return seconds
+    return seconds, _children_cpu() - cpu
 
 
 def scores(course: Path, lab: str) -> dict[str, dict[str, float]]:
@@ -127,19 +135,20 @@ def main(argv: list[str] | None = None) -> int:
             submit(course, args.lab, class_)
         print(f"{args.lab}: {len(class_)} submissions (solved, one piece undone, untouched)", flush=True)
 
-        stock_seconds = run(nbgrader("autograde", args.lab), stock)
+        stock_seconds, stock_cpu = run(nbgrader("autograde", args.lab), stock)
         print(f"stock   nbgrader autograde {args.lab}: {stock_seconds:7.1f} s "
-              f"({stock_seconds / len(class_):.2f} s per submission)", flush=True)
+              f"({stock_seconds / len(class_):.2f} s per submission), CPU {stock_cpu:.1f} s", flush=True)
         workers = ["--workers", str(args.workers)] if args.workers else []
-        fast_seconds = run(gptcourse("autograde", args.lab, *workers), fast)
+        fast_seconds, fast_cpu = run(gptcourse("autograde", args.lab, *workers), fast)
         print(f"fast   gptcourse autograde {args.lab}: {fast_seconds:7.1f} s "
-              f"({fast_seconds / len(class_):.2f} s per submission)")
+              f"({fast_seconds / len(class_):.2f} s per submission), CPU {fast_cpu:.1f} s")
+        print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())} (other processes slow both)")
 
         expected, got = scores(stock, args.lab), scores(fast, args.lab)
         same = expected == got and len(got) == len(class_)
         ratio = fast_seconds / stock_seconds
-        print(f"ratio fast/stock: {ratio:.3f} (target <= 0.25: {'met' if ratio <= 0.25 else 'NOT met'}); "
-              f"scores identical for all {len(class_)} submissions: {same}")
+        print(f"ratio fast/stock: {ratio:.3f} wall-clock (target <= 0.25: {'met' if ratio <= 0.25 else 'NOT met'}), "
+              f"{fast_cpu / stock_cpu:.3f} CPU; scores identical for all {len(class_)} submissions: {same}")
         if not same:
             for student in sorted(set(expected) | set(got)):
                 if expected.get(student) != got.get(student):

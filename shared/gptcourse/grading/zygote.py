@@ -6,10 +6,10 @@ child that becomes a brand-new ipykernel process. Student code still runs in a p
 zygote, the grader, or another student's kernel (fork copies the zygote's memory; nothing flows back).
 
 Forking after `import torch` is safe only while no OpenMP (intra-op) thread pool has started: a child would
-inherit a pool whose threads do not exist and hang in its first parallel op. The zygote runs no tensor code, and
-after preloading it checks that it has no more threads than after `import numpy` alone (numpy's OpenBLAS pool,
-which OpenBLAS shuts down before a fork and restarts after). If that check fails the zygote refuses to serve
-and grading falls back to ordinary kernels.
+inherit a pool whose threads do not exist and hang in its first parallel op. Importing torch starts no pool (only
+numpy's OpenBLAS threads, which OpenBLAS shuts down before a fork and restarts after); the zygote runs no tensor
+code, and after preloading it checks that it has no more threads than when it began. If that check fails it
+refuses to serve and grading falls back to ordinary kernels.
 
 Pieces:
 - `serve(path)`: the zygote (`python -m gptcourse.grading.zygote SOCKET`); one JSON line per request on a Unix
@@ -69,24 +69,27 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _thread_count() -> int:
+def thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def preload() -> None:
-    """Import what kernels need, then make sure that no thread pool started (forking would then be unsafe)."""
-    import numpy  # noqa: F401 (its BLAS pool starts at import; OpenBLAS makes it fork-safe)
+def check_fork_safe(baseline: int) -> None:
+    """Raise unless this process has no more threads than `baseline` (counted before any tensor code could run:
+    the main thread and numpy's OpenBLAS pool)."""
+    if thread_count() > baseline:
+        raise ZygoteError(f"{thread_count() - baseline} thread(s) started since the zygote began (an OpenMP or "
+                          "intra-op pool?): forking kernels from it would be unsafe")
 
-    baseline = _thread_count()
+
+def preload(baseline: int) -> None:
+    """Import what kernels need, then check that no thread pool started."""
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
     from .cases import _load_labs
 
     _load_labs()
-    if _thread_count() > baseline:
-        raise ZygoteError(f"preloading started {_thread_count() - baseline} thread(s) (an OpenMP/intra-op pool?): "
-                          "forking kernels from this process would be unsafe")
+    check_fork_safe(baseline)
 
 
 def _become_kernel(request: dict[str, Any], zygote_pid: int, inherited: list[socket.socket]) -> None:
@@ -108,6 +111,8 @@ def _become_kernel(request: dict[str, Any], zygote_pid: int, inherited: list[soc
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ["JPY_PARENT_PID"] = str(zygote_pid)  # the kernel's parent poller watches the zygote
+        if request.get("threads"):
+            _limit_threads(request["threads"])
         _reseed()
         # ipykernel read JPY_PARENT_PID when the zygote imported it, so pass it as an argument too.
         args = [*request["args"], f"--IPKernelApp.parent_handle={zygote_pid}"]
@@ -128,6 +133,14 @@ def _become_kernel(request: dict[str, Any], zygote_pid: int, inherited: list[soc
         os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
+def _limit_threads(threads: int) -> None:
+    """Intra-op threads for this kernel: torch's OpenMP/MKL settings were read when the zygote imported torch, so
+    set them directly (no pool starts); the variables are for the kernel's subprocesses."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(threads)
+    sys.modules["torch"].set_num_threads(threads)
+
+
 def _reseed() -> None:
     """A fresh process draws fresh seeds for `random` and numpy's global generator; a forked one must redraw them
     (torch's default generator starts from a fixed seed in any new process, and the zygote never used it)."""
@@ -145,12 +158,13 @@ def _exit_code(status: int) -> int:
 def serve(socket_path: str) -> None:
     """The zygote's loop: preload, then answer {"op": "spawn", "args", "cwd", "env"} -> {"pid"} and
     {"op": "poll", "pid"} -> {"returncode": None or int} until stdin closes."""
+    baseline = thread_count()  # torch is imported (by gptcourse) but has run nothing: main + OpenBLAS threads
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the grader; it closes our stdin
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     listener.listen(64)  # clients may connect (and wait) while we preload
-    preload()
+    preload(baseline)
     zygote_pid = os.getpid()
     children: set[int] = set()
     buffers: dict[socket.socket, bytes] = {}
@@ -233,9 +247,14 @@ class Zygote:
 
 
 class ZygoteClient:
-    """A connection to a zygote at `socket_path` (thread-safe; a request takes well under a millisecond)."""
+    """A connection to a zygote at `socket_path` (thread-safe; a request takes well under a millisecond).
 
-    def __init__(self, socket_path: str, timeout: float = _CONNECT_TIMEOUT) -> None:
+    `kernel_threads`: intra-op threads of each kernel it forks (None: torch's default, one per core). A batch
+    running W kernels at once on C cores gives each C // W: tiny lab tensors gain nothing from more, and OpenMP
+    threads that outnumber the cores spin instead of working."""
+
+    def __init__(self, socket_path: str, timeout: float = _CONNECT_TIMEOUT, kernel_threads: int | None = None) -> None:
+        self.socket_path, self.kernel_threads = socket_path, kernel_threads
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -266,7 +285,8 @@ class ZygoteClient:
         return reply
 
     def spawn(self, args: list[str], cwd: str, env: dict[str, str]) -> ForkedKernel:
-        return ForkedKernel(self, self.request(op="spawn", args=args, cwd=cwd, env=env)["pid"])
+        reply = self.request(op="spawn", args=args, cwd=cwd, env=env, threads=self.kernel_threads)
+        return ForkedKernel(self, reply["pid"])
 
     def close(self) -> None:
         self._reader.close()
@@ -359,6 +379,9 @@ def zygote_kernel_manager(manager_class: type[AsyncKernelManager], client: Zygot
                                                      kernel_spec=self.kernel_spec, parent=self)
             return await super()._async_pre_start_kernel(**kw)
 
+        async def _async_wait(self, pollinterval: float = 0.1) -> None:
+            await super()._async_wait(pollinterval=min(pollinterval, 0.01))  # a forked kernel exits in ms
+
     ZygoteKernelManager.__name__ = ZygoteKernelManager.__qualname__ = f"Zygote{manager_class.__name__}"
     return ZygoteKernelManager
 
@@ -369,6 +392,8 @@ def with_zygote(execute_class: type, client: ZygoteClient) -> type:
 
     class ZygoteExecute(execute_class):  # type: ignore[misc,valid-type]
         def create_kernel_manager(self) -> Any:
+            # Once every cell has run, its outputs are in: kill the kernel rather than wait for a graceful exit.
+            self.shutdown_kernel = "immediate"
             if not getattr(self.kernel_manager_class, "_gptcourse_zygote", False):
                 self.kernel_manager_class = zygote_kernel_manager(self.kernel_manager_class, client)
                 self.kernel_manager_class._gptcourse_zygote = True
