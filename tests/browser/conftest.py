@@ -16,14 +16,19 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from lab_driver import JupyterServer, LabPage
 
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
+
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts" / "browser"
+SERVER_LOG = ARTIFACTS / "jupyter-server.log"
 HOW_TO_ENABLE = "enable them with: apt-get install chromium && pip install playwright"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -98,19 +103,23 @@ def _jupyter_env(home: Path) -> dict[str, str]:
     return env
 
 
-def _wait_until_serving(proc: subprocess.Popen, base_url: str, token: str, log: Path, timeout_s: float) -> None:
+def _log_tail(lines: int = 40) -> str:
+    return "\n".join(SERVER_LOG.read_text(errors="replace").splitlines()[-lines:]) if SERVER_LOG.exists() else ""
+
+
+def _wait_until_serving(proc: subprocess.Popen, base_url: str, token: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     request = urllib.request.Request(f"{base_url}/api/status", headers={"Authorization": f"token {token}"})
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"JupyterLab exited with code {proc.returncode}; its log:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(f"JupyterLab exited with code {proc.returncode}; its log:\n{_log_tail()}")
         try:
             with urllib.request.urlopen(request, timeout=2) as response:
                 if response.status == 200:
                     return
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             time.sleep(0.25)
-    raise RuntimeError(f"JupyterLab did not answer within {timeout_s:.0f} s; its log:\n{log.read_text()[-3000:]}")
+    raise RuntimeError(f"JupyterLab did not answer within {timeout_s:.0f} s; its log:\n{_log_tail()}")
 
 
 def _stop(proc: subprocess.Popen, base_url: str, token: str) -> None:
@@ -139,7 +148,6 @@ def jupyter_server(
     port, token = _free_port(), secrets.token_hex(16)
     base_url = f"http://127.0.0.1:{port}"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log = ARTIFACTS / "jupyter-server.log"
     command = [
         sys.executable, "-m", "jupyterlab", "--no-browser",
         "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
@@ -147,17 +155,17 @@ def jupyter_server(
     ]  # fmt: skip
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.append("--allow-root")
-    with log.open("w") as log_file:
+    with SERVER_LOG.open("w") as log_file:
         proc = subprocess.Popen(command, cwd=course_copy, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     try:
-        _wait_until_serving(proc, base_url, token, log, timeout_s=90)
-        yield JupyterServer(base_url=base_url, token=token, root=course_copy, env=env, log=log)
+        _wait_until_serving(proc, base_url, token, timeout_s=90)
+        yield JupyterServer(base_url=base_url, token=token, root=course_copy, env=env)
     finally:
         _stop(proc, base_url, token)
 
 
 @pytest.fixture(scope="session")
-def browser(chromium_path: str):
+def browser(chromium_path: str) -> Iterator[Browser]:
     """Headless Chromium from the system (Playwright drives it; it never downloads a browser)."""
     from playwright.sync_api import sync_playwright
 
@@ -168,7 +176,7 @@ def browser(chromium_path: str):
 
 
 @pytest.fixture
-def tab(browser, jupyter_server: JupyterServer, request: pytest.FixtureRequest) -> Iterator[LabPage]:
+def tab(browser: Browser, jupyter_server: JupyterServer, request: pytest.FixtureRequest) -> Iterator[LabPage]:
     """A fresh browser tab on JupyterLab; a screenshot of its last state goes to artifacts/browser/<test>.png."""
     context = browser.new_context(viewport={"width": 1440, "height": 900})
     context.set_default_timeout(30_000)
@@ -184,14 +192,13 @@ def tab(browser, jupyter_server: JupyterServer, request: pytest.FixtureRequest) 
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """A failed scenario's report points to its screenshot and ends with the server log (for CI, where nobody
     can look at the browser)."""
     report = yield
     if report.failed and report.when == "call":
         report.sections.append(("screenshot", str(ARTIFACTS / f"{item.name}.png")))
-        log = ARTIFACTS / "jupyter-server.log"
-        if log.exists():
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-            report.sections.append(("JupyterLab server log (last 40 lines)", tail))
+        report.sections.append(("JupyterLab server log (last 40 lines)", _log_tail()))
     return report

@@ -53,13 +53,12 @@ def step(name: str) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class JupyterServer:
-    """A running JupyterLab: where it listens, its token, the folder it serves, and its log."""
+    """A running JupyterLab: where it listens, its token, the folder it serves (and runs from), its environment."""
 
     base_url: str
     token: str
     root: Path
     env: dict[str, str]
-    log: Path
 
 
 @dataclass
