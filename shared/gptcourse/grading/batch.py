@@ -4,9 +4,10 @@ resumable, ending with a summary table.
 It adds speed, never safety: each submission goes through nbgrader's `Autograde` converter configured exactly
 as `nbgrader autograde LAB` is (the course's nbgrader_config.py, with every preprocessor it lists), in the same
 gradebook. Two things change:
-- Workers: `--workers` processes (default: one per core) each grade one submission at a time, handed out as they
-  finish. On Linux they are forked from this process once it has imported nbgrader and torch (it runs no tensor
-  code, so no thread pool is inherited), so no worker pays for those imports again.
+- Workers: `--workers` processes (default: one per core, plus one) each grade one submission at a time, handed
+  out as they finish. On Linux they are forked from this process once it has imported nbgrader and torch (it
+  runs no tensor code, so no thread pool is inherited), so no worker pays for those imports again. Each worker,
+  and each kernel it runs, gets cores // workers intra-op threads (at least one).
 - Kernels: each notebook still runs in a fresh kernel process of its own, but the kernel is forked from a warm
   zygote that has already imported torch, ipykernel and gptcourse (`zygote.py`): the configured Execute
   preprocessor is subclassed only to take its kernels from there, and to kill a kernel once every cell has run
@@ -36,7 +37,9 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Iterator
@@ -262,6 +265,8 @@ def run_workers(lab: str, students: list[str], workers: int, zygote_socket: str 
     """Grade `students` on `workers` worker processes; yields each outcome as it arrives."""
     from multiprocessing.connection import wait
 
+    if not students:
+        return
     queue = list(reversed(students))
     sys.stdout.flush()
     sys.stderr.flush()
@@ -328,11 +333,24 @@ def summary_table(outcomes: dict[str, Outcome], rows: dict[str, tuple[float, flo
 def autograde_class(lab: str, workers: int | None = None, force: bool = False, use_zygote: bool = True,
                     nbgrader_args: list[str] | None = None, progress: bool = True) -> dict[str, Outcome]:
     """Grade every submission of `lab` that needs it (all with `force`); print a summary; return the outcomes."""
-    from tqdm.auto import tqdm
-
     from .zygote import Zygote
 
     nbgrader_args = list(nbgrader_args or [])
+    # The zygote preloads torch in parallel with this process loading nbgrader; it is stopped if nothing is to do.
+    zygote_log = tempfile.TemporaryFile()
+    zygote = Zygote(zygote_log) if use_zygote and Zygote.supported() else None
+    try:
+        return _autograde_class(lab, workers, force, zygote, nbgrader_args, progress)
+    finally:
+        if zygote is not None:
+            zygote.close()
+        zygote_log.close()
+
+
+def _autograde_class(lab: str, workers: int | None, force: bool, zygote: Any, nbgrader_args: list[str],
+                     progress: bool) -> dict[str, Outcome]:
+    from tqdm.auto import tqdm
+
     app = _nbgrader_app(lab, nbgrader_args)
     coursedir = app.coursedir
     _require_assignment(coursedir.db_url, lab)
@@ -342,28 +360,29 @@ def autograde_class(lab: str, workers: int | None = None, force: bool = False, u
     outcomes = {s.student: Outcome(s.student, "up to date") for s in found
                 if not force and s.is_up_to_date(autograded_folder(coursedir, lab, s.student))}
     todo = [s.student for s in found if s.student not in outcomes]
-    workers = max(1, workers or len(os.sched_getaffinity(0)))
+    workers = max(1, workers or default_workers())
     log_path = state_folder(coursedir, lab).with_suffix(".log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     print(f"{lab}: {len(found)} submissions, {len(todo)} to grade ({len(outcomes)} up to date), "
           f"{min(workers, max(len(todo), 1))} workers; log: {log_path}", flush=True)
     start = time.perf_counter()
     _preload_for_workers()
-    with open(log_path, "a") as log:
-        zygote = Zygote(log) if use_zygote and todo and Zygote.supported() else None
-        bar = tqdm(total=len(todo), unit="submission", disable=not progress or not todo, dynamic_ncols=True)
-        try:
-            for outcome in run_workers(lab, todo, workers, zygote.socket_path if zygote else None, nbgrader_args,
-                                       str(log_path)):
-                outcomes[outcome.student] = outcome
-                bar.set_postfix_str(f"{outcome.student}: {outcome.status}", refresh=False)
-                bar.update()
-        except KeyboardInterrupt:
-            print("\ninterrupted: run the same command again to grade the rest", file=sys.stderr)
-        finally:
-            bar.close()
-            if zygote is not None:
-                zygote.close()
+    bar = tqdm(total=len(todo), unit="submission", disable=not progress or not todo, dynamic_ncols=True)
+    try:
+        for outcome in run_workers(lab, todo, workers, zygote.socket_path if zygote else None, nbgrader_args,
+                                   str(log_path)):
+            outcomes[outcome.student] = outcome
+            bar.set_postfix_str(f"{outcome.student}: {outcome.status}", refresh=False)
+            bar.update()
+    except KeyboardInterrupt:
+        print("\ninterrupted: run the same command again to grade the rest", file=sys.stderr)
+    finally:
+        bar.close()
+        if zygote is not None:
+            zygote.close()
+            with open(log_path, "ab") as log:  # the kernels' own output
+                zygote.log.seek(0)
+                shutil.copyfileobj(zygote.log, log)
     for student in todo:
         outcomes.setdefault(student, Outcome(student, "not graded"))
     print(summary_table(outcomes, gradebook_rows(coursedir.db_url, lab, sorted(outcomes))))
@@ -381,6 +400,12 @@ def _preload_for_workers() -> None:
     import nbgrader.preprocessors  # noqa: F401
 
     from . import zygote  # noqa: F401
+
+
+def default_workers() -> int:
+    """One per core, plus one: a kernel spends part of its life waiting for messages, and the spare worker fills
+    those gaps."""
+    return len(os.sched_getaffinity(0)) + 1
 
 
 def _require_assignment(db_url: str, lab: str) -> None:
@@ -403,7 +428,7 @@ def command(args: argparse.Namespace) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("lab", help="the assignment, e.g. 02_causal_attention")
-    parser.add_argument("--workers", type=int, default=None, help="parallel graders (default: one per core)")
+    parser.add_argument("--workers", type=int, default=None, help="parallel graders (default: cores + 1)")
     parser.add_argument("--force", action="store_true", help="grade again submissions already graded")
     parser.add_argument("--db", default=None, help="gradebook URL, as nbgrader's --db (e.g. postgresql://...)")
     parser.add_argument("--no-zygote", action="store_true", help="start an ordinary kernel per notebook")

@@ -219,7 +219,8 @@ def serve(socket_path: str) -> None:
 class Zygote:
     """Owns a zygote process (`serve`) and the temporary folder of its socket."""
 
-    def __init__(self, log: BinaryIO | int | None = None) -> None:
+    def __init__(self, log: BinaryIO | None = None) -> None:
+        self.log = log  # where the zygote and its kernels print (default: this process's stdout and stderr)
         self._folder = tempfile.TemporaryDirectory(prefix="gptcourse-zygote-")
         self.socket_path = os.path.join(self._folder.name, "zygote.sock")
         self.process = subprocess.Popen([sys.executable, "-m", "gptcourse.grading.zygote", self.socket_path],
@@ -230,8 +231,9 @@ class Zygote:
         return sys.platform.startswith("linux") and hasattr(os, "fork")
 
     def close(self) -> None:
-        if self.process.stdin:
-            self.process.stdin.close()  # the zygote kills its kernels and exits
+        """Stop the zygote (it kills its kernels); safe to call twice."""
+        if self.process.stdin and not self.process.stdin.closed:
+            self.process.stdin.close()
         try:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
