@@ -164,7 +164,7 @@ SECRET = "an instructor's private value"
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
     """A course of its own, with a private secret in grading/secret.txt (as an instructor keeps it)."""
-    from conftest import Course
+    from nbgrader_course import Course
 
     course = Course(tmp_path_factory.mktemp("attacks"))
     (course.root / "grading").mkdir(exist_ok=True)

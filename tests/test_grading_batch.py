@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
+from nbgrader_course import Course
 
-from conftest import Course
 from gptcourse.grading.bench_grading import build_class
 from gptcourse.grading.zygote import Zygote, ZygoteClient, ZygoteError, check_fork_safe, thread_count, with_zygote
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Course
+from nbgrader_course import Course
 
 from gptcourse.grading.bench_grading import build_class
 from gptcourse.grading.zygote import Zygote
