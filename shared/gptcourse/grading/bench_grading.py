@@ -57,7 +57,8 @@ def solution_cells(course: Path, lab: str) -> list[str]:
 
 
 def build_class(course: Path, lab: str, students: int) -> dict[str, nbformat.NotebookNode]:
-    """{student: notebook}: solved, one piece left undone, untouched, in turn."""
+    """{student: notebook}: solved, one piece left undone (the last piece first, then earlier ones), untouched,
+    in turn."""
     pieces = solution_cells(course, lab)
     released = nbformat.read(course / "labs" / lab / f"{lab}.ipynb", as_version=4)
     class_ = {}
@@ -66,7 +67,7 @@ def build_class(course: Path, lab: str, students: int) -> dict[str, nbformat.Not
         if kind == 0:
             class_[f"student{i:03d}-solved"] = answered(course, lab)
         elif kind == 1:
-            class_[f"student{i:03d}-partial"] = answered(course, lab, {pieces[(i // 3) % len(pieces)]})
+            class_[f"student{i:03d}-partial"] = answered(course, lab, {pieces[-1 - (i // 3) % len(pieces)]})
         else:
             class_[f"student{i:03d}-untouched"] = released
     return class_
