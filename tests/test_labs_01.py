@@ -3,7 +3,7 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-import pytest
+from lab_roundtrip import RoundTrip, Validation
 
 LAB = "01_tokens_and_embeddings"
 EMBEDDING = '''
@@ -46,43 +46,24 @@ def one_hot_embed(ids, table):
 '''}, {"test_one_hot_embed", "test_one_hot_embed_hidden"}),
 }
 
-pytestmark = pytest.mark.slow
+class TestLab01(RoundTrip):
+    LAB = LAB
+    WRONG = WRONG
+    TOTAL = 11
+    VALIDATE = Validation('no-positions', 1, (
+        'check("01.embedding.visible", TokenAndPositionEmbedding)',
+        "the positions are missing",
+    ))
 
-
-@pytest.fixture(scope="module")
-def scores(course):
-    return course.grade_class(LAB, WRONG)
-
-
-def test_solution_scores_full_marks(course, scores):
-    assert scores["solution"] == course.expected_scores(LAB)
-
-
-def test_untouched_release_scores_zero(course, scores):
-    assert scores["untouched"] == course.expected_scores(LAB, set(course.expected_scores(LAB)))
-
-
-@pytest.mark.parametrize("student", WRONG)
-def test_each_mistake_loses_exactly_its_tests(course, scores, student):
-    assert scores[student] == course.expected_scores(LAB, WRONG[student][1])
-
-
-def test_validate_reports_success_and_the_failing_test(course):
-    assert "Success! Your notebook passes all the tests." in course.validate("lab01-solved", course.solved(LAB))
-    report = course.validate("lab01-no-positions", course.solved(LAB, WRONG["no-positions"][0]))
-    assert "VALIDATION FAILED ON 1 CELL(S)" in report
-    assert 'check("01.embedding.visible", TokenAndPositionEmbedding)' in report
-    assert "the positions are missing" in report
-
-
-def test_feedback_shows_the_diagnostic_and_export_has_the_scores(course, scores):
-    course.nbgrader("generate_feedback", LAB)
-    feedback = (course.root / "grading" / "feedback" / "no-positions" / LAB / f"{LAB}.html").read_text()
-    assert "the positions are missing" in feedback and "Traceback (most recent call last)" not in feedback
-    course.nbgrader("export")
-    rows = (course.root / "grading" / "grades.csv").read_text().splitlines()
-    header = rows[0].split(",")
-    totals = {r["student_id"]: (float(r["score"]), float(r["max_score"]))
-              for r in (dict(zip(header, row.split(","), strict=True)) for row in rows[1:]) if r["assignment"] == LAB}
-    assert totals["solution"] == (11.0, 11.0) and totals["untouched"] == (0.0, 11.0)
-    assert totals["no-positions"] == (6.0, 11.0)
+    def test_feedback_shows_the_diagnostic_and_export_has_the_scores(self, course, scores):
+        course.nbgrader("generate_feedback", LAB)
+        feedback = (course.root / "grading" / "feedback" / "no-positions" / LAB / f"{LAB}.html").read_text()
+        assert "the positions are missing" in feedback and "Traceback (most recent call last)" not in feedback
+        course.nbgrader("export")
+        rows = (course.root / "grading" / "grades.csv").read_text().splitlines()
+        header = rows[0].split(",")
+        totals = {r["student_id"]: (float(r["score"]), float(r["max_score"]))
+                  for r in (dict(zip(header, row.split(","), strict=True)) for row in rows[1:])
+                  if r["assignment"] == LAB}
+        assert totals["solution"] == (11.0, 11.0) and totals["untouched"] == (0.0, 11.0)
+        assert totals["no-positions"] == (6.0, 11.0)

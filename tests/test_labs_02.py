@@ -3,7 +3,7 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-import pytest
+from lab_roundtrip import RoundTrip, Validation
 
 LAB = "02_causal_attention"
 ATTENTION = '''
@@ -37,49 +37,29 @@ class AttentionHead(nn.Module):
 '''}, {"test_head", "test_head_hidden"}),
 }
 
-pytestmark = pytest.mark.slow
+class TestLab02(RoundTrip):
+    LAB = LAB
+    WRONG = WRONG
+    TOTAL = 15
+    VALIDATE = Validation('softmax-wrong-axis', 3, (
+        'check("02.attention.visible", attention)',
+        "softmax over the wrong axis",
+    ))
 
-
-@pytest.fixture(scope="module")
-def scores(course):
-    return course.grade_class(LAB, WRONG)
-
-
-def test_solution_scores_full_marks(course, scores):
-    assert scores["solution"] == course.expected_scores(LAB)
-
-
-def test_untouched_release_scores_zero(course, scores):
-    assert scores["untouched"] == course.expected_scores(LAB, set(course.expected_scores(LAB)))
-
-
-@pytest.mark.parametrize("student", WRONG)
-def test_each_mistake_loses_exactly_its_tests(course, scores, student):
-    assert scores[student] == course.expected_scores(LAB, WRONG[student][1])
-
-
-def test_validate_reports_success_and_the_failing_test(course):
-    assert "Success! Your notebook passes all the tests." in course.validate("lab02-solved", course.solved(LAB))
-    report = course.validate("lab02-softmax-wrong-axis", course.solved(LAB, WRONG["softmax-wrong-axis"][0]))
-    assert "VALIDATION FAILED ON 3 CELL(S)" in report
-    assert 'check("02.attention.visible", attention)' in report
-    assert "softmax over the wrong axis" in report
-
-
-def test_test_cells_show_the_graders_verdict_only(course, scores):
-    """The grader re-judged each test cell outside the kernel (gptcourse.grading.judge) and rewrote its outputs:
-    one line per passing test, or a single CheckFailed holding only the diagnostics."""
-    for student, by_cell in scores.items():
-        nb = course.notebook(f"grading/autograded/{student}", LAB)
-        for cell in nb.cells:
-            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-            if grade_id not in by_cell:
-                continue
-            calls = cell.source.count("check(")
-            if by_cell[grade_id] > 0:
-                assert [out.output_type for out in cell.outputs] == ["stream"], (student, grade_id)
-                assert cell.outputs[0].text.count(" passed: ") == calls, (student, grade_id)
-            else:
-                [error] = cell.outputs
-                assert error.ename == "CheckFailed" and len(error.traceback) == 1, (student, grade_id)
-                assert "check(" not in error.traceback[0] and "Traceback" not in error.traceback[0]
+    def test_test_cells_show_the_graders_verdict_only(self, course, scores):
+        """The grader re-judged each test cell outside the kernel (gptcourse.grading.judge) and rewrote its outputs:
+        one line per passing test, or a single CheckFailed holding only the diagnostics."""
+        for student, by_cell in scores.items():
+            nb = course.notebook(f"grading/autograded/{student}", LAB)
+            for cell in nb.cells:
+                grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+                if grade_id not in by_cell:
+                    continue
+                calls = cell.source.count("check(")
+                if by_cell[grade_id] > 0:
+                    assert [out.output_type for out in cell.outputs] == ["stream"], (student, grade_id)
+                    assert cell.outputs[0].text.count(" passed: ") == calls, (student, grade_id)
+                else:
+                    [error] = cell.outputs
+                    assert error.ename == "CheckFailed" and len(error.traceback) == 1, (student, grade_id)
+                    assert "check(" not in error.traceback[0] and "Traceback" not in error.traceback[0]

@@ -3,7 +3,7 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-import pytest
+from lab_roundtrip import RoundTrip, Validation
 
 LAB = "03_multi_head_attention_and_rope"
 MHA = '''
@@ -50,31 +50,11 @@ def rope_tables(d_head, T, theta=10000.0):
 '''}, {"test_rope_tables", "test_rope_tables_hidden"}),
 }
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def scores(course):
-    return course.grade_class(LAB, WRONG)
-
-
-def test_solution_scores_full_marks(course, scores):
-    assert scores["solution"] == course.expected_scores(LAB)
-    assert sum(scores["solution"].values()) == 20
-
-
-def test_untouched_release_scores_zero(course, scores):
-    assert scores["untouched"] == course.expected_scores(LAB, set(course.expected_scores(LAB)))
-
-
-@pytest.mark.parametrize("student", WRONG)
-def test_each_mistake_loses_exactly_its_tests(course, scores, student):
-    assert scores[student] == course.expected_scores(LAB, WRONG[student][1])
-
-
-def test_validate_reports_success_and_the_failing_test(course):
-    assert "Success! Your notebook passes all the tests." in course.validate("lab03-solved", course.solved(LAB))
-    report = course.validate("lab03-rope-on-v", course.solved(LAB, WRONG["rope-on-v"][0]))
-    assert "VALIDATION FAILED ON 1 CELL(S)" in report
-    assert 'check("03.mha.rope", MultiHeadAttention)' in report
-    assert "RoPE is applied to v as well" in report
+class TestLab03(RoundTrip):
+    LAB = LAB
+    WRONG = WRONG
+    TOTAL = 20
+    VALIDATE = Validation('rope-on-v', 1, (
+        'check("03.mha.rope", MultiHeadAttention)',
+        "RoPE is applied to v as well",
+    ))

@@ -3,7 +3,7 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-import pytest
+from lab_roundtrip import RoundTrip, Validation
 
 LAB = "04_decoder_block"
 RMSNORM = '''
@@ -59,40 +59,19 @@ class DecoderBlock(nn.Module):
 '''}, BLOCK_VALUES),
 }
 
-pytestmark = pytest.mark.slow
+class TestLab04(RoundTrip):
+    LAB = LAB
+    WRONG = WRONG
+    TOTAL = 18
+    VALIDATE = Validation('rmsnorm-subtracts-mean', 3, (
+        'check("04.rmsnorm.visible", RMSNorm)',
+        "it subtracts the mean (that is LayerNorm)",
+    ))
 
-
-@pytest.fixture(scope="module")
-def scores(course):
-    return course.grade_class(LAB, WRONG)
-
-
-def test_solution_scores_full_marks(course, scores):
-    assert scores["solution"] == course.expected_scores(LAB)
-    assert sum(scores["solution"].values()) == 18
-
-
-def test_untouched_release_scores_zero(course, scores):
-    assert scores["untouched"] == course.expected_scores(LAB, set(course.expected_scores(LAB)))
-
-
-@pytest.mark.parametrize("student", WRONG)
-def test_each_mistake_loses_exactly_its_tests(course, scores, student):
-    assert scores[student] == course.expected_scores(LAB, WRONG[student][1])
-
-
-def test_validate_reports_success_and_the_failing_test(course):
-    assert "Success! Your notebook passes all the tests." in course.validate("lab04-solved", course.solved(LAB))
-    report = course.validate("lab04-subtracts-mean", course.solved(LAB, WRONG["rmsnorm-subtracts-mean"][0]))
-    assert "VALIDATION FAILED ON 3 CELL(S)" in report
-    assert 'check("04.rmsnorm.visible", RMSNorm)' in report
-    assert "it subtracts the mean (that is LayerNorm)" in report
-
-
-def test_the_parameter_count_names_the_biases(course, scores):
-    nb = course.notebook("grading/autograded/swiglu-with-biases", LAB)
-    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_block_params")
-    message = " ".join(" ".join(out.traceback) for out in cell.outputs if out.output_type == "error").split()
-    message = " ".join(message)  # the message is wrapped for display
-    assert "mlp has 6,304, expected 6,144 (+160: SwiGLU's linear" in message
-    assert "use bias=False" in message
+    def test_the_parameter_count_names_the_biases(self, course, scores):
+        nb = course.notebook("grading/autograded/swiglu-with-biases", LAB)
+        cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_block_params")
+        message = " ".join(" ".join(out.traceback) for out in cell.outputs if out.output_type == "error").split()
+        message = " ".join(message)  # the message is wrapped for display
+        assert "mlp has 6,304, expected 6,144 (+160: SwiGLU's linear" in message
+        assert "use bias=False" in message

@@ -3,7 +3,7 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-import pytest
+from lab_roundtrip import RoundTrip, Validation
 
 LAB = "05_assembling_gpt"
 GPT_CELL = '''
@@ -50,31 +50,12 @@ WRONG = {
     "never-tied": ({"gpt": GPT_CELL.format(**RIGHT | {"tie": "False"})}, {"test_tying", "test_tying_hidden"}),
 }
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def scores(course):
-    return course.grade_class(LAB, WRONG)
-
-
-def test_solution_scores_full_marks(course, scores):
-    assert scores["solution"] == course.expected_scores(LAB)
-
-
-def test_untouched_release_scores_zero(course, scores):
-    assert scores["untouched"] == course.expected_scores(LAB, set(course.expected_scores(LAB)))
-
-
-@pytest.mark.parametrize("student", WRONG)
-def test_each_mistake_loses_exactly_its_tests(course, scores, student):
-    assert scores[student] == course.expected_scores(LAB, WRONG[student][1])
-
-
-def test_validate_reports_success_and_the_failing_test(course):
-    assert "Success! Your notebook passes all the tests." in course.validate("lab05-solved", course.solved(LAB))
-    report = course.validate("lab05-no-output-projection", course.solved(LAB, WRONG["no-output-projection"][0]))
-    assert "VALIDATION FAILED ON 2 CELL(S)" in report
-    assert 'check("05.gpt.visible", GPT)' in report
-    assert "(2, 5, 32), expected (B, T, V) = (2, 5, 100)" in report
-    assert "the output projection is missing" in report
+class TestLab05(RoundTrip):
+    LAB = LAB
+    WRONG = WRONG
+    TOTAL = 16
+    VALIDATE = Validation('no-output-projection', 2, (
+        'check("05.gpt.visible", GPT)',
+        "(2, 5, 32), expected (B, T, V) = (2, 5, 100)",
+        "the output projection is missing",
+    ))

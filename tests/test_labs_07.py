@@ -3,7 +3,7 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-import pytest
+from lab_roundtrip import RoundTrip, Validation
 
 LAB = "07_training_and_generation"
 STEP = '''
@@ -52,30 +52,11 @@ WRONG = {
                        {"test_sample_greedy", "test_sample", "test_sample_hidden"}),
 }
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def scores(course):
-    return course.grade_class(LAB, WRONG)
-
-
-def test_solution_scores_full_marks(course, scores):
-    assert scores["solution"] == course.expected_scores(LAB)
-
-
-def test_untouched_release_scores_zero(course, scores):
-    assert scores["untouched"] == course.expected_scores(LAB, set(course.expected_scores(LAB)))
-
-
-@pytest.mark.parametrize("student", WRONG)
-def test_each_mistake_loses_exactly_its_tests(course, scores, student):
-    assert scores[student] == course.expected_scores(LAB, WRONG[student][1])
-
-
-def test_validate_reports_success_and_the_failing_test(course):
-    assert "Success! Your notebook passes all the tests." in course.validate("lab07-solved", course.solved(LAB))
-    report = course.validate("lab07-no-zero-grad", course.solved(LAB, WRONG["no-zero-grad"][0]))
-    assert "VALIDATION FAILED ON 1 CELL(S)" in report
-    assert 'check("07.step.twice", train_step)' in report
-    assert "the gradients accumulate from one step to the next" in report
+class TestLab07(RoundTrip):
+    LAB = LAB
+    WRONG = WRONG
+    TOTAL = 24
+    VALIDATE = Validation('no-zero-grad', 1, (
+        'check("07.step.twice", train_step)',
+        "the gradients accumulate from one step to the next",
+    ))
