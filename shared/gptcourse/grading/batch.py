@@ -14,11 +14,13 @@ gradebook. Two things change:
   instead of waiting for it to exit. `--no-zygote` starts ordinary kernels.
 
 Resume: after a submission is graded, a record of what was graded (a hash of the submitted files, timestamp.txt
-included) is written to `<autograded>/.gptcourse-batch/LAB/STUDENT.json`, a folder nbgrader's globs skip. A
-submission is graded again when its record is missing or differs, or its autograded notebook is missing, or with
-`--force`. Grading a submission first deletes its record, and nbgrader replaces its autograded folder and updates
-its gradebook rows in place, so a batch killed half way and run again ends with every submission graded once,
-with no duplicated rows; the interrupted one is simply graded again.
+included, and of the lab's source folder) is written to `<autograded>/.gptcourse-batch/LAB/STUDENT.json`, a folder
+nbgrader's globs skip. A submission is graded again when its record is missing or differs (a resubmission, edited
+tests), or its autograded notebook is missing, or with `--force` (use it after changing anything else a grade
+depends on: nbgrader_config.py, GPTCOURSE_SECRET, the gptcourse package). Grading a submission first deletes its
+record, and nbgrader replaces its autograded folder and updates its gradebook rows in place, so a batch killed half
+way and run again ends with every submission graded once, with no duplicated rows; the interrupted one is simply
+graded again.
 
 Gradebook: SQLite (the default) takes one writer at a time; workers wait for the lock (busy timeout) instead of
 failing with "database is locked", and a submission that still fails on a locked database is retried. With
@@ -63,18 +65,26 @@ def _nbgrader_app(lab: str, nbgrader_args: list[str]) -> Any:
     return app
 
 
+def folder_hash(*folders: Path) -> str:
+    """A hash of every file's name and bytes in `folders`."""
+    digest = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(b"\1")
+    return digest.hexdigest()
+
+
 @dataclass(frozen=True)
 class Submission:
     student: str
     folder: Path  # the submitted folder
+    source: Path  # the lab's source folder (solutions and tests)
     record: Path  # what was graded, written after a successful grade
 
     def fingerprint(self) -> str:
-        """A hash of every submitted file's name and bytes (timestamp.txt included)."""
-        digest = hashlib.sha256()
-        for path in sorted(p for p in self.folder.rglob("*") if p.is_file()):
-            digest.update(str(path.relative_to(self.folder)).encode() + b"\0" + path.read_bytes() + b"\0")
-        return digest.hexdigest()
+        """What a grade depends on: the submitted files (timestamp.txt included) and the lab's source."""
+        return folder_hash(self.folder, self.source)
 
     def is_up_to_date(self, autograded: Path) -> bool:
         try:
@@ -90,12 +100,13 @@ def submissions(coursedir: Any, lab: str) -> list[Submission]:
     pattern = re.compile(coursedir.format_path(coursedir.submitted_directory, "(?P<student_id>[^/]+)", lab,
                                                escape=True) + "$")
     excluded = set(filter(None, coursedir.student_id_exclude.split(",")))
+    source = Path(coursedir.format_path(coursedir.source_directory, ".", lab))
     found = []
     for folder in sorted(glob.glob(coursedir.format_path(coursedir.submitted_directory, "*", lab))):
         match = pattern.match(folder)
         if match and os.path.isdir(folder) and match["student_id"] not in excluded:
             student = match["student_id"]
-            found.append(Submission(student, Path(folder), state_folder(coursedir, lab) / f"{student}.json"))
+            found.append(Submission(student, Path(folder), source, state_folder(coursedir, lab) / f"{student}.json"))
     return found
 
 
@@ -324,7 +335,8 @@ def summary_table(outcomes: dict[str, Outcome], rows: dict[str, tuple[float, flo
     for student in sorted(outcomes):
         outcome = outcomes[student]
         score, max_score, notes = rows.get(student, (None, None, []))
-        shown = f"{score:g}/{max_score:g}" if score is not None else "-"
+        current = outcome.status in ("graded", "up to date") and score is not None  # else the gradebook's is stale
+        shown = f"{score:g}/{max_score:g}" if current else "-"
         lines.append((student, shown, "; ".join([outcome.status, *notes, *outcome.messages[:3]])))
     widths = [max(len(row[i]) for row in [header, *lines]) for i in range(2)]
     return "\n".join(f"{a:<{widths[0]}}  {b:>{widths[1]}}  {c}" for a, b, c in [header, *lines])
