@@ -30,8 +30,9 @@ class RoundTrip:
     VALIDATE: Validation
 
     @pytest.fixture(scope="class")
-    def scores(self, course: Course) -> dict[str, dict[str, float]]:
-        return course.grade_class(self.LAB, self.WRONG)
+    @classmethod
+    def scores(cls, course: Course) -> dict[str, dict[str, float]]:
+        return course.grade_class(cls.LAB, cls.WRONG)
 
     def test_solution_scores_full_marks(self, course: Course, scores: dict) -> None:
         assert scores["solution"] == course.expected_scores(self.LAB)
