@@ -228,7 +228,7 @@ def test_fork_safety_check_refuses_a_started_thread_pool():
               "baseline = thread_count()\ncheck_fork_safe(baseline)\n"
               "torch.ones(1 << 22).exp_()\ncheck_fork_safe(baseline)\n")  # an ATen parallel op starts the OpenMP pool
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "2"})
+                          env={**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"})  # (conftest sets 1)
     assert proc.returncode != 0 and "forking kernels from it would be unsafe" in proc.stderr
     check_fork_safe(thread_count())
     with pytest.raises(ZygoteError):
