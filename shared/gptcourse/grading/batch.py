@@ -23,7 +23,8 @@ way and run again ends with every submission graded once, with no duplicated row
 graded again.
 
 Gradebook: SQLite (the default) takes one writer at a time; workers wait for the lock (busy timeout) instead of
-failing with "database is locked", and a submission that still fails on a locked database is retried. With
+failing with "database is locked", and a submission that still fails on a locked database is graded again (as is
+one whose kernel died before running a cell). With
 PostgreSQL (`--db postgresql://...` or `db_url` in nbgrader_config.py) workers write concurrently.
 
 Run from the course root, like nbgrader. Worker and kernel logs go to `<autograded>/.gptcourse-batch/LAB.log`.
@@ -52,7 +53,10 @@ from typing import Any
 
 STATE_FOLDER = ".gptcourse-batch"  # inside the autograded folder; nbgrader's "*" globs skip dot-names
 SQLITE_BUSY_TIMEOUT_MS = 300_000
-LOCKED_RETRIES = 3
+RETRIES = 3
+# Failures that say nothing about the submission, so it is graded again: a busy SQLite gradebook; a kernel that
+# died before running any cell (parallel kernels can race for the same free TCP port).
+RETRY_WHEN = ("database is locked", "while starting new kernel client")
 
 
 def _nbgrader_app(lab: str, nbgrader_args: list[str]) -> Any:
@@ -168,7 +172,7 @@ def grade_submission(app: Any, student: str, zygote_client: Any) -> dict[str, An
     app.log.addHandler(messages)
     start = time.perf_counter()
     try:
-        for attempt in range(LOCKED_RETRIES):
+        for attempt in range(RETRIES):
             messages.lines.clear()
             converter = Autograde(coursedir=app.coursedir, parent=app, force=True)
             if zygote_client is not None:
@@ -181,10 +185,10 @@ def grade_submission(app: Any, student: str, zygote_client: Any) -> dict[str, An
                 ok = True
             except NbGraderException:
                 ok = False
-            locked = any("database is locked" in line for line in messages.lines)
-            if ok or not locked or attempt == LOCKED_RETRIES - 1:
+            retry = [line for line in messages.lines if any(reason in line for reason in RETRY_WHEN)]
+            if ok or not retry or attempt == RETRIES - 1:
                 break
-            app.log.warning("gradebook locked while grading %s: trying again", student)
+            app.log.warning("grading %s again after: %s", student, retry[0].splitlines()[0])
     finally:
         app.log.removeHandler(messages)
     if ok:
