@@ -52,6 +52,21 @@ class Case:
     hidden: bool = False
 
 
+
+def case_family(
+    run: Callable[[Any, Inputs], Outputs],
+    reference: Callable[[Inputs], Outputs],
+    judge: Callable[[Outputs, Outputs, Inputs], None],
+) -> Callable[..., Case]:
+    """The cases of one piece share run, reference and judge and differ in id, description and inputs:
+    `mask_case = case_family(run, reference, judge)`, then `mask_case(id, what, make_inputs, hidden=...)`."""
+
+    def make_case(case_id: str, what: str, make_inputs: Callable[[int], Inputs], hidden: bool = False) -> Case:
+        return Case(case_id, what, make_inputs, run, reference, judge, hidden)
+
+    return make_case
+
+
 CASES: dict[str, Case] = {}
 
 

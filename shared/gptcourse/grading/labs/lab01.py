@@ -19,7 +19,7 @@ from torch import nn
 from ...checks import check_close, check_shape, fail
 from ...positions import LearnedPositions
 from ...tokenizer import CharTokenizer
-from ..cases import Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
+from ..cases import case_family, Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
 from ..student import as_tensor, build_module
 
 _WHOLE = ("gptcourse.GPT", "gptcourse.model.GPT")
@@ -120,8 +120,7 @@ def _tokenizer_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "character is not in the vocabulary.")
 
 
-def _tokenizer_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _tokenizer_run, _tokenizer_reference, _tokenizer_judge, hidden)
+_tokenizer_case = case_family(_tokenizer_run, _tokenizer_reference, _tokenizer_judge)
 
 
 def _tokenizer_hidden(seed: int) -> Inputs:
@@ -175,8 +174,7 @@ def _one_hot_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     })
 
 
-def _one_hot_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _one_hot_run, _one_hot_reference, _one_hot_judge, hidden)
+_one_hot_case = case_family(_one_hot_run, _one_hot_reference, _one_hot_judge)
 
 
 def _one_hot_hidden(seed: int) -> Inputs:
@@ -239,8 +237,7 @@ def _embedding_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(got["x"], expected["x"], "embedding output", mistakes=mistakes)
 
 
-def _embedding_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _embedding_run, _embedding_reference, _embedding_judge, hidden)
+_embedding_case = case_family(_embedding_run, _embedding_reference, _embedding_judge)
 
 
 def _embedding_hidden(seed: int) -> Inputs:

@@ -22,7 +22,7 @@ from ...checks import (
     check_shape,
     perturbed_copies,
 )
-from ..cases import Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
+from ..cases import case_family, Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
 from ..student import as_tensor, as_tensors, build_module
 
 _ATTENTION = ("gptcourse.attention.attention", "gptcourse.attention.fused_attention",
@@ -50,8 +50,7 @@ def _mask_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_causal_mask(got["mask"], expected["mask"], f"causal_mask({inputs['t']})")
 
 
-def _mask_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _mask_run, _mask_reference, _mask_judge, hidden)
+_mask_case = case_family(_mask_run, _mask_reference, _mask_judge)
 
 
 register(
@@ -126,8 +125,7 @@ def _attention_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                              _shape_symbols(inputs))
 
 
-def _attention_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _attention_run, _attention_reference, _attention_judge, hidden)
+_attention_case = case_family(_attention_run, _attention_reference, _attention_judge)
 
 
 def _causal_run(fn: Any, inputs: Inputs) -> Outputs:
@@ -201,8 +199,7 @@ def _head_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     _judge_attention_outputs(got, expected, q, k, v, inputs["sizes"], "B")
 
 
-def _head_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _head_run, _head_reference, _head_judge, hidden)
+_head_case = case_family(_head_run, _head_reference, _head_judge)
 
 
 def _head_hidden(seed: int) -> Inputs:

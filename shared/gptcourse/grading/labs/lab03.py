@@ -27,7 +27,7 @@ from ...checks import (
     split_heads_mistakes,
 )
 from ...positions import RotaryEmbedding, apply_rope
-from ..cases import Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
+from ..cases import case_family, Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
 from ..student import as_tensor, as_tensors, build_module, describe_error
 
 _MHA = ("gptcourse.MultiHeadAttention", "gptcourse.attention.MultiHeadAttention")
@@ -78,8 +78,7 @@ def _split_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 mistakes=split_heads_mistakes(inputs["x"], inputs["n_heads"]))
 
 
-def _split_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _split_run, _split_reference, _split_judge, hidden)
+_split_case = case_family(_split_run, _split_reference, _split_judge)
 
 
 register(
@@ -111,8 +110,7 @@ def _merge_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(got["merged"], expected["merged"], "merge_heads output", mistakes=merge_heads_mistakes(inputs["y"]))
 
 
-def _merge_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _merge_run, _merge_reference, _merge_judge, hidden)
+_merge_case = case_family(_merge_run, _merge_reference, _merge_judge)
 
 
 register(
@@ -148,8 +146,7 @@ def _tables_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                     mistakes={what: fn(angles) for what, angles in wrong_angles.items()})
 
 
-def _tables_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _tables_run, _tables_reference, _tables_judge, hidden)
+_tables_case = case_family(_tables_run, _tables_reference, _tables_judge)
 
 
 def _tables_hidden(seed: int) -> Inputs:
@@ -191,8 +188,7 @@ def _rope_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 mistakes=rope_mistakes(inputs["x"], inputs["cos"], inputs["sin"]))
 
 
-def _rope_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _rope_run, _rope_reference, _rope_judge, hidden)
+_rope_case = case_family(_rope_run, _rope_reference, _rope_judge)
 
 
 def _rope_hidden(seed: int) -> Inputs:
@@ -274,8 +270,7 @@ def _mha_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(got["y"], expected["y"], "attention output", mistakes=mistakes)
 
 
-def _mha_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _mha_run, _mha_reference, _mha_judge, hidden)
+_mha_case = case_family(_mha_run, _mha_reference, _mha_judge)
 
 
 def _causal_run(cls: Any, inputs: Inputs) -> Outputs:

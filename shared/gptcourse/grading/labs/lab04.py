@@ -30,7 +30,7 @@ from ...mlp import SwiGLU
 from ...norms import RMSNorm
 from ...params import block_breakdown
 from ...positions import RotaryEmbedding
-from ..cases import Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
+from ..cases import case_family, Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
 from ..student import as_tensor, build_module
 
 _NORM = ("gptcourse.RMSNorm", "gptcourse.norms.RMSNorm", "gptcourse.norms.make_norm")
@@ -72,8 +72,7 @@ def _norm_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 mistakes=norm_mistakes(inputs["x"], inputs["weights"]["weight"], inputs["init"]["eps"]))
 
 
-def _norm_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _norm_run, _norm_reference, _norm_judge, hidden)
+_norm_case = case_family(_norm_run, _norm_reference, _norm_judge)
 
 
 def _norm_hidden(seed: int) -> Inputs:
@@ -120,8 +119,7 @@ def _swiglu_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 mistakes=swiglu_mistakes(inputs["x"], w["w_in.weight"], w["w_out.weight"]))
 
 
-def _swiglu_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _swiglu_run, _swiglu_reference, _swiglu_judge, hidden)
+_swiglu_case = case_family(_swiglu_run, _swiglu_reference, _swiglu_judge)
 
 
 def _swiglu_hidden(seed: int) -> Inputs:
@@ -200,8 +198,7 @@ def _block_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(got["y"], expected["y"], "block output", mistakes=mistakes)
 
 
-def _block_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _block_run, _block_reference, _block_judge, hidden)
+_block_case = case_family(_block_run, _block_reference, _block_judge)
 
 
 def _causal_run(cls: Any, inputs: Inputs) -> Outputs:

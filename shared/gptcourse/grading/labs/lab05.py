@@ -18,7 +18,7 @@ from torch import nn
 from ...checks import check_causal, check_close, check_parameter_count, check_shape, fail, perturbed_copies
 from ...config import GPTConfig, preset
 from ...model import GPT
-from ..cases import Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
+from ..cases import case_family, Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
 from ..student import as_tensor, load_weights
 
 _REFERENCE = ("gptcourse.GPT", "gptcourse.model.GPT", "gptcourse.model", "gptcourse.hf", "gptcourse.heads")
@@ -128,8 +128,7 @@ def _logits_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                        atol=1e-4)
 
 
-def _logits_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _logits_run, _logits_reference, _logits_judge, hidden)
+_logits_case = case_family(_logits_run, _logits_reference, _logits_judge)
 
 
 def _causal_run(cls: Any, inputs: Inputs) -> Outputs:
@@ -219,8 +218,7 @@ def _hidden_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                        atol=1e-4)
 
 
-def _hidden_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _hidden_run, _hidden_reference, _hidden_judge, hidden)
+_hidden_case = case_family(_hidden_run, _hidden_reference, _hidden_judge)
 
 
 register(

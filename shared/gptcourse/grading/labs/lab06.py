@@ -19,7 +19,7 @@ import torch
 from ...checks import check_parameter_count, fail, gpt_module_breakdown
 from ...config import PRESETS, GPTConfig, preset
 from ...model import GPT
-from ..cases import Case, Inputs, Outputs, register, sizes_rng
+from ..cases import case_family, Case, Inputs, Outputs, register, sizes_rng
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     piece: ("gptcourse.count_parameters", "gptcourse.parameter_breakdown", "gptcourse.block_breakdown",
@@ -119,8 +119,7 @@ VARIANTS = (
 )
 
 
-def _breakdown_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _breakdown_run, _breakdown_reference, _breakdown_judge, hidden)
+_breakdown_case = case_family(_breakdown_run, _breakdown_reference, _breakdown_judge)
 
 
 register(
@@ -156,8 +155,7 @@ def _total_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                        f"{expected[f'{i}.total']:,}")
 
 
-def _total_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _total_run, _total_reference, _total_judge, hidden)
+_total_case = case_family(_total_run, _total_reference, _total_judge)
 
 
 register(

@@ -19,7 +19,7 @@ from torch.nn import functional as F
 from ...checks import check_close, check_dtype, check_shape, fail, fmt_shape
 from ...config import GPTConfig
 from ...model import GPT
-from ..cases import Case, Inputs, Outputs, register, sizes_rng, tensor_rng
+from ..cases import case_family, Case, Inputs, Outputs, register, sizes_rng, tensor_rng
 from ..student import as_tensor
 from .lab05 import check_close_lazily, reference_gpt
 
@@ -126,8 +126,7 @@ def _loss_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "loss.item() or a detached copy), so that loss.backward() reaches the parameters")
 
 
-def _loss_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _loss_run, _loss_reference, _loss_judge, hidden)
+_loss_case = case_family(_loss_run, _loss_reference, _loss_judge)
 
 
 def _loss_hidden(seed: int) -> Inputs:
@@ -234,8 +233,7 @@ def _step_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                        lambda: mistakes("losses"))
 
 
-def _step_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _step_run, _step_reference, _step_judge, hidden)
+_step_case = case_family(_step_run, _step_reference, _step_judge)
 
 
 register(
@@ -323,8 +321,7 @@ def _probs_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 mistakes=probs_mistakes(inputs["logits"], inputs["temperature"], inputs["top_k"]))
 
 
-def _probs_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _probs_run, _probs_reference, _probs_judge, hidden)
+_probs_case = case_family(_probs_run, _probs_reference, _probs_judge)
 
 
 def _probs_hidden(seed: int) -> Inputs:
@@ -409,8 +406,7 @@ def _sample_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(next_id, expected["next_id"], "the next tokens", atol=0, rtol=0, mistakes=mistakes)
 
 
-def _sample_case(case_id: str, what: str, make: Any, hidden: bool = False) -> Case:
-    return Case(case_id, what, make, _sample_run, _sample_reference, _sample_judge, hidden)
+_sample_case = case_family(_sample_run, _sample_reference, _sample_judge)
 
 
 SAMPLER = _config(40, 16, 2, 1, 8)
