@@ -15,8 +15,10 @@ at <step>/./<lab>, i.e. exactly solutions/<lab>/ and labs/<lab>/.
 
 Hidden tests draw their sizes and seeds from the course secret: the environment variable GPTCOURSE_SECRET or,
 if it is unset, the first line of grading/secret.txt (git-ignored, like all of grading/). This file puts it in
-the environment, so the grader's judge and the student's kernel (which inherits it) agree. Without either, the
-PUBLIC default of gptcourse.grading.cases is used: fine for self-study and CI, not for a graded class.
+the grader's environment. The student's kernel never gets it: it is started without GPTCOURSE_SECRET and with
+GPTCOURSE_HIDDEN_SEEDS, the seeds of the graded lab's hidden cases, so both sides of a check agree and no cell
+can print the secret. Without either, the PUBLIC default of gptcourse.grading.cases is used: fine for
+self-study and CI, not for a graded class.
 
 `nbgrader autograde` runs with the protections of gptcourse.grading (see its docstring): a tolerant reader and
 a cell restorer before execution, a kernel-restarting executor, the out-of-kernel judge, a report per
@@ -54,6 +56,16 @@ if not os.environ.get("GPTCOURSE_SECRET") and os.path.isfile(SECRET_FILE):
 # Autograde: nbgrader's steps, with gptcourse's in between (named as strings: imported only when autograding).
 GRADING = "gptcourse.grading."
 c.Autograde.exporter_class = GRADING + "sanitize.TolerantNotebookExporter"
+
+
+def _expect_lab_notebooks(assignment: str, student: str, notebooks: list[str]) -> None:
+    """A submission missing the lab's notebook (say, only a misnamed copy) is graded 0 with a report line."""
+    from gptcourse.grading.sanitize import expect_lab_notebooks
+
+    expect_lab_notebooks(os.path.join(ROOT, c.CourseDirectory.source_directory), notebooks)
+
+
+c.Autograde.pre_convert_hook = _expect_lab_notebooks
 c.Autograde.sanitize_preprocessors = [
     GRADING + "sanitize.RestoreCells",  # rebuild from the gradebook's cells: deleted/edited/retyped cells restored
     "nbgrader.preprocessors.ClearOutput",

@@ -144,14 +144,21 @@ def submissions(course) -> dict[str, tuple[object, set[str], list[str]]]:
     subs["edited-locked-cells"] = (nb, SCALING_TESTS, [
         "cell 'test_attention' is locked but was edited: restored", "cell 'setup' is locked but was edited"])
     # hidden cases drawn with the public secret (what the repository gives away) are not the graded ones
-    subs["public-secret"] = (insert_after(solved(LAB), "setup", code("import os\nos.environ.pop('GPTCOURSE_SECRET')")),
-                             {"test_causal_mask_hidden", "test_attention_hidden", "test_head_hidden"}, [])
+    subs["public-secret"] = (insert_after(solved(LAB), "setup", code(
+        "import os\nos.environ.pop('GPTCOURSE_SECRET', None)\nos.environ.pop('GPTCOURSE_HIDDEN_SEEDS', None)")),
+        {"test_causal_mask_hidden", "test_attention_hidden", "test_head_hidden"}, [])
+    # the kernel never holds the course secret, so printing its environment cannot put it in the feedback
+    subs["prints-environment"] = (insert_after(solved(LAB), "setup", code("import os\nprint(dict(os.environ))")),
+                                  set(), [])
     text = nbformat.writes(solved(LAB))
     subs["malformed-json"] = (text[:len(text) // 2], CAUSAL_MASK_TESTS | ALL_ATTENTION,
                               [r"the submitted notebook could not be read \(NotJSONError: Notebook does not "
                                r"appear to be JSON\): graded as an empty submission"])
     subs["nbformat-v3"] = (nbformat.writes(nbformat.convert(solved(LAB), 3)), set(), [])
     subs["extra-notebook"] = (solved(LAB), set(), [r"not graded: scratch.ipynb \(the lab is graded from "])
+    subs["misnamed-notebook"] = (solved(LAB), CAUSAL_MASK_TESTS | ALL_ATTENTION, [  # renamed by `graded` below
+        rf"^- no {LAB}.ipynb was submitted, only {LAB} \(1\).ipynb, which is not graded: graded as an empty "
+        rf"submission. If {LAB} \(1\).ipynb is the lab, rename it to {LAB}.ipynb and grade again$"])
     return subs
 
 
@@ -185,6 +192,8 @@ def graded(course):
             course.submit(student, LAB, nb)
     nbformat.write(nbformat.v4.new_notebook(), course.root / "grading" / "submitted" / "extra-notebook" / LAB
                    / "scratch.ipynb")
+    misnamed = course.root / "grading" / "submitted" / "misnamed-notebook" / LAB
+    (misnamed / f"{LAB}.ipynb").rename(misnamed / f"{LAB} (1).ipynb")
     run = course.nbgrader("autograde", LAB, f"--Execute.timeout={TIMEOUT}")
     return subs, course.scores(LAB), run.stdout
 
@@ -227,6 +236,13 @@ def test_files_written_by_a_notebook_stay_out_of_the_course(course, graded):
     assert not list(course.root.rglob("leak.txt"))
 
 
+def test_the_course_secret_never_reaches_a_notebook(course, graded):
+    printed = course.notebook("grading/autograded/prints-environment", LAB)
+    assert "GPTCOURSE_HIDDEN_SEEDS" in json.dumps(printed)  # the cell did print the kernel's environment
+    leaks = [path for path in (course.root / "grading" / "autograded").rglob("*.ipynb") if SECRET in path.read_text()]
+    assert not leaks
+
+
 def test_regrading_gives_the_same_scores_and_report(course, graded):
     _, scores, _ = graded
     first = report(course, "kernel-dies")
@@ -242,6 +258,7 @@ def test_feedback_shows_no_hidden_test_source(course, graded):
     for student in subs:
         html = (course.root / "grading" / "feedback" / student / LAB / f"{LAB}.html").read_text()
         assert not hidden.search(html), (student, hidden.search(html))
+        assert SECRET not in html
         assert "Grading report" in html
     untouched = (course.root / "grading" / "feedback" / "untouched" / LAB / f"{LAB}.html").read_text()
     assert "not written yet" in untouched and "02.attention.hidden_single failed" in untouched

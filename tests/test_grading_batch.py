@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def test_summary_table_lists_every_student_with_score(graded):
         line = next(line for line in output.splitlines() if line.startswith(student))
         assert f"{sum(by_cell.values()):g}/{sum(stock.expected_scores(LAB).values()):g}" in line
         assert "graded" in line
-    assert "graded 3, up to date 0, failed or not graded 0" in output
+    assert "graded 3, up to date 0, no notebook 0, failed or not graded 0" in output
 
 
 def test_second_run_resumes_and_regrades_only_a_changed_submission(graded):
@@ -88,6 +89,27 @@ def test_second_run_resumes_and_regrades_only_a_changed_submission(graded):
     changed = {p for p in before if p.stat().st_mtime_ns != before[p]}
     assert changed == {autograded / "student002-untouched" / LAB / f"{LAB}.ipynb"}
     assert rows(fast)["submissions"] == 3
+
+
+def test_misnamed_and_missing_notebooks_are_reported(graded):
+    """Runs after the resume test: it adds two students to the same class."""
+    _, fast, _ = graded
+    submitted = fast.root / "grading" / "submitted"
+    misnamed = submitted / "student100-misnamed" / LAB
+    misnamed.mkdir(parents=True)
+    shutil.copy(submitted / "student000-solved" / LAB / f"{LAB}.ipynb", misnamed / f"{LAB} (1).ipynb")
+    (submitted / "student101-empty" / LAB).mkdir(parents=True)
+    (submitted / "student101-empty" / LAB / "notes.txt").write_text("I could not finish")
+    output = gptcourse_autograde(fast).stdout
+    assert "graded 1, up to date 3, no notebook 1, failed or not graded 0" in output, output
+    line = next(line for line in output.splitlines() if line.startswith("student100-misnamed"))
+    assert f"0/{sum(fast.expected_scores(LAB).values()):g}" in line
+    report = (fast.root / "grading" / "reports" / LAB / "student100-misnamed.txt").read_text()
+    assert f"- no {LAB}.ipynb was submitted, only {LAB} (1).ipynb, which is not graded" in report
+    empty = (fast.root / "grading" / "reports" / LAB / "student101-empty.txt").read_text()
+    assert "- no notebook was submitted (the folder holds notes.txt)" in empty
+    assert "student101-empty" not in fast.scores(LAB)
+    assert "graded 0, up to date 4, no notebook 1" in gptcourse_autograde(fast).stdout  # the misnamed one resumes
 
 
 def _processes_in(folder: Path) -> list[int]:

@@ -89,7 +89,7 @@ def test_concurrent_batch_on_postgres_matches_sqlite(postgres_url, tmp_path):
                            "--db", postgres_url], cwd=on_postgres.root, text=True, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:]
-    assert f"graded {students}, up to date 0, failed or not graded 0" in proc.stdout
+    assert f"graded {students}, up to date 0, no notebook 0, failed or not graded 0" in proc.stdout
     assert not (on_postgres.root / "grading" / "gradebook.db").exists()  # nothing went to the default SQLite
 
     from nbgrader.api import Gradebook

@@ -76,6 +76,22 @@ def test_hidden_seeds_come_from_the_course_secret(monkeypatch):
     assert len(shapes) > 1  # sizes, not only values, depend on the seed
 
 
+def test_a_grading_kernel_gets_the_hidden_seeds_not_the_secret():
+    from gptcourse.grading.cases import kernel_environment
+
+    grader = {"GPTCOURSE_SECRET": "an instructor's private value", "PATH": "/usr/bin"}
+    kernel = kernel_environment("02_causal_attention", grader)
+    assert "GPTCOURSE_SECRET" not in kernel and kernel["PATH"] == "/usr/bin"
+    assert "an instructor's private value" not in repr(kernel)
+    hidden = [case for case in CASES.values() if case.hidden]
+    for case in hidden:  # the kernel draws every hidden case of its lab exactly as the grader does
+        if case.id.startswith("02."):
+            assert case_seed(case, kernel) == case_seed(case, grader) != case_seed(case, {})
+    seeds = dict(item.split("=") for item in kernel["GPTCOURSE_HIDDEN_SEEDS"].split())
+    assert seeds and all(test_id.startswith("02.") for test_id in seeds)  # other labs' hidden cases stay private
+    assert {case.id for case in hidden if case.id.startswith("02.")} == set(seeds)
+
+
 def _payload_of(test_id: str, obj) -> dict:
     case = get_case(test_id)
     seed = case_seed(case)

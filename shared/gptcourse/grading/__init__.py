@@ -52,7 +52,9 @@ Student code runs only in the student's kernel; the verdict is reached in the gr
    the student's cells import or use (`FORBIDDEN` in labNN.py, `forbidden.py`) score 0.
 5. Report (`report.WriteGradingReport`, last): grading/reports/<lab>/<student>.txt and a cell atop the notebook.
 `nbgrader generate_feedback` cuts hidden-test regions (`feedback.HideHiddenTests`). The course secret comes from
-env GPTCOURSE_SECRET or grading/secret.txt (nbgrader_config.py exports it to the judge and the kernel).
+env GPTCOURSE_SECRET or grading/secret.txt (nbgrader_config.py); it stays in the grader: a kernel gets only the
+seeds of its lab's hidden cases (`cases.kernel_environment`). A submission without the lab's notebook (only a
+misnamed copy) is graded 0 with a report line naming the file to rename (`sanitize.expect_lab_notebooks`).
 Limits: the kernel runs as the grader's user (the scratch folder is not a sandbox: a hostile notebook could
 still open absolute paths such as the gradebook); grade untrusted classes in a container or as a separate user.
 The forbidden-reference scan is static: it follows imports, aliases, `getattr` with a constant and flags the

@@ -95,8 +95,11 @@ class Submission:
             graded = json.loads(self.record.read_text())["fingerprint"]
         except (OSError, ValueError, KeyError):
             return False
-        notebooks = [p.name for p in self.folder.glob("*.ipynb")]
+        notebooks = [p.name for p in self.source.glob("*.ipynb")]  # the lab's, whatever the student named theirs
         return graded == self.fingerprint() and all((autograded / name).exists() for name in notebooks)
+
+    def has_notebook(self) -> bool:
+        return any(self.folder.glob("*.ipynb"))
 
 
 def submissions(coursedir: Any, lab: str) -> list[Submission]:
@@ -235,7 +238,7 @@ def _worker_main(lab: str, zygote_socket: str | None, nbgrader_args: list[str], 
 @dataclass
 class Outcome:
     student: str
-    status: str  # "graded", "up to date", "failed", "not graded"
+    status: str  # "graded", "up to date", "no notebook", "failed", "not graded"
     seconds: float = 0.0
     messages: list[str] = field(default_factory=list)
 
@@ -373,8 +376,9 @@ def _autograde_class(lab: str, workers: int | None, force: bool, zygote: Any, nb
     found = submissions(coursedir, lab)
     if not found:
         raise SystemExit(f"no submissions of {lab} in {coursedir.format_path(coursedir.submitted_directory, '*', lab)}")
-    outcomes = {s.student: Outcome(s.student, "up to date") for s in found
-                if not force and s.is_up_to_date(autograded_folder(coursedir, lab, s.student))}
+    outcomes = {s.student: _no_notebook(s, lab, app) for s in found if not s.has_notebook()}
+    outcomes.update({s.student: Outcome(s.student, "up to date") for s in found if s.student not in outcomes
+                     and not force and s.is_up_to_date(autograded_folder(coursedir, lab, s.student))})
     todo = [s.student for s in found if s.student not in outcomes]
     workers = max(1, workers or default_workers())
     log_path = state_folder(coursedir, lab).with_suffix(".log")
@@ -404,9 +408,24 @@ def _autograde_class(lab: str, workers: int | None, force: bool, zygote: Any, nb
     print(summary_table(outcomes, gradebook_rows(coursedir.db_url, lab, sorted(outcomes))))
     failed = sum(o.status in ("failed", "not graded") for o in outcomes.values())
     print(f"graded {sum(o.status == 'graded' for o in outcomes.values())}, up to date "
-          f"{sum(o.status == 'up to date' for o in outcomes.values())}, failed or not graded {failed}, "
+          f"{sum(o.status == 'up to date' for o in outcomes.values())}, no notebook "
+          f"{sum(o.status == 'no notebook' for o in outcomes.values())}, failed or not graded {failed}, "
           f"in {time.perf_counter() - start:.1f} s")
     return outcomes
+
+
+def _no_notebook(submission: Submission, lab: str, app: Any) -> Outcome:
+    """A submitted folder without any notebook: nbgrader does not see it (no gradebook row, which exports as 0
+    points); say so in the summary and in the student's report."""
+    from .report import WriteGradingReport
+
+    held = sorted(p.name for p in submission.folder.iterdir())
+    line = (f"no notebook was submitted (the folder holds {', '.join(held[:5]) or 'nothing'}): nothing to grade; "
+            "nbgrader records no submission, which exports as 0 points")
+    path = Path(app.coursedir.root, WriteGradingReport(config=app.config).report_path(submission.student, lab, lab))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{submission.student} {lab}: no submission\n- {line}\n")
+    return Outcome(submission.student, "no notebook", messages=[line])
 
 
 def _preload_for_workers() -> None:
@@ -439,7 +458,7 @@ def command(args: argparse.Namespace) -> int:
     """`gptcourse autograde`."""
     outcomes = autograde_class(args.lab, args.workers, args.force, not args.no_zygote,
                                ["--db", args.db] if args.db else [])
-    return 0 if all(o.status in ("graded", "up to date") for o in outcomes.values()) else 1
+    return 0 if all(o.status in ("graded", "up to date", "no notebook") for o in outcomes.values()) else 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

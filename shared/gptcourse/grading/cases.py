@@ -8,7 +8,13 @@ Seeds: a visible case's inputs come from `case_seed(case)` = a hash of a fixed p
 student sees the same inputs the grader uses. A hidden case hashes the course secret instead, read from the
 environment variable GPTCOURSE_SECRET (default: the public string). An instructor who sets a private secret when
 grading (`GPTCOURSE_SECRET=... nbgrader autograde 02_...`) gets hidden shapes and values that the public
-repository does not reveal; the kernel inherits the variable, so both sides of a check agree.
+repository does not reveal.
+
+The secret never enters a student's kernel, where a cell could print it into the feedback (and with it every
+hidden case of every lab, this year's and next). The grader starts kernels with `kernel_environment(lab)`: its
+own environment without GPTCOURSE_SECRET, plus GPTCOURSE_HIDDEN_SEEDS, the seeds of that lab's hidden cases only
+(a seed is a hash: it does not give the secret back). `case_seed` in the kernel reads them from there, so both
+sides of a check agree.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from torch import nn
 
 PUBLIC_SECRET = "gptcourse-public"
 SECRET_ENV = "GPTCOURSE_SECRET"
+HIDDEN_SEEDS_ENV = "GPTCOURSE_HIDDEN_SEEDS"  # "id=seed id=seed ...", set only in a grading kernel
 
 Inputs = dict[str, Any]
 Outputs = dict[str, Any]
@@ -110,11 +117,36 @@ def course_secret(environ: Mapping[str, str] = os.environ) -> str:
     return environ.get(SECRET_ENV) or PUBLIC_SECRET
 
 
-def case_seed(case: Case) -> int:
-    """A 31-bit seed from the case id and, for hidden cases, the course secret."""
-    secret = course_secret() if case.hidden else PUBLIC_SECRET
-    digest = hashlib.sha256(f"{secret}\0{case.id}".encode()).digest()
+def _seed(secret: str, case_id: str) -> int:
+    digest = hashlib.sha256(f"{secret}\0{case_id}".encode()).digest()
     return int.from_bytes(digest[:4], "big") & 0x7FFF_FFFF
+
+
+def case_seed(case: Case, environ: Mapping[str, str] = os.environ) -> int:
+    """A 31-bit seed from the case id and, for hidden cases, the course secret (or, in a grading kernel, the seed
+    the grader passed in GPTCOURSE_HIDDEN_SEEDS)."""
+    if not case.hidden:
+        return _seed(PUBLIC_SECRET, case.id)
+    passed = dict(item.split("=", 1) for item in environ.get(HIDDEN_SEEDS_ENV, "").split())
+    return int(passed[case.id]) if case.id in passed else _seed(course_secret(environ), case.id)
+
+
+def hidden_seeds(lab: str, environ: Mapping[str, str] = os.environ) -> dict[str, int]:
+    """The seeds of the hidden cases of `lab` ("02_causal_attention" or "02"), from the course secret."""
+    if not CASES:
+        _load_labs()
+    prefix = lab.split("_")[0] + "."
+    return {case.id: _seed(course_secret(environ), case.id) for case in CASES.values()
+            if case.hidden and case.id.startswith(prefix)}
+
+
+def kernel_environment(lab: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment of a kernel that runs a submission of `lab`: the grader's, without the course secret,
+    with the seeds of the lab's hidden cases."""
+    env = {name: value for name, value in environ.items() if name not in (SECRET_ENV, HIDDEN_SEEDS_ENV)}
+    seeds = sorted(hidden_seeds(lab, environ).items())
+    env[HIDDEN_SEEDS_ENV] = " ".join(f"{test_id}={seed}" for test_id, seed in seeds)
+    return env
 
 
 def sizes_rng(seed: int) -> random.Random:

@@ -9,7 +9,9 @@
 - after `max_restarts` restarts the remaining cells are not run (their tests record nothing and fail);
 - each cell's output is capped at `max_output_bytes` (a print loop cannot exhaust the grader's memory);
 - the kernel runs in a scratch copy of the submission's folder, deleted afterwards, so files a notebook writes
-  next to itself never reach the autograded folder, the feedback or other submissions.
+  next to itself never reach the autograded folder, the feedback or other submissions;
+- the kernel's environment has no course secret, only the seeds of this lab's hidden cases
+  (`cases.kernel_environment`), so a cell cannot print the secret into its feedback.
 Every event is a line in the grading report: "kernel died in cell 7 ('test_attention')", "cell 9 (...) timed
 out after 60 s". (The scratch folder is not a sandbox: the kernel runs as the grader's user. See the
 package docstring for what an instructor grading untrusted code should add.)
@@ -31,6 +33,7 @@ from nbgrader import utils
 from nbgrader.preprocessors import Execute
 from traitlets import Integer
 
+from .cases import kernel_environment
 from .report import add_line, cell_label
 
 
@@ -57,7 +60,7 @@ class RobustExecute(Execute):
         try:
             shutil.copytree(folder, scratch, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.ipynb"))
             before = set(os.listdir(scratch))
-            self._run_all(nb, scratch)
+            self._run_all(nb, scratch, kernel_environment(resources["nbgrader"]["assignment"]))
             written = sorted(set(os.listdir(scratch)) - before)
             if written:
                 add_line(nb, f"the notebook wrote files while it ran ({', '.join(written[:5])}"
@@ -67,10 +70,10 @@ class RobustExecute(Execute):
         self.set_widgets_metadata()
         return self.nb, self.resources
 
-    def _run_all(self, nb: NotebookNode, scratch: str) -> None:
+    def _run_all(self, nb: NotebookNode, scratch: str, env: dict[str, str]) -> None:
         index, restarts, broken = 0, 0, set()
         while index < len(nb.cells):
-            with self.setup_kernel(cwd=scratch):
+            with self.setup_kernel(cwd=scratch, env=env):
                 info = self.wait_for_reply(self.kc.kernel_info())
                 self.nb.metadata["language_info"] = info["content"]["language_info"]
                 if restarts and not self._replay(nb, index, broken):

@@ -46,6 +46,11 @@ class WriteGradingReport(NbGraderPreprocessor):
 
     directory = Unicode("grading/reports", help="Where reports go, relative to the course root").tag(config=True)
 
+    def report_path(self, student: str, assignment: str, notebook: str) -> Path:
+        """<directory>/<lab>/<student>.txt (<student>.<notebook>.txt for a lab of several notebooks)."""
+        name = student if notebook == assignment else f"{student}.{notebook}"
+        return Path(self.directory) / assignment / f"{name}.txt"
+
     def preprocess(self, nb: NotebookNode, resources: ResourcesDict) -> tuple[NotebookNode, ResourcesDict]:
         info = resources["nbgrader"]
         scores = []
@@ -60,8 +65,7 @@ class WriteGradingReport(NbGraderPreprocessor):
         cells = [f"  {grade_id}: {'needs manual grading' if s is None else f'{s:g}'} / {p:g}"
                  for grade_id, s, p in scores]
         text = "\n".join([header, *(f"- {line}" for line in lines), "tests:", *cells]) + "\n"
-        name = info["student"] if info["notebook"] == info["assignment"] else f"{info['student']}.{info['notebook']}"
-        path = Path(self.directory) / info["assignment"] / f"{name}.txt"
+        path = self.report_path(info["student"], info["assignment"], info["notebook"])
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         shown = "\n".join(f"- {line}" for line in lines) if lines else "- nothing unusual: every cell ran."

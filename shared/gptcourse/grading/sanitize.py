@@ -4,7 +4,10 @@ Two pieces, both in nbgrader's "sanitize" pass of `nbgrader autograde`:
 
 `TolerantNotebookExporter` (Autograde.exporter_class) reads the submitted file; a file that is not a notebook
 (malformed JSON, not UTF-8, not nbformat) becomes an empty notebook with a report line, instead of an exception
-that leaves the student "needs manual grading". Old formats (nbformat 3) are upgraded by nbformat.
+that leaves the student "needs manual grading". Old formats (nbformat 3) are upgraded by nbformat. A lab notebook
+missing from the submission (`expect_lab_notebooks`, nbgrader's pre-convert hook, adds it to the list) reads as
+an empty notebook too, so a folder holding only a misnamed copy is graded 0 with a report line that names the
+file to rename, instead of failing with nbgrader's "No notebooks found".
 
 `RestoreCells` rebuilds the notebook from the gradebook's cells, in the order of the source notebook:
 - every instructor cell (markdown, setup, tests) comes from the gradebook: deleted, retyped, edited or duplicated
@@ -20,6 +23,7 @@ happened to the file's structure.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 from typing import Any
@@ -35,10 +39,38 @@ from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
 from .report import add_line
 
 UNREADABLE = "unreadable"  # metadata key: why the submitted file could not be read
+MISSING = "the lab's notebook is not in the submission"  # the UNREADABLE reason of a missing notebook
+
+
+def expect_lab_notebooks(source_directory: str, notebooks: list[str]) -> None:
+    """nbgrader's pre-convert hook: add to `notebooks`, nbgrader's list of one submission's notebooks (changed in
+    place), every notebook of the lab that the submission lacks.
+
+    The lab's notebooks are those in `source_directory`/<lab>/, the lab being the name of the submission's
+    folder. nbgrader then zeroes a missing notebook's grades (its own rule) and converts it like any other: the
+    exporter reads it as an empty notebook, so it gets restored cells, a 0 per test and a report line.
+    """
+    for folder in sorted({os.path.dirname(path) for path in notebooks}):
+        lab = os.path.basename(folder)
+        for source in sorted(glob.glob(os.path.join(source_directory, lab, "*.ipynb"))):
+            expected = os.path.join(folder, os.path.basename(source))
+            if expected not in notebooks:
+                notebooks.append(expected)
 
 
 class TolerantNotebookExporter(NotebookExporter):
     """A NotebookExporter whose reader turns an unreadable file into an empty notebook plus a report line."""
+
+    def from_filename(self, filename: str, resources: ResourcesDict | None = None,
+                      **kw: Any) -> tuple[str, ResourcesDict]:
+        if os.path.exists(filename):
+            return super().from_filename(filename, resources, **kw)
+        folder, name = os.path.split(filename)
+        resources = resources if resources is not None else ResourcesDict()
+        resources["metadata"] = ResourcesDict(name=os.path.splitext(name)[0], path=folder)
+        nb = new_notebook()
+        nb.metadata["gptcourse"] = {UNREADABLE: MISSING}
+        return self.from_notebook_node(nb, resources, **kw)
 
     def from_file(self, file_stream: Any, resources: ResourcesDict | None = None,
                   **kw: Any) -> tuple[str, ResourcesDict]:
@@ -102,10 +134,15 @@ class RestoreCells(NbGraderPreprocessor):
         folder = resources.get("metadata", {}).get("path")
         extra = sorted(name for name in (os.listdir(folder) if folder and os.path.isdir(folder) else [])
                        if name.endswith(".ipynb") and name[:-len(".ipynb")] not in known)
-        if extra:
-            add_line(nb, f"not graded: {', '.join(extra)} (the lab is graded from {info['notebook']}.ipynb only)")
+        expected = f"{info['notebook']}.ipynb"
         reason = nb.metadata.get("gptcourse", {}).get(UNREADABLE)
-        if reason:
+        if reason == MISSING:
+            only = f", only {', '.join(extra)}, which is not graded" if extra else ""
+            rename = f". If {extra[0]} is the lab, rename it to {expected} and grade again" if len(extra) == 1 else ""
+            add_line(nb, f"no {expected} was submitted{only}: graded as an empty submission{rename}")
+        elif extra:
+            add_line(nb, f"not graded: {', '.join(extra)} (the lab is graded from {expected} only)")
+        if reason and reason != MISSING:
             add_line(nb, f"the submitted notebook could not be read ({reason}): graded as an empty submission")
         order = self._instructor_order(info, sources, nb)
 

@@ -51,6 +51,8 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Instance
 
+from .cases import SECRET_ENV
+
 # What a lab's kernel imports; a name that is not installed is skipped.
 PRELOAD = ("torch", "gptcourse", "gptcourse.grading", "ipykernel.kernelapp", "ipykernel.ipkernel",
            "ipykernel.debugger", "IPython.core.debugger", "IPython.core.completerlib",
@@ -223,8 +225,9 @@ class Zygote:
         self.log = log  # where the zygote and its kernels print (default: this process's stdout and stderr)
         self._folder = tempfile.TemporaryDirectory(prefix="gptcourse-zygote-")
         self.socket_path = os.path.join(self._folder.name, "zygote.sock")
+        env = {name: value for name, value in os.environ.items() if name != SECRET_ENV}  # kernels are forked from it
         self.process = subprocess.Popen([sys.executable, "-m", "gptcourse.grading.zygote", self.socket_path],
-                                        stdin=subprocess.PIPE, stdout=log, stderr=log)
+                                        stdin=subprocess.PIPE, stdout=log, stderr=log, env=env)
 
     @staticmethod
     def supported() -> bool:
