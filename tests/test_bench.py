@@ -25,10 +25,12 @@ def test_quick_json_has_every_section(quick_report):
     assert r["machine"]["threads"] >= 1
     assert [row["config"] for row in r["training"]] == [shape.name for shape in QUICK["shapes"]]
     for row in r["training"]:
-        for key in ("peak_gflops", "ours_tokens_per_s", "hf_tokens_per_s", "ours_mfu", "hf_mfu", "ours_over_hf"):
+        for key in ("peak_gflops", "ours_tokens_per_s", "hf_tokens_per_s", "hf_same_tokens_per_s", "ours_mfu",
+                    "ours_over_hf", "ours_over_hf_same"):
             assert row[key] > 0, (key, row)
-        # The ratio and MFU are the ones the raw timings imply.
+        # The ratios and MFU are the ones the raw timings imply.
         assert row["ours_over_hf"] == pytest.approx(row["hf_ms_per_step"] / row["ours_ms_per_step"])
+        assert row["ours_over_hf_same"] == pytest.approx(row["hf_same_ms_per_step"] / row["ours_ms_per_step"])
         assert row["ours_mfu"] == pytest.approx(row["ours_tokens_per_s"] * row["flops_per_token"]
                                                 / (row["peak_gflops"] * 1e9))
     assert [row["T"] for row in r["attention"]] == list(QUICK["attention_lengths"])
@@ -45,6 +47,20 @@ def test_every_target_is_reported_with_its_verdict(quick_report):
     for name, t in targets.items():
         assert t["target"] == TARGETS[name]
         assert t["met"] is (t["value"] >= t["target"])
+
+
+@pytest.mark.parametrize("shape", QUICK["shapes"], ids=lambda s: s.name)
+def test_the_hf_peer_is_gpt2_as_transformers_ships_it(shape):
+    from transformers import GPT2Config
+
+    from gptcourse.bench import hf_gpt2
+
+    hf = hf_gpt2(shape).hf_model
+    shipped = GPT2Config()
+    assert (hf.config.n_layer, hf.config.n_head, hf.config.n_embd, hf.config.n_positions) == (
+        shape.n_layers, shape.n_heads, shape.d_model, shape.block_size)
+    for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "activation_function", "layer_norm_epsilon"):
+        assert getattr(hf.config, name) == getattr(shipped, name), name
 
 
 @pytest.mark.parametrize("shape", QUICK["shapes"], ids=lambda s: s.name)

@@ -48,6 +48,8 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     t_q, t_k = q.size(-2), k.size(-2)
     if t_q == t_k:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if t_q == 1:  # generating with a KV cache: the newest position sees every cached key, nothing to mask
+        return F.scaled_dot_product_attention(q, k, v)
     # is_causal aligns the mask top-left; with cached keys the queries are the last rows, so pass it explicitly.
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(t_q, t_k, device=q.device))
 
@@ -66,19 +68,40 @@ class AttentionHead(nn.Module):
         return attention(self.query(x), self.key(x), self.value(x))
 
 
-@dataclass
 class LayerCache:
-    """The keys and values one attention layer has seen so far, each (B, H, T_past, D)."""
+    """The keys and values one attention layer has seen so far: `k` and `v`, each (B, H, T_past, D).
 
-    k: torch.Tensor | None = None
-    v: torch.Tensor | None = None
+    They live in buffers of `capacity` positions (the model's context length), allocated at the first append,
+    and each append writes only the new positions. Growing them with torch.cat instead would copy the whole cache
+    at every generated token: 16% of the time of a 256-token generation on the benchmark's model.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.length = 0
+        self._k: torch.Tensor | None = None  # (B, H, capacity, D)
+        self._v: torch.Tensor | None = None
+
+    @property
+    def k(self) -> torch.Tensor | None:
+        return None if self._k is None else self._k[:, :, : self.length]  # (B, H, T_past, D)
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        return None if self._v is None else self._v[:, :, : self.length]
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.k is not None:
-            k = torch.cat([self.k, k], dim=-2)
-            v = torch.cat([self.v, v], dim=-2)
-        self.k, self.v = k, v
-        return k, v
+        """Store k, v (B, H, T, D) after the cached positions; return all keys and values (B, H, T_past + T, D)."""
+        end = self.length + k.size(-2)
+        if end > self.capacity:
+            raise ValueError(f"the KV cache holds {self.capacity} positions; {end} would not fit")
+        if self._k is None:
+            b, h, _, d = k.shape
+            self._k, self._v = k.new_empty(b, h, self.capacity, d), v.new_empty(b, h, self.capacity, d)
+        self._k[:, :, self.length : end] = k
+        self._v[:, :, self.length : end] = v
+        self.length = end
+        return self.k, self.v
 
 
 @dataclass
@@ -88,13 +111,12 @@ class KVCache:
     layers: list[LayerCache] = field(default_factory=list)
 
     @classmethod
-    def empty(cls, n_layers: int) -> KVCache:
-        return cls([LayerCache() for _ in range(n_layers)])
+    def empty(cls, n_layers: int, capacity: int) -> KVCache:
+        return cls([LayerCache(capacity) for _ in range(n_layers)])
 
     @property
     def length(self) -> int:
-        first = self.layers[0].k if self.layers else None
-        return 0 if first is None else first.size(-2)
+        return self.layers[0].length if self.layers else 0
 
 
 class MultiHeadAttention(nn.Module):

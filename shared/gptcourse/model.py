@@ -88,7 +88,7 @@ class GPT(nn.Module):
         return self.lm_head(self.forward_hidden(idx, cache))
 
     def new_cache(self) -> KVCache:
-        return KVCache.empty(self.config.n_layers)
+        return KVCache.empty(self.config.n_layers, self.config.context_length)
 
     @classmethod
     def from_hf(cls, hf_model: nn.Module) -> GPT:

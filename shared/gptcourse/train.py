@@ -135,6 +135,9 @@ def default_recipe(vocab_size: int, steps: int = RECIPE_STEPS) -> tuple[GPTConfi
     tiny Shakespeare. Three times its peak learning rate (and min_lr) does better in fewer iterations; measured
     with seed 0 on the same 90/10 split (20-batch estimate, then 200 batches), after 1600 iterations:
     lr 1e-3: 1.979 / 1.964; lr 2e-3: 1.882 / 1.859; lr 3e-3 (this recipe): 1.838 / 1.813.
+    The MLP uses ReLU, not GPT-2's GELU: on a CPU, exact GELU's forward and backward cost 8x ReLU's (0.94 vs
+    0.12 ms on the recipe's (768, 512) activations, 2 threads), about 7% of a training step, for no gain here:
+    measured back to back on tiny Shakespeare, GELU 1.833 / 1.810 in 72.9 s, ReLU 1.838 / 1.808 in 67.0 s.
     Evaluation runs 8 times per run (every steps // 8), so a short run still draws a loss curve and a long
     one spends little time evaluating (at 1600 steps, 8 x 2 x 20 forward passes: about 7% of the run).
     """
@@ -142,7 +145,7 @@ def default_recipe(vocab_size: int, steps: int = RECIPE_STEPS) -> tuple[GPTConfi
                       warmup_steps=min(100, steps // 10), weight_decay=0.1, beta2=0.99,
                       eval_interval=max(1, steps // 8), eval_batches=20)
     model_config = GPTConfig(vocab_size=vocab_size, context_length=cfg.block_size, d_model=128, n_heads=4,
-                             n_layers=4)
+                             n_layers=4, mlp="relu")
     return model_config, cfg
 
 
