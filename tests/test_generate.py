@@ -69,3 +69,14 @@ def test_bad_sampling_arguments(kwargs, message):
     model = GPT(GPTConfig())
     with pytest.raises(ValueError, match=message):
         generate(model, torch.zeros(1, 2, dtype=torch.long), 1, **kwargs)
+
+
+def test_kv_cache_refuses_more_positions_than_it_holds():
+    from gptcourse.attention import LayerCache
+
+    cache = LayerCache(capacity=4)
+    k = torch.randn(1, 2, 3, 8)
+    keys, _ = cache.append(k, k)
+    assert torch.equal(keys, k) and cache.length == 3
+    with pytest.raises(ValueError, match="holds 4 positions; 5 would not fit"):
+        cache.append(k[:, :, :2], k[:, :, :2])
