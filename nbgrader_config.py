@@ -58,14 +58,17 @@ GRADING = "gptcourse.grading."
 c.Autograde.exporter_class = GRADING + "sanitize.TolerantNotebookExporter"
 
 
-def _expect_lab_notebooks(assignment: str, student: str, notebooks: list[str]) -> None:
-    """A submission missing the lab's notebook (say, only a misnamed copy) is graded 0 with a report line."""
+def _missing_notebooks(assignment: str, student: str, notebooks: list[str]) -> None:
+    """A submission missing the lab's notebook (say, only a misnamed copy) is graded 0 with a report line; a
+    submitted folder with no notebook at all, which nbgrader skips, gets a report that says so."""
+    from gptcourse.grading.report import WriteGradingReport, report_folders_without_notebook
     from gptcourse.grading.sanitize import expect_lab_notebooks
 
     expect_lab_notebooks(os.path.join(ROOT, c.CourseDirectory.source_directory), notebooks)
+    report_folders_without_notebook(notebooks, WriteGradingReport(config=c))
 
 
-c.Autograde.pre_convert_hook = _expect_lab_notebooks
+c.Autograde.pre_convert_hook = _missing_notebooks
 c.Autograde.sanitize_preprocessors = [
     GRADING + "sanitize.RestoreCells",  # rebuild from the gradebook's cells: deleted/edited/retyped cells restored
     "nbgrader.preprocessors.ClearOutput",

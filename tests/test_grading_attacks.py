@@ -192,6 +192,9 @@ def graded(course):
             course.submit(student, LAB, nb)
     nbformat.write(nbformat.v4.new_notebook(), course.root / "grading" / "submitted" / "extra-notebook" / LAB
                    / "scratch.ipynb")
+    empty = course.root / "grading" / "submitted" / "no-notebook" / LAB
+    empty.mkdir(parents=True)
+    (empty / "notes.txt").write_text("I ran out of time")
     misnamed = course.root / "grading" / "submitted" / "misnamed-notebook" / LAB
     (misnamed / f"{LAB}.ipynb").rename(misnamed / f"{LAB} (1).ipynb")
     run = course.nbgrader("autograde", LAB, f"--Execute.timeout={TIMEOUT}")
@@ -215,6 +218,14 @@ def test_reports_say_what_happened(course, graded):
         text = report(course, student)
         for pattern in patterns:
             assert re.search(pattern, text, re.MULTILINE), (student, pattern, text)
+
+
+def test_a_folder_without_a_notebook_is_reported_and_has_no_gradebook_row(course, graded):
+    _, scores, _ = graded
+    assert "no-notebook" not in scores  # nbgrader's "no submission": 0 in `nbgrader export` for a rostered student
+    assert report(course, "no-notebook") == (f"no-notebook {LAB}: no submission\n- no notebook was submitted (the "
+                                             "folder holds notes.txt): nothing to grade; nbgrader records no "
+                                             "submission, which exports as 0 points\n")
 
 
 def test_ordinary_submissions_have_nothing_to_report(course, graded):

@@ -54,7 +54,8 @@ Student code runs only in the student's kernel; the verdict is reached in the gr
 `nbgrader generate_feedback` cuts hidden-test regions (`feedback.HideHiddenTests`). The course secret comes from
 env GPTCOURSE_SECRET or grading/secret.txt (nbgrader_config.py); it stays in the grader: a kernel gets only the
 seeds of its lab's hidden cases (`cases.kernel_environment`). A submission without the lab's notebook (only a
-misnamed copy) is graded 0 with a report line naming the file to rename (`sanitize.expect_lab_notebooks`).
+misnamed copy) is graded 0 with a report line naming the file to rename (`sanitize.expect_lab_notebooks`); a
+folder with no notebook, which nbgrader skips, gets a report (`report.report_folders_without_notebook`).
 Limits: the kernel runs as the grader's user (the scratch folder is not a sandbox: a hostile notebook could
 still open absolute paths such as the gradebook); grade untrusted classes in a container or as a separate user.
 The forbidden-reference scan is static: it follows imports, aliases, `getattr` with a constant and flags the

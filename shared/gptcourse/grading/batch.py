@@ -383,7 +383,8 @@ def _autograde_class(lab: str, workers: int | None, force: bool, zygote: Any, nb
     workers = max(1, workers or default_workers())
     log_path = state_folder(coursedir, lab).with_suffix(".log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    print(f"{lab}: {len(found)} submissions, {len(todo)} to grade ({len(outcomes)} up to date), "
+    print(f"{lab}: {len(found)} submissions, {len(todo)} to grade ({len(found) - len(todo)} up to date or without "
+          "a notebook), "
           f"{min(workers, max(len(todo), 1))} workers; log: {log_path}", flush=True)
     start = time.perf_counter()
     _preload_for_workers()
@@ -415,17 +416,12 @@ def _autograde_class(lab: str, workers: int | None, force: bool, zygote: Any, nb
 
 
 def _no_notebook(submission: Submission, lab: str, app: Any) -> Outcome:
-    """A submitted folder without any notebook: nbgrader does not see it (no gradebook row, which exports as 0
-    points); say so in the summary and in the student's report."""
-    from .report import WriteGradingReport
+    """A submitted folder without any notebook: nbgrader does not see it; the summary and its report say so."""
+    from .report import WriteGradingReport, report_no_notebook
 
-    held = sorted(p.name for p in submission.folder.iterdir())
-    line = (f"no notebook was submitted (the folder holds {', '.join(held[:5]) or 'nothing'}): nothing to grade; "
-            "nbgrader records no submission, which exports as 0 points")
     path = Path(app.coursedir.root, WriteGradingReport(config=app.config).report_path(submission.student, lab, lab))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{submission.student} {lab}: no submission\n- {line}\n")
-    return Outcome(submission.student, "no notebook", messages=[line])
+    return Outcome(submission.student, "no notebook",
+                   messages=[report_no_notebook(submission.folder, submission.student, lab, path)])
 
 
 def _preload_for_workers() -> None:

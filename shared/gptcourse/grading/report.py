@@ -74,3 +74,27 @@ class WriteGradingReport(NbGraderPreprocessor):
         nb.cells = [c for c in nb.cells if c.get("id") != REPORT_CELL_ID]
         nb.cells.insert(0, cell)
         return nb, resources
+
+
+def report_no_notebook(folder: Path, student: str, lab: str, path: Path) -> str:
+    """Write the report of a submitted folder that holds no notebook at all; return its line.
+
+    nbgrader does not see such a folder: no gradebook row, which `nbgrader export` counts as 0 for a student on
+    the roster."""
+    held = sorted(p.name for p in folder.iterdir())
+    line = (f"no notebook was submitted (the folder holds {', '.join(held[:5]) or 'nothing'}): nothing to grade; "
+            "nbgrader records no submission, which exports as 0 points")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{student} {lab}: no submission\n- {line}\n")
+    return line
+
+
+def report_folders_without_notebook(notebooks: list[str], reports: WriteGradingReport) -> None:
+    """nbgrader's pre-convert hook, second part: the submitted folders of the lab (siblings of this submission's,
+    <submitted>/<student>/<lab>) that hold no notebook get their report, since nbgrader never converts them."""
+    for folder in sorted({Path(path).parent for path in notebooks}):
+        lab = folder.name
+        for sibling in sorted(folder.parent.parent.glob(f"*/{lab}")):
+            if sibling.is_dir() and not any(sibling.glob("*.ipynb")):
+                student = sibling.parent.name
+                report_no_notebook(sibling, student, lab, reports.report_path(student, lab, lab))
