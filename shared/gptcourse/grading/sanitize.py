@@ -1,6 +1,6 @@
 """Repairing a submission before it runs, so a broken notebook gets a defined score instead of aborting.
 
-Two pieces, both in nbgrader's "sanitize" pass of `nbgrader autograde`:
+Two pieces in nbgrader's "sanitize" pass of `nbgrader autograde`, and the hook that runs before it:
 
 `TolerantNotebookExporter` (Autograde.exporter_class) reads the submitted file; a file that is not a notebook
 (malformed JSON, not UTF-8, not nbformat) becomes an empty notebook with a report line, instead of an exception
