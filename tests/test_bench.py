@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from gptcourse import GPT
-from gptcourse.bench import QUICK, TARGETS, flops_per_token, model_config
+from gptcourse.bench import QUICK, TARGETS, batch1_linears, flops_per_token, model_config
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,9 @@ def test_quick_json_has_every_section(quick_report):
     gen = r["generation"]
     assert gen["new_tokens"] == QUICK["generate_tokens"]
     assert gen["cache_over_recompute"] == pytest.approx(gen["recompute_s"] / gen["cache_s"])
+    linears_s = gen["new_tokens"] * gen["linears_ms"] / 1e3  # a whole generation's worth of batch-1 linears
+    assert gen["ratio_without_overhead"] == pytest.approx(gen["recompute_s"] / linears_s)
+    assert gen["linears_gb_per_s"] == pytest.approx(gen["linear_weights_mb"] / gen["linears_ms"])
 
 
 def test_every_target_is_reported_with_its_verdict(quick_report):
@@ -71,3 +74,15 @@ def test_flops_per_token_is_nanogpt_formula(shape):
     n = sum(p.numel() for p in model.parameters()) - model.pos_emb.weight.numel()
     expected = 6 * n + 12 * shape.n_layers * shape.d_model * shape.block_size
     assert flops_per_token(config) == expected
+
+
+@pytest.mark.parametrize("shape", QUICK["shapes"], ids=lambda s: s.name)
+def test_batch1_linears_reads_every_matmul_weight_once(shape):
+    config = model_config(shape)
+    assert config.tie_weights and config.mlp == "relu" and not config.d_ff  # the closed form below assumes these
+    apply, read, weight_bytes = batch1_linears(GPT(config))
+    # Per block: q, k, v and the output projection (4 C^2), the MLP's two (2 x 4 C^2); then the tied (V, C) head.
+    c, n_layers = config.d_model, config.n_layers
+    assert weight_bytes == 4 * (12 * n_layers * c * c + config.vocab_size * c)
+    apply()
+    read()

@@ -80,3 +80,15 @@ def test_kv_cache_refuses_more_positions_than_it_holds():
     assert torch.equal(keys, k) and cache.length == 3
     with pytest.raises(ValueError, match="holds 4 positions; 5 would not fit"):
         cache.append(k[:, :, :2], k[:, :, :2])
+
+
+def test_generated_tokens_can_feed_a_training_step():
+    # generate runs under inference_mode; what it returns must still be an ordinary tensor, usable by autograd.
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(context_length=24)).train()
+    out = generate(model, torch.zeros(2, 1, dtype=torch.long), 6)
+    assert not out.is_inference()
+    assert model.training  # restored after generating in eval mode
+    loss = torch.nn.functional.cross_entropy(model(out[:, :-1]).flatten(0, 1), out[:, 1:].flatten())
+    loss.backward()
+    assert model.tok_emb.weight.grad is not None

@@ -29,7 +29,6 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
     return logits
 
 
-@torch.no_grad()
 def generate(
     model: GPT,
     idx: torch.Tensor,
@@ -48,17 +47,18 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        for _ in range(max_new_tokens):
-            if cache is not None and idx.size(1) <= limit:
-                logits = model(idx[:, cache.length :], cache=cache)[:, -1]  # (B, V)
-            else:  # no cache, or the window is full: recompute on the last `limit` tokens
-                logits = model(idx[:, -limit:])[:, -1]
-            if temperature == 0:
-                next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-            else:
-                probs = filter_logits(logits / temperature, top_k, top_p).softmax(dim=-1)
-                next_id = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
-            idx = torch.cat([idx, next_id], dim=1)
+        with torch.inference_mode():  # like no_grad, and also skips autograd's version tracking: less work per op
+            for _ in range(max_new_tokens):
+                if cache is not None and idx.size(1) <= limit:
+                    logits = model(idx[:, cache.length :], cache=cache)[:, -1]  # (B, V)
+                else:  # no cache, or the window is full: recompute on the last `limit` tokens
+                    logits = model(idx[:, -limit:])[:, -1]
+                if temperature == 0:
+                    next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+                else:
+                    probs = filter_logits(logits / temperature, top_k, top_p).softmax(dim=-1)
+                    next_id = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+                idx = torch.cat([idx, next_id], dim=1)
     finally:
         model.train(was_training)
-    return idx
+    return idx.clone()  # an ordinary tensor again: an inference-mode one could not feed a training step
