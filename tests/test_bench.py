@@ -93,3 +93,24 @@ def test_batch1_linears_reads_every_matmul_weight_once(shape):
     assert weight_bytes == 4 * (12 * n_layers * c * c + config.vocab_size * c)
     apply()
     read()
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the kept-memory rerun uses glibc's knobs")
+def test_attention_rerun_uses_the_parents_threads_and_reports_a_failing_child(monkeypatch):
+    from gptcourse import bench
+
+    calls = []
+    real_run = subprocess.run
+
+    def spy(cmd, **kwargs):
+        calls.append((cmd, kwargs["env"]))
+        return real_run(cmd, **kwargs)
+
+    monkeypatch.setattr(bench.subprocess, "run", spy)
+    monkeypatch.setattr(bench.torch, "get_num_threads", lambda: 1)
+    assert bench.bench_attention_memory_kept(8, 1)["T"] == 8
+    cmd, env = calls[0]
+    assert cmd[cmd.index("--threads") + 1] == "1"
+    assert all(env[name] == value for name, value in bench.KEEP_MEMORY.items())
+    with pytest.raises(RuntimeError, match="freed memory kept failed"):
+        bench.bench_attention_memory_kept(-1, 1)  # no sequence has length -1: the child fails

@@ -313,8 +313,11 @@ def bench_attention_memory_kept(length: int, rounds: int) -> dict | None:
     if platform.libc_ver()[0] != "glibc":
         return None  # the knobs are glibc's; elsewhere the allocator has its own policy
     proc = subprocess.run(
-        [sys.executable, "-m", "gptcourse.bench", "--attention-only", str(length), "--rounds", str(rounds)],
-        capture_output=True, text=True, env={**os.environ, **KEEP_MEMORY}, check=True)
+        [sys.executable, "-m", "gptcourse.bench", "--attention-only", str(length), "--rounds", str(rounds),
+         "--threads", str(torch.get_num_threads())],  # the same threads as the parent's measurements
+        capture_output=True, text=True, env={**os.environ, **KEEP_MEMORY})
+    if proc.returncode != 0:
+        raise RuntimeError(f"the attention benchmark with freed memory kept failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout)[0]
 
 
@@ -415,7 +418,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    if args.attention_only:
+    if args.attention_only is not None:
         print(json.dumps(bench_attention((args.attention_only,), args.rounds)))
         return
     result = run(quick=args.quick)
