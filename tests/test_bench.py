@@ -87,7 +87,7 @@ def test_flops_per_token_is_nanogpt_formula(shape):
 def test_batch1_linears_reads_every_matmul_weight_once(shape):
     config = model_config(shape)
     assert config.tie_weights and config.mlp == "relu" and not config.d_ff  # the closed form below assumes these
-    apply, read, weight_bytes = batch1_linears(GPT(config))
+    apply, read, weight_bytes = batch1_linears(GPT(config), tokens=2)
     # Per block: q, k, v and the output projection (4 C^2), the MLP's two (2 x 4 C^2); then the tied (V, C) head.
     c, n_layers = config.d_model, config.n_layers
     assert weight_bytes == 4 * (12 * n_layers * c * c + config.vocab_size * c)

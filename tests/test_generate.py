@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from gptcourse import GPT, GPTConfig, filter_logits, generate, preset
+from gptcourse.generate import decode_layout
 
 CONFIGS = [preset("seed-tiny").replace(context_length=24), GPTConfig(context_length=24)]
 
@@ -92,3 +93,28 @@ def test_generated_tokens_can_feed_a_training_step():
     loss = torch.nn.functional.cross_entropy(model(out[:, :-1]).flatten(0, 1), out[:, 1:].flatten())
     loss.backward()
     assert model.tok_emb.weight.grad is not None
+
+
+def test_decode_layout_makes_widening_weights_column_major_and_restores_them():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(context_length=24, vocab_size=300))  # V > C: the tied head is widening too
+    before = {name: (p.data_ptr(), p.detach().clone()) for name, p in model.named_parameters()}
+    x = torch.randn(1, 1, model.config.d_model)
+    block = model.blocks[0]
+    expected = block.mlp(block.attn.out(block.attn.qkv(x)[..., : model.config.d_model]))
+    with decode_layout(model):
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear):
+                out_f, in_f = m.weight.shape
+                widening = out_f >= in_f
+                assert m.weight.stride() == ((1, out_f) if widening else (in_f, 1)), m
+        assert model.lm_head.weight is model.tok_emb.weight  # still tied
+        for name, p in model.named_parameters():
+            assert torch.equal(p, before[name][1]), name  # values unchanged, only the memory order
+        got = block.mlp(block.attn.out(block.attn.qkv(x)[..., : model.config.d_model]))
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    for name, p in model.named_parameters():
+        assert p.data_ptr() == before[name][0] and p.is_contiguous(), name  # the original storage is back
+    with pytest.raises(RuntimeError, match="boom"), decode_layout(model):
+        raise RuntimeError("boom")
+    assert all(p.data_ptr() == before[name][0] for name, p in model.named_parameters())
