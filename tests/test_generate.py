@@ -101,7 +101,11 @@ def test_decode_layout_makes_widening_weights_column_major_and_restores_them():
     before = {name: (p.data_ptr(), p.detach().clone()) for name, p in model.named_parameters()}
     x = torch.randn(1, 1, model.config.d_model)
     block = model.blocks[0]
-    expected = block.mlp(block.attn.out(block.attn.qkv(x)[..., : model.config.d_model]))
+
+    def through_every_kind_of_linear() -> torch.Tensor:  # widening (qkv, fc_in), square (out), narrowing (fc_out)
+        return block.mlp(block.attn.out(block.attn.qkv(x)[..., : model.config.d_model]))
+
+    expected = through_every_kind_of_linear()
     with decode_layout(model):
         for m in model.modules():
             if isinstance(m, torch.nn.Linear):
@@ -111,8 +115,7 @@ def test_decode_layout_makes_widening_weights_column_major_and_restores_them():
         assert model.lm_head.weight is model.tok_emb.weight  # still tied
         for name, p in model.named_parameters():
             assert torch.equal(p, before[name][1]), name  # values unchanged, only the memory order
-        got = block.mlp(block.attn.out(block.attn.qkv(x)[..., : model.config.d_model]))
-        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(through_every_kind_of_linear(), expected, rtol=1e-5, atol=1e-6)
     for name, p in model.named_parameters():
         assert p.data_ptr() == before[name][0] and p.is_contiguous(), name  # the original storage is back
     with pytest.raises(RuntimeError, match="boom"), decode_layout(model):
