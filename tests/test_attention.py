@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from gptcourse import AttentionHead, MultiHeadAttention, attention, causal_mask, fused_attention
-from gptcourse.positions import RotaryEmbedding, apply_rope
+from gptcourse.model.positions import RotaryEmbedding, apply_rope
 
 
 def test_causal_mask_is_lower_triangular():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptcourse.data import CORPUS, STDLIB_MODULES, get_batch, load_text, train_val_split
+from gptcourse.text.corpus import CORPUS, STDLIB_MODULES, get_batch, load_text, train_val_split
 
 
 def test_default_corpus_is_the_shipped_file():

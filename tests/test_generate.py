@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from gptcourse import GPT, GPTConfig, filter_logits, generate, preset
-from gptcourse.generate import decode_layout
+from gptcourse import GPT, GPTConfig, decode_layout, filter_logits, generate, preset
 
 CONFIGS = [preset("seed-tiny").replace(context_length=24), GPTConfig(context_length=24)]
 
@@ -73,7 +72,7 @@ def test_bad_sampling_arguments(kwargs, message):
 
 
 def test_kv_cache_refuses_more_positions_than_it_holds():
-    from gptcourse.attention import LayerCache
+    from gptcourse import LayerCache
 
     cache = LayerCache(capacity=4)
     k = torch.randn(1, 2, 3, 8)

@@ -74,15 +74,15 @@ def submissions(course) -> dict[str, tuple[object, set[str], list[str]]]:
                                           "        return True\n"}),
                            SCALING_TESTS, []),
         # the reference implementation of the piece being written
-        "imports-reference": (solved(LAB, {"attention": "from gptcourse.attention import attention"}), ALL_ATTENTION,
-                              [r"cell \d+ \(solution 'attention'\) imports gptcourse.attention.attention, the "
+        "imports-reference": (solved(LAB, {"attention": "from gptcourse import attention"}), ALL_ATTENTION,
+                              [r"cell \d+ \(solution 'attention'\) imports gptcourse.attention, the "
                                r"reference for a piece you must write: 0 points for 02.attention.\*, 02.head.\*"]),
         "uses-torch-mha": (solved(LAB, {"head": "class AttentionHead(nn.Module):\n    def __init__(self, d_model, "
                                                 "d_head):\n        super().__init__()\n        self.mha = "
                                                 "nn.MultiheadAttention(d_model, 1)\n"}),
                            {"test_head", "test_head_hidden"}, [r"uses torch.nn.MultiheadAttention.*02.head.\*"]),
         "importlib": (solved(LAB, {"causal_mask": "import importlib\ncausal_mask = importlib.import_module("
-                                                  "'gptcourse.attention').causal_mask"}),
+                                                  "'gptcourse.model.causal_attention').causal_mask"}),
                       CAUSAL_MASK_TESTS, [r"uses importlib, which the grader cannot follow.*02.causal_mask.\*$"]),
         # crashes and hangs cost only the tests they break
         "kernel-dies": (insert_after(solved(LAB), "attention", code(

@@ -88,21 +88,23 @@ ATTENTION_PIECES = ("attention", "head")
 
 
 @pytest.mark.parametrize("source, found", [
-    ("from gptcourse.attention import attention as a", ("gptcourse.attention.attention", ATTENTION_PIECES, "imports")),
-    ("import gptcourse.attention as A\ndef f(q):\n    return A.causal_mask(4)",
-     ("gptcourse.attention.causal_mask", ("causal_mask",), "uses")),
-    ("import gptcourse\nx = gptcourse.block.MultiHeadAttention", ("gptcourse.attention.MultiHeadAttention",
-                                                                  ("head",), "uses")),
+    ("from gptcourse.model.causal_attention import attention as a",
+     ("gptcourse.attention", ATTENTION_PIECES, "imports")),
+    ("import gptcourse.model.causal_attention as A\ndef f(q):\n    return A.causal_mask(4)",
+     ("gptcourse.causal_mask", ("causal_mask",), "uses")),
+    ("import gptcourse\nx = gptcourse.model.block.MultiHeadAttention",
+     ("gptcourse.MultiHeadAttention", ("head",), "uses")),
     ("F = torch.nn.functional\ny = F.scaled_dot_product_attention",
      ("torch.nn.functional.scaled_dot_product_attention", ATTENTION_PIECES, "uses")),
-    ("import gptcourse.attention\ny = getattr(gptcourse.attention, 'fused_attention')",
-     ("gptcourse.attention.fused_attention", ATTENTION_PIECES, "uses")),
-    ("from gptcourse.attention import *", ("gptcourse.attention.*", ("attention", "causal_mask", "head"), "imports")),
-    ("import importlib\nm = importlib.import_module('gptcourse.attention')", ("importlib", (), "dynamic")),
+    ("import gptcourse.model.causal_attention\ny = getattr(gptcourse.model.causal_attention, 'fused_attention')",
+     ("gptcourse.fused_attention", ATTENTION_PIECES, "uses")),
+    ("from gptcourse.model.causal_attention import *",
+     ("gptcourse.model.causal_attention.*", ("attention", "causal_mask", "head"), "imports")),
+    ("import importlib\nm = importlib.import_module('gptcourse.model.causal_attention')", ("importlib", (), "dynamic")),
     ("x = __import__('gptcourse')", ("__import__()", (), "dynamic")),
     ("exec(open('x.py').read())", ("exec()", (), "dynamic")),
     ("__builtins__.isinstance = lambda *a: True", ("__builtins__", (), "dynamic")),
-    ("import sys\nm = sys.modules['gptcourse.attention']", ("sys.modules", (), "dynamic")),
+    ("import sys\nm = sys.modules['gptcourse.model.causal_attention']", ("sys.modules", (), "dynamic")),
     ("from gptcourse.grading import get_case\nr = get_case('02.attention.visible').reference",
      ("gptcourse.grading.get_case", (), "dynamic")),
 ])
@@ -117,9 +119,9 @@ def test_the_scan_leaves_honest_code_and_instructor_cells_alone():
               "from gptcourse.grading import check\ncheck('02.causal_mask.visible', causal_mask)")
     assert _scan(honest) == set()
     # an import in a locked (instructor) cell is not the student's doing; a later student use of it is
-    assert _scan("y = 1", setup="from gptcourse.attention import causal_mask") == set()
-    assert ("gptcourse.attention.causal_mask", ("causal_mask",), "uses") in _scan(
-        "m = causal_mask(3)", setup="from gptcourse.attention import causal_mask")
+    assert _scan("y = 1", setup="from gptcourse import causal_mask") == set()
+    assert ("gptcourse.causal_mask", ("causal_mask",), "uses") in _scan(
+        "m = causal_mask(3)", setup="from gptcourse import causal_mask")
     # a student's own definition shadows an imported name
     assert _scan("def attention(q, k, v):\n    return q, q\nattention(1, 2, 3)",
                  setup="from torch import nn\nattention = None") == set()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gptcourse import GPT, GPTConfig, TrainConfig, default_recipe, estimate_loss, lr_at, train
-from gptcourse.train import lm_loss, main, make_optimizer, train_step
+from gptcourse.training.loop import lm_loss, main, make_optimizer, train_step
 
 CORPUS = "the quick brown fox jumps over the lazy dog. " * 120  # 5,400 chars, 28 symbols, very predictable
 

@@ -1,65 +1,48 @@
-"""gptcourse: the reference GPT that the lessons import and the labs are graded against."""
+"""gptcourse: the reference GPT that the lessons import and the labs are graded against.
 
-from .attention import (
-    AttentionHead,
-    KVCache,
-    LayerCache,
-    MultiHeadAttention,
-    attention,
-    causal_mask,
-    fused_attention,
-)
-from .block import DecoderBlock
-from .config import PRESETS, GPTConfig, preset
-from .data import get_batch, load_text, train_val_split
-from .generate import filter_logits, generate
-from .heads import RewardModel, ValueHead
-from .mlp import MLP, SwiGLU
-from .model import GPT
-from .norms import LayerNorm, RMSNorm
-from .params import block_breakdown, count_parameters, parameter_breakdown
-from .positions import LearnedPositions, RotaryEmbedding, apply_rope, rotate_half
-from .tokenizer import CharTokenizer
-from .train import TrainConfig, default_recipe, estimate_loss, lr_at, train
+The package is grouped by stage, as the course is: `model` (the network), `text` (tokenizers, corpus),
+`training`, `inference`, and `grading` (nbgrader). `from gptcourse import X` is the one public import; no module
+shares its name with anything exported here, so `gptcourse.generate` is always the function.
+
+`WHERE` below is the table of contents: which module defines each public name. The names are imported on first
+use (PEP 562), so `import gptcourse` and the `gptcourse` command start without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "GPT",
-    "MLP",
-    "PRESETS",
-    "AttentionHead",
-    "CharTokenizer",
-    "DecoderBlock",
-    "GPTConfig",
-    "KVCache",
-    "LayerCache",
-    "LayerNorm",
-    "LearnedPositions",
-    "MultiHeadAttention",
-    "RMSNorm",
-    "RewardModel",
-    "RotaryEmbedding",
-    "SwiGLU",
-    "TrainConfig",
-    "ValueHead",
-    "__version__",
-    "apply_rope",
-    "attention",
-    "block_breakdown",
-    "causal_mask",
-    "count_parameters",
-    "default_recipe",
-    "estimate_loss",
-    "filter_logits",
-    "fused_attention",
-    "generate",
-    "get_batch",
-    "load_text",
-    "lr_at",
-    "parameter_breakdown",
-    "preset",
-    "rotate_half",
-    "train",
-    "train_val_split",
-]
+WHERE: dict[str, tuple[str, ...]] = {  # module (under gptcourse) -> the public names it defines
+    "inference.kv_cache": ("KVCache", "LayerCache"),
+    "inference.sampling": ("decode_layout", "filter_logits", "generate"),
+    "model.block": ("DecoderBlock",),
+    "model.causal_attention": ("AttentionHead", "MultiHeadAttention", "attention", "causal_mask", "fused_attention"),
+    "model.config": ("GPTConfig", "PRESETS", "preset"),
+    "model.gpt": ("GPT",),
+    "model.heads": ("RewardModel", "ValueHead"),
+    "model.mlp": ("MLP", "SwiGLU"),
+    "model.norms": ("LayerNorm", "RMSNorm"),
+    "model.params": ("block_breakdown", "count_parameters", "parameter_breakdown"),
+    "model.positions": ("LearnedPositions", "RotaryEmbedding", "apply_rope", "rotate_half"),
+    "text.char_tokenizer": ("CharTokenizer",),
+    "text.corpus": ("get_batch", "load_text", "train_val_split"),
+    "training.loop": ("TrainConfig", "default_recipe", "estimate_loss", "lr_at", "train"),
+}
+_MODULE_OF = {name: module for module, names in WHERE.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gptcourse' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -46,12 +46,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attention import attention, fused_attention
-from .config import GPTConfig
-from .generate import decode_layout, generate
-from .model import GPT
-from .params import count_parameters, parameter_breakdown
-from .train import TrainConfig, default_recipe, make_optimizer, train_step
+from .inference.sampling import decode_layout, generate
+from .model.causal_attention import attention, fused_attention
+from .model.config import GPTConfig
+from .model.gpt import GPT
+from .model.params import count_parameters, parameter_breakdown
+from .training.loop import TrainConfig, default_recipe, make_optimizer, train_step
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ NOTES = (  # measured on the course's 2-core machine, see the report of issue 3
     "  linears are still ~75% of a cached token, at half the rate of a plain sum. The ratio grows with the prompt's",
     "  length; this benchmark keeps the 1-token prompt. Recomputing is compute-bound on both cores and swings by up",
     "  to 1.4x between minutes of this shared machine while the cached step does not, so the ratio moves with it.",
-    "  training recipe: see train.default_recipe and `python -m gptcourse.train --text tinyshakespeare.txt`.",
+    "  training recipe: see gptcourse.default_recipe and `python -m gptcourse.training --text tinyshakespeare.txt`.",
 )
 
 

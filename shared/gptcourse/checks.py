@@ -21,8 +21,8 @@ from itertools import combinations
 
 import torch
 
-from .config import GPTConfig
-from .params import block_breakdown, parameter_breakdown
+from .model.config import GPTConfig
+from .model.params import block_breakdown, parameter_breakdown
 
 
 class CheckFailed(AssertionError):

@@ -1,27 +1,30 @@
 """The `gptcourse` command: `gptcourse check-env` (paste its output in bug reports), `gptcourse progress`,
-`gptcourse autograde LAB` (instructors: nbgrader's autograde of a whole class, fast)."""
+`gptcourse autograde LAB` (instructors: nbgrader's autograde of a whole class, fast).
+
+It answers `--help` and argument errors at once: nothing heavy (torch, nbgrader, jupyter) is imported before the
+chosen command runs, and a command's own options are added only when that command is chosen.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import json
 import platform
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .grading import batch
-
 MIN_PYTHON = (3, 10)
 PACKAGES = ("torch", "jupyterlab", "nbgrader", "ipywidgets", "matplotlib")
 
 
-def _version_of(module: str) -> tuple[bool, str]:
+def _version_of(distribution: str) -> tuple[bool, str]:
     try:
-        return True, importlib.import_module(module).__version__
-    except Exception as err:  # a broken install can raise anything on import
-        return False, f"not importable ({type(err).__name__}: {err})"
+        return True, importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError as error:
+        return False, f"not installed ({error})"
 
 
 def _json_files(folder: str, pattern: str) -> list[dict]:
@@ -131,6 +134,18 @@ def _progress_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--labs", default="labs", help="the folder holding NN_topic/NN_topic.ipynb (default: labs)")
 
 
+def _autograde(args: argparse.Namespace) -> int:
+    from .grading import batch
+
+    return batch.command(args)
+
+
+def _autograde_arguments(parser: argparse.ArgumentParser) -> None:
+    from .grading import batch
+
+    batch.add_arguments(parser)
+
+
 Command = tuple[str, Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None] | None]
 
 COMMANDS: dict[str, Command] = {
@@ -138,16 +153,18 @@ COMMANDS: dict[str, Command] = {
     "progress": ("run each lab's visible tests and show which pass (exit code 1 if any fails)", progress,
                  _progress_arguments),
     "autograde": ("grade a lab's submissions with nbgrader on all cores: progress bar, resume, summary table",
-                  batch.command, batch.add_arguments),
+                  _autograde, _autograde_arguments),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((word for word in argv if not word.startswith("-")), None)
     parser = argparse.ArgumentParser(prog="gptcourse", description="Build a GPT from scratch: course tools.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, func, add_arguments) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
-        if add_arguments is not None:
+        if add_arguments is not None and name == chosen:
             add_arguments(command)
         command.set_defaults(func=func)
     args = parser.parse_args(argv)

@@ -12,11 +12,11 @@ import html
 import ipywidgets as widgets
 import torch
 
-from .config import GPTConfig
-from .generate import generate
-from .model import GPT
-from .params import parameter_breakdown
-from .tokenizer import CharTokenizer
+from .inference.sampling import generate
+from .model.config import GPTConfig
+from .model.gpt import GPT
+from .model.params import parameter_breakdown
+from .text.char_tokenizer import CharTokenizer
 
 _LABELS = {
     "token_embedding": "token embedding",

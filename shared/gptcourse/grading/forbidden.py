@@ -1,10 +1,10 @@
 """Finding the reference implementation in a student's code: which forbidden names their cells import or use.
 
-Each lab module declares `FORBIDDEN = {piece: ("gptcourse.attention.attention", ...)}`. The grader reads the
-student's cells with `ast` (never runs them) and follows names through imports and simple assignments:
+Each lab module declares `FORBIDDEN = {piece: ("gptcourse.attention", ...)}`. The grader reads the student's
+cells with `ast` (never runs them) and follows names through imports and simple assignments:
 
-    import gptcourse.attention as A;  A.attention(q, k, v)     -> gptcourse.attention.attention
-    from gptcourse import model;  model.causal_mask(4)          -> the same object as gptcourse.attention.causal_mask
+    import gptcourse.model.causal_attention as A;  A.attention(q, k, v)   -> the same object as gptcourse.attention
+    from gptcourse import model;  model.block.causal_mask(4)               -> the same object as gptcourse.causal_mask
 
 A reference is matched by identity in the grader's process (dotted paths under the packages that FORBIDDEN
 names are resolved with getattr), so re-exports count too. Import machinery the grader cannot follow

@@ -17,17 +17,17 @@ import torch
 from torch import nn
 
 from ...checks import check_close, check_shape, fail
-from ...positions import LearnedPositions
-from ...tokenizer import CharTokenizer
+from ...model.positions import LearnedPositions
+from ...text.char_tokenizer import CharTokenizer
 from ..cases import case_family, Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
 from ..student import as_tensor, build_module
 
-_WHOLE = ("gptcourse.GPT", "gptcourse.model.GPT")
+_WHOLE = ("gptcourse.GPT",)
 # piece -> the gptcourse names a student must not import or call for it
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "tokenizer": ("gptcourse.CharTokenizer", "gptcourse.tokenizer.CharTokenizer"),
+    "tokenizer": ("gptcourse.CharTokenizer",),
     "one_hot_embed": _WHOLE,
-    "embedding": ("gptcourse.LearnedPositions", "gptcourse.positions.LearnedPositions", *_WHOLE),
+    "embedding": ("gptcourse.LearnedPositions", *_WHOLE),
 }
 
 # ---- CharTokenizer(text): sorted distinct characters <-> ids 0 .. V-1

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ...attention import AttentionHead, attention, causal_mask
+from ...model.causal_attention import AttentionHead, attention, causal_mask
 from ...checks import (
     check_attention_weights,
     check_causal,
@@ -25,13 +25,13 @@ from ...checks import (
 from ..cases import case_family, Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
 from ..student import as_tensor, as_tensors, build_module
 
-_ATTENTION = ("gptcourse.attention.attention", "gptcourse.attention.fused_attention",
+_ATTENTION = ("gptcourse.attention", "gptcourse.fused_attention",
               "torch.nn.functional.scaled_dot_product_attention")
 # piece -> references a student must not import or call for it (the lab's intro says so; the grader enforces it)
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "causal_mask": ("gptcourse.attention.causal_mask",),
+    "causal_mask": ("gptcourse.causal_mask",),
     "attention": _ATTENTION,
-    "head": (*_ATTENTION, "gptcourse.attention.AttentionHead", "gptcourse.attention.MultiHeadAttention",
+    "head": (*_ATTENTION, "gptcourse.AttentionHead", "gptcourse.MultiHeadAttention",
              "torch.nn.MultiheadAttention"),
 }
 

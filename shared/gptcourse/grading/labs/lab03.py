@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ...attention import MultiHeadAttention
+from ...model.causal_attention import MultiHeadAttention
 from ...checks import (
     check_causal,
     check_close,
@@ -26,19 +26,18 @@ from ...checks import (
     rope_table_mistakes,
     split_heads_mistakes,
 )
-from ...positions import RotaryEmbedding, apply_rope
+from ...model.positions import RotaryEmbedding, apply_rope
 from ..cases import case_family, Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
 from ..student import as_tensor, as_tensors, build_module, describe_error
 
-_MHA = ("gptcourse.MultiHeadAttention", "gptcourse.attention.MultiHeadAttention")
-_ROPE = ("gptcourse.apply_rope", "gptcourse.positions.apply_rope", "gptcourse.rotate_half",
-         "gptcourse.positions.rotate_half")
-_WHOLE = ("gptcourse.DecoderBlock", "gptcourse.block.DecoderBlock", "gptcourse.GPT", "gptcourse.model.GPT")
+_MHA = ("gptcourse.MultiHeadAttention",)
+_ROPE = ("gptcourse.apply_rope", "gptcourse.rotate_half")
+_WHOLE = ("gptcourse.DecoderBlock", "gptcourse.GPT")
 # piece -> the gptcourse names a student must not import or call for it
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "split_heads": _MHA + _WHOLE,
     "merge_heads": _MHA + _WHOLE,
-    "rope_tables": ("gptcourse.RotaryEmbedding", "gptcourse.positions.RotaryEmbedding", *_WHOLE),
+    "rope_tables": ("gptcourse.RotaryEmbedding", *_WHOLE),
     "apply_rope": _ROPE + _WHOLE,
     "mha": _MHA + _ROPE + _WHOLE,
 }

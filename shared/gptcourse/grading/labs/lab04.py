@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ...block import DecoderBlock
+from ...model.block import DecoderBlock
 from ...checks import (
     block_mistakes,
     check_block_parameter_count,
@@ -25,17 +25,17 @@ from ...checks import (
     perturbed_copies,
     swiglu_mistakes,
 )
-from ...config import GPTConfig
-from ...mlp import SwiGLU
-from ...norms import RMSNorm
-from ...params import block_breakdown
-from ...positions import RotaryEmbedding
+from ...model.config import GPTConfig
+from ...model.mlp import SwiGLU
+from ...model.norms import RMSNorm
+from ...model.params import block_breakdown
+from ...model.positions import RotaryEmbedding
 from ..cases import case_family, Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
 from ..student import as_tensor, build_module
 
-_NORM = ("gptcourse.RMSNorm", "gptcourse.norms.RMSNorm", "gptcourse.norms.make_norm")
-_MLP = ("gptcourse.SwiGLU", "gptcourse.mlp.SwiGLU", "gptcourse.mlp.make_mlp")
-_WHOLE = ("gptcourse.DecoderBlock", "gptcourse.block.DecoderBlock", "gptcourse.GPT", "gptcourse.model.GPT")
+_NORM = ("gptcourse.RMSNorm", "gptcourse.model.norms.make_norm")
+_MLP = ("gptcourse.SwiGLU", "gptcourse.model.mlp.make_mlp")
+_WHOLE = ("gptcourse.DecoderBlock", "gptcourse.GPT")
 # piece -> the gptcourse names a student must not import or call for it (MultiHeadAttention is allowed)
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "rmsnorm": _NORM + _WHOLE,

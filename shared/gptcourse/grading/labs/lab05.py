@@ -16,12 +16,12 @@ import torch
 from torch import nn
 
 from ...checks import check_causal, check_close, check_parameter_count, check_shape, fail, perturbed_copies
-from ...config import GPTConfig, preset
-from ...model import GPT
+from ...model.config import GPTConfig, preset
+from ...model.gpt import GPT
 from ..cases import case_family, Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
 from ..student import as_tensor, load_weights
 
-_REFERENCE = ("gptcourse.GPT", "gptcourse.model.GPT", "gptcourse.model", "gptcourse.hf", "gptcourse.heads")
+_REFERENCE = ("gptcourse.GPT", "gptcourse.model.gpt", "gptcourse.model.hf", "gptcourse.model.heads")
 FORBIDDEN: dict[str, tuple[str, ...]] = {"gpt": _REFERENCE, "forward_hidden": _REFERENCE, "tying": _REFERENCE}
 
 LOGITS_CAUSES = {("V", "C"): "the output projection is missing: forward returns lm_head(forward_hidden(idx)), "

@@ -17,14 +17,14 @@ from typing import Any
 import torch
 
 from ...checks import check_parameter_count, fail, gpt_module_breakdown
-from ...config import PRESETS, GPTConfig, preset
-from ...model import GPT
+from ...model.config import PRESETS, GPTConfig, preset
+from ...model.gpt import GPT
 from ..cases import case_family, Case, Inputs, Outputs, register, sizes_rng
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     piece: ("gptcourse.count_parameters", "gptcourse.parameter_breakdown", "gptcourse.block_breakdown",
-            "gptcourse.params", "gptcourse.checks.gpt_module_breakdown", "gptcourse.checks.check_parameter_count",
-            "gptcourse.widgets.ParameterCalculator", "gptcourse.GPT", "gptcourse.model")
+            "gptcourse.model.params", "gptcourse.checks.gpt_module_breakdown", "gptcourse.checks.check_parameter_count",
+            "gptcourse.widgets.ParameterCalculator", "gptcourse.GPT", "gptcourse.model.gpt")
     for piece in ("breakdown", "total")
 }
 

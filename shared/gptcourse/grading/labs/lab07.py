@@ -5,7 +5,7 @@ generator)`.
 The model is gptcourse.GPT with reference weights (earlier labs' pieces come from the package); the optimizer is
 torch's SGD, whose update is plain enough that a missing clip or a gradient left over from the previous step shows
 in the parameters. The references below are written with torch alone (cross_entropy, clip_grad_norm_, SGD, topk,
-multinomial), not with gptcourse.train or gptcourse.generate.
+multinomial), not with gptcourse.train or gptcourse.generate (the functions) or their modules.
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ import torch
 from torch.nn import functional as F
 
 from ...checks import check_close, check_dtype, check_shape, fail, fmt_shape
-from ...config import GPTConfig
-from ...model import GPT
+from ...model.config import GPTConfig
+from ...model.gpt import GPT
 from ..cases import case_family, Case, Inputs, Outputs, register, sizes_rng, tensor_rng
 from ..student import as_tensor
 from .lab05 import check_close_lazily, reference_gpt
 
-_TRAINING = ("gptcourse.train", "gptcourse.train.lm_loss", "gptcourse.train.train_step", "gptcourse.train.train",
-             "gptcourse.estimate_loss", "gptcourse.train.estimate_loss")
-_SAMPLING = ("gptcourse.generate", "gptcourse.generate.generate", "gptcourse.filter_logits",
-             "gptcourse.generate.filter_logits", "gptcourse.widgets.TemperatureSampler")
+_TRAINING = ("gptcourse.train", "gptcourse.training.loop", "gptcourse.training.loop.lm_loss",
+             "gptcourse.training.loop.train_step", "gptcourse.estimate_loss")
+_SAMPLING = ("gptcourse.generate", "gptcourse.inference.sampling", "gptcourse.filter_logits",
+             "gptcourse.widgets.TemperatureSampler")
 FORBIDDEN: dict[str, tuple[str, ...]] = {"loss": _TRAINING, "step": _TRAINING, "probs": _SAMPLING,
                                          "sample": _SAMPLING}
 

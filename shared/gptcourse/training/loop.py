@@ -1,7 +1,7 @@
 """A small training loop: AdamW, linear warmup then cosine decay, periodic evaluation, a progress bar.
 
-Run `python -m gptcourse.train` to train a character-level model on the default corpus, or
-`python -m gptcourse.train --text PATH` on any text file.
+Run `python -m gptcourse.training` to train a character-level model on the default corpus, or
+`python -m gptcourse.training --text PATH` on any text file.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from torch import nn
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from .config import GPTConfig
-from .data import get_batch, load_text, train_val_split
-from .model import GPT
-from .tokenizer import CharTokenizer
+from ..model.config import GPTConfig
+from ..model.gpt import GPT
+from ..text.char_tokenizer import CharTokenizer
+from ..text.corpus import get_batch, load_text, train_val_split
 
 
 @dataclass(frozen=True)
@@ -176,6 +176,3 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.final_eval_batches}) after {cfg.steps} iterations in {wall:.1f} s "
           f"({torch.get_num_threads()} threads, evaluations included)")
 
-
-if __name__ == "__main__":
-    main()

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from .attention import KVCache
+from ..inference.kv_cache import KVCache
 from .block import DecoderBlock
 from .config import GPTConfig
 from .norms import make_norm
@@ -92,13 +92,13 @@ class GPT(nn.Module):
 
     @classmethod
     def from_hf(cls, hf_model: nn.Module) -> GPT:
-        """Build a GPT from a Hugging Face GPT2LMHeadModel or LlamaForCausalLM (see `gptcourse.hf`)."""
+        """Build a GPT from a Hugging Face GPT2LMHeadModel or LlamaForCausalLM (see `gptcourse.model.hf`)."""
         from .hf import from_hf
 
         return from_hf(hf_model)
 
     def to_hf(self) -> nn.Module:
-        """The equivalent Hugging Face model with the same weights (see `gptcourse.hf`)."""
+        """The equivalent Hugging Face model with the same weights (see `gptcourse.model.hf`)."""
         from .hf import to_hf
 
         return to_hf(self)

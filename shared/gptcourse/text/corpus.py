@@ -1,8 +1,8 @@
 """Offline text for training: a corpus shipped with the package by default, or any text file.
 
-Nothing is ever downloaded. The default corpus, `corpus/python_stdlib.txt` (about 0.5 MB), is the source of a few
+Nothing is ever downloaded. The default corpus, `data/python_stdlib.txt` (about 0.5 MB), is the source of a few
 modules of Python 3.11.7's standard library (`STDLIB_MODULES`, joined by newlines; PSF license in
-`corpus/LICENSE-PSF.txt`). It is shipped rather than read from the student's own Python because that text changes
+`data/LICENSE-PSF.txt`). It is shipped rather than read from the student's own Python because that text changes
 from version to version, and lesson 07's vocabulary, losses and samples must be the same on every machine.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-CORPUS = Path(__file__).parent / "corpus" / "python_stdlib.txt"
+CORPUS = Path(__file__).parent / "data" / "python_stdlib.txt"
 STDLIB_MODULES = (  # what CORPUS holds, in this order
     "argparse.py", "bisect.py", "calendar.py", "dataclasses.py", "difflib.py", "fractions.py",
     "functools.py", "heapq.py", "json/decoder.py", "json/encoder.py", "random.py", "shlex.py",

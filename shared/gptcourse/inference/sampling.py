@@ -12,7 +12,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch import nn
 
-from .model import GPT
+from ..model.gpt import GPT
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .config import GPTConfig
-from .model import GPT
+from .gpt import GPT
 
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 

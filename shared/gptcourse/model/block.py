@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import LayerCache, MultiHeadAttention
+from ..inference.kv_cache import LayerCache
+from .causal_attention import MultiHeadAttention
 from .config import GPTConfig
 from .mlp import make_mlp
 from .norms import make_norm

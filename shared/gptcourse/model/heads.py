@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .model import GPT
+from .gpt import GPT
 
 
 class ValueHead(nn.Module):

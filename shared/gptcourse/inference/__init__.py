@@ -1,0 +1,1 @@
+"""Generation, lesson 07 onwards: the KV cache and sampling."""

@@ -1,0 +1,2 @@
+"""The network, lessons 01-06: configuration, positions, attention, norms, MLPs, the block, GPT, heads, parameter
+counts and the Hugging Face bridge. Import from `gptcourse`; the modules here say where each piece lives."""

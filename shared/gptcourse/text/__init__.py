@@ -1,0 +1,1 @@
+"""Text in, ids out: tokenizers and the shipped offline corpus."""
