@@ -49,6 +49,9 @@ def test_quick_json_has_every_section(quick_report):
     linears_s = gen["new_tokens"] * gen["linears_ms"] / 1e3  # a whole generation's worth of batch-1 linears
     assert gen["ratio_without_overhead"] == pytest.approx(gen["recompute_s"] / linears_s)
     assert gen["linears_gb_per_s"] == pytest.approx(gen["linear_weights_mb"] / gen["linears_ms"])
+    cli = r["command_line"]
+    assert cli["help_over_python"] == pytest.approx(cli["help_ms"] / cli["python_ms"])
+    assert cli["check_env_over_python"] == pytest.approx(cli["check_env_ms"] / cli["python_ms"])
 
 
 def test_every_target_is_reported_with_its_verdict(quick_report):

@@ -78,6 +78,7 @@ FULL = {
     "attention_rounds": 10,
     "generate_tokens": 256,
     "generate_rounds": 3,
+    "cli_rounds": 7,
 }
 QUICK = {
     "shapes": (Shape(2, 2, 32, 16, 4), Shape(2, 2, 64, 32, 4)),
@@ -87,6 +88,7 @@ QUICK = {
     "attention_rounds": 3,
     "generate_tokens": 16,
     "generate_rounds": 2,
+    "cli_rounds": 2,
 }
 TARGETS = {  # issue 3's targets on a 2-core machine
     "mfu_small": 0.60,
@@ -324,6 +326,19 @@ def bench_attention_memory_kept(length: int, rounds: int) -> dict | None:
     return json.loads(proc.stdout)[0]
 
 
+def bench_command_line(rounds: int) -> dict:
+    """`gptcourse --help` and `gptcourse check-env` against `python -c pass`, each a fresh process, interleaved:
+    the command line imports torch and jupyter only for the command that needs them."""
+    python = [sys.executable, "-c", "pass"]
+    cli = [sys.executable, "-m", "gptcourse.cli"]
+    commands = {"python": python, "help": [*cli, "--help"], "check_env": [*cli, "check-env"]}
+    seconds = median_seconds({name: (lambda c=c: subprocess.run(c, capture_output=True, check=True))
+                              for name, c in commands.items()}, rounds, warmup=1)
+    return {"python_ms": 1e3 * seconds["python"], "help_ms": 1e3 * seconds["help"],
+            "check_env_ms": 1e3 * seconds["check_env"], "help_over_python": seconds["help"] / seconds["python"],
+            "check_env_over_python": seconds["check_env"] / seconds["python"]}
+
+
 def run(quick: bool = False) -> dict:
     """Every measurement, as one JSON-ready dict."""
     plan = QUICK if quick else FULL
@@ -335,6 +350,7 @@ def run(quick: bool = False) -> dict:
     training = [bench_training(shape, rounds, plan["peak_size"])
                 for shape, rounds in zip(plan["shapes"], plan["train_rounds"], strict=True)]
     gen = bench_generation(big, plan["generate_tokens"], plan["generate_rounds"])
+    cli = bench_command_line(plan["cli_rounds"])
     values = {
         "mfu_small": training[0]["ours_mfu"],
         "mfu_big": training[1]["ours_mfu"],
@@ -351,6 +367,7 @@ def run(quick: bool = False) -> dict:
         "attention": attn,
         "attention_memory_kept": attn_kept,
         "generation": gen,
+        "command_line": cli,
         "targets": [{"name": name, "value": values[name], "target": goal, "met": values[name] >= goal}
                     for name, goal in TARGETS.items()],
     }
@@ -407,6 +424,10 @@ def report(result: dict) -> str:
         f"the ratio would be {g['ratio_without_overhead']:.1f}x"
     )
     lines.append(f"  target KV cache >= {t['target']:.0f}x: {_met(t['met'])}")
+    c = result["command_line"]
+    lines.append(f"command line: `gptcourse --help` {c['help_ms']:.0f} ms = {c['help_over_python']:.1f}x "
+                 f"`python -c pass` ({c['python_ms']:.0f} ms); `gptcourse check-env` {c['check_env_ms']:.0f} ms = "
+                 f"{c['check_env_over_python']:.1f}x (it imports torch to report its threads)")
     lines.extend(NOTES)
     return "\n".join(lines)
 

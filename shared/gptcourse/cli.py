@@ -8,8 +8,6 @@ chosen command runs, and a command's own options are added only when that comman
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.metadata
 import json
 import platform
 import sys
@@ -21,6 +19,8 @@ PACKAGES = ("torch", "jupyterlab", "nbgrader", "ipywidgets", "matplotlib")
 
 
 def _version_of(distribution: str) -> tuple[bool, str]:
+    import importlib.metadata
+
     try:
         return True, importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError as error:
