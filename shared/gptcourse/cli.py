@@ -146,6 +146,18 @@ def _autograde_arguments(parser: argparse.ArgumentParser) -> None:
     batch.add_arguments(parser)
 
 
+def _site(args: argparse.Namespace) -> int:
+    from .website import command  # Sphinx and the `site` extra load only for this command
+
+    return command(args)
+
+
+def _site_arguments(parser: argparse.ArgumentParser) -> None:
+    from .website import add_arguments
+
+    add_arguments(parser)
+
+
 Command = tuple[str, Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None] | None]
 
 COMMANDS: dict[str, Command] = {
@@ -154,6 +166,8 @@ COMMANDS: dict[str, Command] = {
                  _progress_arguments),
     "autograde": ("grade a lab's submissions with nbgrader on all cores: progress bar, resume, summary table",
                   _autograde, _autograde_arguments),
+    "site": ("build the course's static website into _site/ from the committed notebooks (needs the site extra)",
+             _site, _site_arguments),
 }
 
 
