@@ -36,12 +36,14 @@ INSTRUCTOR_GUIDE = "Instructor workflow"
 NOTEBOOK_NAME = re.compile(r"^(\d\d)_\w+$")
 FENCE = re.compile(r"^\s*(```|~~~)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-NBVAL_COMMENT = re.compile(r"^# NBVAL_\w+[ \t]*\n?", re.MULTILINE)
+NBVAL_COMMENT = re.compile(r"\A# NBVAL_\w+[ \t]*\n?")  # nbval's marker on a cell's first line
 LAB_LINK = re.compile(r"\]\(\.\./labs/(\w+)/\1\.ipynb\)")  # a lesson's link to its lab notebook -> the lab's page
 # The site's icon, so that browsers do not ask the server for a /favicon.ico it does not have.
 FAVICON = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32"><rect width="32" height="32" rx="6" '
            'fill="#1f5f8b"/><text x="16" y="22" font-size="14" font-family="sans-serif" text-anchor="middle" '
            'fill="#fff">GPT</text></svg>\n')
+FENCED_BLOCK = re.compile(r"^[ \t]*(`{3,}|~{3,}).*?^[ \t]*\1[ \t]*$", re.MULTILINE | re.DOTALL)
+DISPLAY_MATH = re.compile(r"\$\$(.+?)\$\$", re.DOTALL)
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # What a browser can show without a kernel; other mimetypes (widget models, the grader's payloads) are left out.
 STATIC_MIMETYPES = ("text/html", "image/svg+xml", "image/png", "image/jpeg", "text/markdown", "text/latex",
@@ -213,6 +215,21 @@ def static_outputs(outputs: list[dict]) -> list[dict]:
     return kept
 
 
+def math_on_one_line(markdown: str) -> str:
+    """Each `$$...$$` outside code blocks on one line. Jupyter finds math before it parses markdown, so a notebook
+    may break a display formula across the lines of a paragraph, even before a line starting with `+`; MyST parses
+    the markdown first, and would read that `+` as a list item."""
+    out, start = [], 0
+    for block in FENCED_BLOCK.finditer(markdown):
+        out += [_join_display_math(markdown[start:block.start()]), block.group(0)]
+        start = block.end()
+    return "".join([*out, _join_display_math(markdown[start:])])
+
+
+def _join_display_math(text: str) -> str:
+    return DISPLAY_MATH.sub(lambda m: "$$" + " ".join(m.group(1).splitlines()) + "$$", text)
+
+
 def lesson_for_site(notebook: dict) -> dict:
     """A copy of a lesson as the site shows it: nbval's markers out of the code, static outputs, links to labs
     pointing to the lab's page (which offers the notebook for download)."""
@@ -220,17 +237,17 @@ def lesson_for_site(notebook: dict) -> dict:
     page.get("metadata", {}).pop("widgets", None)  # saved widget state would make myst-nb load widget scripts
     for cell in page.get("cells", []):
         if cell.get("cell_type") == "code":
-            cell["source"] = NBVAL_COMMENT.sub("", _source(cell), count=1) if _source(cell).startswith("# NBVAL_") \
-                else _source(cell)
+            cell["source"] = NBVAL_COMMENT.sub("", _source(cell))
             cell["outputs"] = static_outputs(cell.get("outputs", []))
         elif cell.get("cell_type") == "markdown":
-            cell["source"] = LAB_LINK.sub(r"](../labs/\1.md)", _source(cell))
+            cell["source"] = math_on_one_line(LAB_LINK.sub(r"](../labs/\1.md)", _source(cell)))
     return page
 
 
 def lab_page(lab: Notebook, lesson: Notebook | None) -> str:
     """A lab's page: the instructions (its markdown cells) and a link to download the notebook."""
-    cells = [_source(c).strip() for c in _read_notebook(lab.path).get("cells", []) if c.get("cell_type") == "markdown"]
+    notebook = _read_notebook(lab.path)
+    cells = [math_on_one_line(_source(c)).strip() for c in notebook.get("cells", []) if c["cell_type"] == "markdown"]
     if not cells:
         cells = [f"# {lab.title}"]
     download = (f"**Get the notebook:** {{download}}`{lab.name}.ipynb <{lab.name}/{lab.name}.ipynb>` "
@@ -321,6 +338,7 @@ def sphinx_config() -> dict[str, object]:
         "nb_merge_streams": True,
         "nb_ipywidgets_js": {},  # no widget scripts from a CDN: widgets show their saved static output
         "myst_enable_extensions": ["dollarmath", "amsmath"],
+        "myst_dmath_double_inline": True,  # `$$...$$` inside a paragraph is display math, as in Jupyter
         "myst_heading_anchors": 3,
         "html_theme": "sphinx_book_theme",
         "html_theme_options": {
