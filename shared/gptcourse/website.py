@@ -304,9 +304,9 @@ def landing_page(readme: str, lessons: list[Notebook], labs: list[Notebook]) -> 
 # --- building ---------------------------------------------------------------------------------------------------
 
 
-def stage_sources(repo: Path, source: Path) -> None:
+def stage_sources(repo: Path, source: Path) -> list[Notebook]:
     """Write the site's source folder: landing page, lessons (as the site shows them), lab pages and notebooks,
-    README pages."""
+    README pages. Returns the lessons."""
     readme = (repo / "README.md").read_text(encoding="utf-8")
     lessons, labs = find_lessons(repo), find_labs(repo)
     if not lessons:
@@ -325,6 +325,7 @@ def stage_sources(repo: Path, source: Path) -> None:
     (source / "index.md").write_text(landing_page(readme, lessons, labs), encoding="utf-8")
     (source / "instructor-guide.md").write_text(readme_section(readme, INSTRUCTOR_GUIDE), encoding="utf-8")
     (source / "seed-defects.md").write_text(readme_section(readme, SEED_DEFECTS), encoding="utf-8")
+    return lessons
 
 
 def sphinx_config() -> dict[str, object]:
@@ -375,7 +376,7 @@ def build_site(repo: Path, out: Path, verbose: bool = False) -> BuiltSite:
     warnings = io.StringIO()
     with tempfile.TemporaryDirectory(prefix="gptcourse-site-") as work:
         source = Path(work) / "source"
-        stage_sources(repo, source)
+        lessons = stage_sources(repo, source)
         html_dir = Path(work) / "html"
         app = Sphinx(str(source), None, str(html_dir), str(Path(work) / "doctrees"), "html",
                      confoverrides=sphinx_config(), status=sys.stdout if verbose else None, warning=warnings,
@@ -383,6 +384,8 @@ def build_site(repo: Path, out: Path, verbose: bool = False) -> BuiltSite:
         app.build()
         if app.statuscode:
             raise RuntimeError(f"Sphinx failed (status {app.statuscode})")
+        for lesson in lessons:  # the page's download button offers the notebook exactly as the repository has it
+            shutil.copyfile(lesson.path, html_dir / "_sources" / "lessons" / lesson.path.name)
         if out.exists():
             shutil.rmtree(out)
         shutil.copytree(html_dir, out)

@@ -147,6 +147,15 @@ def test_lab_pages_show_instructions_and_offer_the_student_notebook(built: Built
         assert downloads[0].read_bytes() == lab.read_bytes(), f"{lab.stem}: the download is not labs/{lab.name}"
 
 
+def test_lesson_pages_offer_their_notebook_as_committed(built: Built) -> None:
+    for lesson in LESSONS:
+        page = (built.site / "lessons" / f"{lesson.stem}.html").read_text()
+        links = [link for link in re.findall(r'href="([^"]*\.ipynb)"', page) if Path(link).name == lesson.name]
+        assert links, f"lesson page {lesson.stem} has no link to download {lesson.name}"
+        download = (built.site / "lessons" / links[0]).resolve()
+        assert download.read_bytes() == lesson.read_bytes(), f"{lesson.stem}: the download is not lessons/{lesson.name}"
+
+
 def test_site_holds_no_solutions(built: Built) -> None:
     """Neither nbgrader's solution or hidden-test markers nor a solution notebook anywhere in the site."""
     solutions = {p.read_bytes() for p in (ROOT / "solutions").glob("*/*.ipynb")}
@@ -351,6 +360,9 @@ def visits(built: Built, browser: Browser, site_url: str) -> dict[str, Visit]:
                                 RAW_MATH.findall(facts["prose"]), facts["widths"])
             if path in screenshots:
                 tab.page.screenshot(path=str(ARTIFACTS / screenshots[path]))
+                if facts["widths"]:  # and the lesson's first figure
+                    tab.page.locator("article img").first.scroll_into_view_if_needed()
+                    tab.page.screenshot(path=str(ARTIFACTS / screenshots[path].replace(".png", "-figure.png")))
     return found
 
 
