@@ -40,6 +40,7 @@ BROWSER_ARTIFACTS = ROOT / "artifacts" / "browser"  # where conftest.py's failur
 SITE_IN_SERVED_FOLDER = Path("course") / "_site"  # the site is served from two folders below the server's root
 LOOPBACK = "127.0.0.1"
 NOTEBOOK_NAME = re.compile(r"^\d\d_\w+$")
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 FIGURE_MIMETYPES = ("image/png", "image/jpeg", "image/svg+xml")
 # Text that MathJax leaves behind when it did not typeset: TeX delimiters and commands in the prose.
 RAW_MATH = re.compile(r"\$[^$\s][^$]*\$|\\frac|\\\(|\\\[|\\begin\{|\\mathcal|\\sqrt|\\operatorname")
@@ -154,6 +155,20 @@ def test_lesson_pages_offer_their_notebook_as_committed(built: Built) -> None:
         assert links, f"lesson page {lesson.stem} has no link to download {lesson.name}"
         download = (built.site / "lessons" / links[0]).resolve()
         assert download.read_bytes() == lesson.read_bytes(), f"{lesson.stem}: the download is not lessons/{lesson.name}"
+
+
+def test_widgets_fall_back_to_their_saved_summary(built: Built) -> None:
+    """A live widget cannot run on a static page: its saved one-line summary is shown, and no widget script (which
+    would come from a CDN) is loaded."""
+    summaries = {lesson: ["".join(out["data"]["text/plain"]) for cell in _cells(lesson, "code")
+                          for out in cell.get("outputs", []) if WIDGET_VIEW in out.get("data", {})]
+                 for lesson in LESSONS}
+    assert any(summaries.values()), "no lesson has a widget: nothing to check"
+    for lesson, texts in summaries.items():
+        page = (built.site / "lessons" / f"{lesson.stem}.html").read_text()
+        assert "jupyter-widgets" not in page and "require.js" not in page, f"{lesson.stem} loads widget scripts"
+        for text in texts:
+            assert text in html.unescape(page), f"{lesson.stem}: the widget summary {text!r} is not shown"
 
 
 def test_site_holds_no_solutions(built: Built) -> None:
