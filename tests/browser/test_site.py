@@ -293,7 +293,8 @@ def _site_tab(browser: Browser, site_url: str, screenshot: Path | None = None) -
     traffic = Traffic()
 
     def only_loopback(route: Route) -> None:
-        if urlparse(route.request.url).hostname == LOOPBACK or route.request.url.startswith(("data:", "blob:")):
+        url = urlparse(route.request.url)
+        if url.hostname == LOOPBACK or url.scheme in ("data", "blob", "file"):
             route.continue_()
         else:
             traffic.off_machine.append(route.request.url)
@@ -467,3 +468,15 @@ def test_landing_page_course_map_links_lessons_and_labs(tab: SiteTab) -> None:
     tab.page.wait_for_load_state("load")
     assert tab.page.locator("article a.download").count() >= 1, "the lab page has no download link"
     assert tab.traffic.problems() == []
+
+
+@pytest.mark.browser
+def test_pages_open_straight_from_the_folder(built: Built, browser: Browser) -> None:
+    """Opened as files (no server): lessons load everything and show their math and figures. (Search works too, but
+    Chromium lets a file:// page fetch no other file, so its results come without their summaries.)"""
+    with _site_tab(browser, built.site.as_uri() + "/") as tab:
+        for path in ["index.html", *map(_lesson_page, LESSONS[:2])]:
+            tab.open(path)
+            assert tab.traffic.problems() == [], f"{path} from a folder: {tab.traffic.problems()}"
+        formulas = tab.page.locator("article mjx-container").count()
+        assert formulas > 0 or not any("$" in _text(c) for c in _cells(LESSONS[1], "markdown"))
