@@ -273,7 +273,7 @@ def _course_map_table(rows: list[CourseRow], lessons: list[Notebook], labs: list
         lesson = lesson_by_number.get(row.number)
         lab = lab_by_number.get(row.lab) if row.lab else None
         lesson_cell = f"[{row.lesson}](lessons/{lesson.name}.ipynb)" if lesson else row.lesson
-        lab_cell = f"[lab {lab.number}](labs/{lab.name}.md)" if lab else (row.lab or "—")
+        lab_cell = f"[{lab.number}](labs/{lab.name}.md)" if lab else (row.lab or "—")
         table.append(f"| {row.number} | {lesson_cell} | {lab_cell} | {row.builds} |")
     return "\n".join(table)
 

@@ -210,7 +210,7 @@ def test_a_new_lesson_appears_without_editing_the_site(tmp_path: Path) -> None:
     source = tmp_path / "source"
     website.stage_sources(repo, source)
     landing = (source / "index.md").read_text()
-    assert "| 98 | [speculative decoding](lessons/98_speculation.ipynb) | [lab 98](labs/98_speculation.md) |" in landing
+    assert "| 98 | [speculative decoding](lessons/98_speculation.ipynb) | [98](labs/98_speculation.md) |" in landing
     assert "\nlessons/98_speculation\n" in landing and "\nlabs/98_speculation\n" in landing
     assert (source / "labs" / "98_speculation.md").is_file()
 
