@@ -11,8 +11,13 @@ For every autograded test cell (a grade cell whose source, restored from the gra
    (torch.allclose, builtins, IPython's traceback display, NBGRADER_EXECUTION) is ignored;
 4. the cell's outputs are replaced: one line per passing test, or a single error output holding only the
    diagnostics (nbgrader scores a cell with an error output 0), never a traceback or the test's source.
-A test of a piece whose reference implementation the student's cells import or use (the lab's `FORBIDDEN`,
-see `forbidden.py`) fails with the reason, and the report says so.
+A piece whose reference implementation the student uses (the lab's `FORBIDDEN`, see `forbidden.py`) scores 0 in
+every test of it, with a report line that says why. Two independent findings lead there:
+- the static scan of the cells' source (`find_forbidden`), here: imports, aliases, subclasses, attribute chains;
+- the run-time check in the kernel (`reference_behind`, called by `check`): a payload whose `reference` says the
+  object under test is, subclasses or wraps a reference. The kernel is the student's, so it can only hide its
+  own use from this second line (the scan still runs), never earn points; its report is read as untrusted data
+  (`payload.reference_text`): a malformed one fails its piece with a line saying so, and never stops the grader.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from nbgrader.preprocessors import NbGraderPreprocessor
 
 from .cases import forbidden_names
 from .forbidden import Finding, find_forbidden
-from .payload import MIME, judge_payload
+from .payload import MIME, judge_payload, reference_text
 from .report import add_line, cell_label
 
 STOP_REASON_CHARS = 300
@@ -60,10 +65,24 @@ def _stop_reason(cell: NotebookNode) -> str:
     return ""
 
 
+def _payloads(cell: NotebookNode) -> list[object]:
+    return [out["data"][MIME] for out in cell.get("outputs", [])
+            if out.get("output_type") in ("display_data", "execute_result") and MIME in out.get("data", {})]
+
+
+def reported_references(cell: NotebookNode, test_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """piece -> (test id, what the kernel reported) for each of the cell's tests whose payload says the object
+    under test is, subclasses or wraps a reference (`reference_text`)."""
+    found: dict[str, tuple[str, str]] = {}
+    for payload in _payloads(cell):
+        if isinstance(payload, dict) and payload.get("test_id") in test_ids and payload.get("reference") is not None:
+            found.setdefault(_piece(payload["test_id"]), (payload["test_id"], reference_text(payload["reference"])))
+    return found
+
+
 def judge_cell(cell: NotebookNode, test_ids: list[str], banned: dict[str, str]) -> tuple[bool, list[str]]:
     """(all passed, one message per test id) from the cell's recorded payloads; `banned`: piece -> reason."""
-    payloads = [out["data"][MIME] for out in cell.get("outputs", [])
-                if out.get("output_type") in ("display_data", "execute_result") and MIME in out.get("data", {})]
+    payloads = _payloads(cell)
     reason = _stop_reason(cell)
     verdicts = []
     for test_id in test_ids:
@@ -94,19 +113,27 @@ class JudgeTestCells(NbGraderPreprocessor):
     """Re-judge every check-calling test cell from its recorded payloads and rewrite its outputs."""
 
     def preprocess(self, nb: NotebookNode, resources: ResourcesDict) -> tuple[NotebookNode, ResourcesDict]:
-        tests = [(cell, ids) for cell in nb.cells
+        tests = [(i, cell, ids) for i, cell in enumerate(nb.cells)
                  if cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell)
                  and (ids := expected_test_ids(cell.source))]
-        labs = sorted({test_id.split(".")[0] for _, ids in tests for test_id in ids})
+        labs = sorted({test_id.split(".")[0] for _, _, ids in tests for test_id in ids})
         forbidden = {piece: names for lab in labs for piece, names in forbidden_names(lab).items()}
-        banned = self._banned_pieces(nb, forbidden, labs)
-        for cell, ids in tests:
+        prefix = labs[0] if len(labs) == 1 else "NN"
+        banned = self._banned_pieces(nb, forbidden, prefix)
+        for i, cell, ids in tests:  # the second line of defence: what the kernel's own check found
+            for piece, (test_id, text) in reported_references(cell, ids).items():
+                if piece not in banned:
+                    banned[piece] = f"the object {test_id} checks {text}"
+                    add_line(nb, f"{cell_label(cell, i)}: the object {test_id} checks {text}, the reference for a "
+                                 f"piece you must write: 0 points for {prefix}.{piece}.*")
+        for _, cell, ids in tests:
             passed, messages = judge_cell(cell, ids, banned)
             _rewrite(cell, passed, messages)
         return nb, resources
 
     def _banned_pieces(self, nb: NotebookNode, forbidden: dict[str, tuple[str, ...]],
-                       labs: list[str]) -> dict[str, str]:
+                       prefix: str) -> dict[str, str]:
+        """piece -> reason for the pieces whose reference the cells' source imports or uses (a line for each)."""
         if not forbidden:
             return {}
         cells = [(cell_label(cell, i), cell.source, not utils.is_locked(cell))
@@ -114,7 +141,6 @@ class JudgeTestCells(NbGraderPreprocessor):
         owner = {cell_label(cell, i): cell.metadata.get("nbgrader", {}).get("grade_id")
                  for i, cell in enumerate(nb.cells)}
         banned: dict[str, str] = {}
-        prefix = labs[0] if len(labs) == 1 else "NN"
         reported: set[object] = set()
         for finding in find_forbidden(cells, forbidden):
             key = (finding.cell, "dynamic") if finding.how == "dynamic" else finding.name

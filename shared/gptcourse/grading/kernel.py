@@ -6,7 +6,8 @@ import warnings
 from typing import Any
 
 from ..checks import CheckFailed
-from .cases import case_seed, get_case
+from .cases import Case, case_seed, forbidden_names, get_case
+from .forbidden import reference_behind
 from .payload import MIME, judge_payload, make_payload
 from .student import describe_error
 
@@ -24,24 +25,31 @@ def _emit(payload: dict[str, Any]) -> None:
 def check(test_id: str, student_obj: Any) -> None:
     """Run case `test_id` on the student's function or class, record the result, and judge it.
 
-    Prints a one-line pass message, or raises CheckFailed whose notebook display is only the diagnostic.
+    Prints a one-line pass message, or raises CheckFailed whose notebook display is only the diagnostic. An
+    object that is, subclasses or wraps a reference the lab forbids for this piece is not run: the payload says
+    what it is, and the grader zeroes the piece.
     """
     case = get_case(test_id)
     seed = case_seed(case)
-    outputs, error = None, None
-    try:
-        with warnings.catch_warnings():  # a warning on stderr would fail the cell under nbgrader
-            warnings.simplefilter("ignore")
-            outputs = case.run(student_obj, case.make_inputs(seed))
-        payload = make_payload(case.id, seed, outputs, None)
-    except CheckFailed as failure:
-        error = str(failure)
-    except Exception as err:  # the student's code may raise anything; it becomes the diagnostic
-        error = describe_error(err)
-    if error is not None:
-        payload = make_payload(case.id, seed, None, error)
+    lab, piece = case.id.split(".")[:2]
+    reference = reference_behind(student_obj, forbidden_names(lab).get(piece, ()))
+    payload = make_payload(case.id, seed, None, None, reference) if reference else _run(case, seed, student_obj)
     _emit(payload)
     passed, message = judge_payload(payload)
     if not passed:
         raise CheckFailed(message) from None
     print(message)
+
+
+def _run(case: Case, seed: int, student_obj: Any) -> dict[str, Any]:
+    """The payload of the case run on the student's object: its outputs, or the error it raised."""
+    try:
+        with warnings.catch_warnings():  # a warning on stderr would fail the cell under nbgrader
+            warnings.simplefilter("ignore")
+            outputs = case.run(student_obj, case.make_inputs(seed))
+        return make_payload(case.id, seed, outputs, None)
+    except CheckFailed as failure:
+        error = str(failure)
+    except Exception as err:  # the student's code may raise anything; it becomes the diagnostic
+        error = describe_error(err)
+    return make_payload(case.id, seed, None, error)

@@ -4,9 +4,12 @@ The payload is what leaves the student's kernel (a display_data output of mimety
 
     {"format": 1, "test_id": "02.causal_mask.visible", "seed": 123,
      "outputs": {"mask": {"dtype": "bool", "shape": [4, 4], "data": "<base64 bytes>"}, "n": {"value": 3}},
-     "error": null}
+     "error": null, "reference": null}
 
-`outputs` is null and `error` a message when the student's code failed before producing outputs.
+`outputs` is null and `error` a message when the student's code failed before producing outputs. `reference` is
+what the kernel's run-time check found when the object under test is, subclasses or wraps a reference of that
+piece (`forbidden.reference_behind`), e.g. {"how": "subclasses", "name": "gptcourse.AttentionHead"}; the case is
+then not run, and the test fails.
 `judge_payload` needs only this dict and the case registry: it recomputes the inputs from the seed and the
 expected outputs from the reference implementation, so it can run in a process where no student code ran.
 """
@@ -14,6 +17,7 @@ expected outputs from the reference implementation, so it can run in a process w
 from __future__ import annotations
 
 import base64
+import re
 import textwrap
 from typing import Any
 
@@ -22,6 +26,7 @@ import torch
 
 from ..checks import CheckFailed
 from .cases import case_seed, get_case
+from .forbidden import HOW
 
 MIME = "application/vnd.gptcourse.result+json"
 FORMAT = 1
@@ -83,9 +88,26 @@ def decode_value(encoded: Any) -> Any:
     return torch.from_numpy(array.copy())
 
 
-def make_payload(test_id: str, seed: int, outputs: dict[str, Any] | None, error: str | None) -> dict[str, Any]:
+def make_payload(test_id: str, seed: int, outputs: dict[str, Any] | None, error: str | None,
+                 reference: tuple[str, str] | None = None) -> dict[str, Any]:
     encoded = None if outputs is None else {name: encode_value(v) for name, v in outputs.items()}
-    return {"format": FORMAT, "test_id": test_id, "seed": seed, "outputs": encoded, "error": error}
+    found = None if reference is None else {"how": reference[0], "name": reference[1]}
+    return {"format": FORMAT, "test_id": test_id, "seed": seed, "outputs": encoded, "error": error,
+            "reference": found}
+
+
+_REFERENCE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,199}")
+
+
+def reference_text(reported: Any) -> str:
+    """What a payload's `reference` says, as the end of "the object under test ...": "is gptcourse.attention".
+
+    Only a tampered kernel writes a malformed one; it still fails the test, with a line that says so.
+    """
+    if isinstance(reported, dict) and reported.get("how") in HOW and isinstance(reported.get("name"), str) \
+            and _REFERENCE_NAME.fullmatch(reported["name"]):
+        return f"{reported['how']} {reported['name']}"
+    return "was reported by the kernel as a reference, in a form the grader cannot read"
 
 
 WIDTH = 84  # `nbgrader validate` cuts lines at 90 characters, after a 4-space indent
@@ -118,6 +140,9 @@ def _judge(payload: Any) -> tuple[bool, str]:
     if payload.get("format") != FORMAT or payload.get("seed") != seed:
         return False, f"{header}\nthe result was computed for other inputs (format {payload.get('format')}, " \
                       f"seed {payload.get('seed')}); run the lab's cells again from the top"
+    if payload.get("reference") is not None:
+        return False, f"{header}\nthe object under test {reference_text(payload['reference'])}, the reference for " \
+                      "a piece you must write: this test earns no points (the lab's intro says which imports to use)"
     if payload.get("error") is not None or payload.get("outputs") is None:
         return False, f"{header}\n{str(payload.get('error') or 'no result')[:MAX_MESSAGE]}"
     try:
