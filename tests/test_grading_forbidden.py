@@ -66,7 +66,7 @@ def static_forms(path: str, obj: Any) -> dict[str, tuple[str, str]]:
         "dotted-import": f"import {parent}\n\ndef answer(*args):\n    return {path}(*args)",
         "reassigned": f"import {parent} as m\nx, y = m, 1\nanswer = x.{attr}",
         "walrus": f"import {parent} as m\nif (answer := m.{attr}):\n    pass",
-        "wrapper": f"from {parent} import {attr} as ref\n\ndef answer(*args, **kwargs):\n    return ref(*args, **kwargs)",
+        "wrapper": f"from {parent} import {attr} as ref\n\ndef answer(*args):\n    return ref(*args)",
         "getattr": f"import {parent} as m\nanswer = getattr(m, {attr!r})",
         "inside-a-function": f"def answer(*args):\n    import {parent} as m\n    return m.{attr}(*args)",
     }
@@ -138,7 +138,8 @@ RUNTIME_FORMS = {  # source binding `answer`, with `ref` the reference; what `re
     "closure": ("def make(r):\n    def inner(*args):\n        return r(*args)\n    return inner\n\nanswer = make(ref)",
                 "wraps or calls"),
     "functools.wraps": ("@functools.wraps(ref)\ndef answer(*args):\n    return None", "wraps or calls"),
-    "wrapped-twice": ("def a(): pass\ndef answer(): pass\na.__wrapped__ = ref\nanswer.__wrapped__ = a", "wraps or calls"),
+    "wrapped-twice": ("def a(): pass\ndef answer(): pass\na.__wrapped__ = ref\nanswer.__wrapped__ = a",
+                      "wraps or calls"),
     "partial": ("answer = functools.partial(ref)", "wraps or calls"),
     "default": ("def answer(*args, r=ref):\n    return r(*args)", "wraps or calls"),
     "container": ("REFS = dict(r=[ref])\n\ndef answer(*args):\n    return REFS['r'][0](*args)", "wraps or calls"),
@@ -302,9 +303,9 @@ def test_the_grader_zeroes_the_piece_the_kernel_reports_whatever_it_reports(repo
     mask, attention, causal, head = nb.cells
     assert mask.outputs[0].output_type == "stream"
     assert attention.outputs[0].output_type == causal.outputs[0].output_type == "error"
-    assert "02.attention.causal: 0 points: the object 02.attention.visible checks" in causal.outputs[0].evalue
+    assert "02.attention.causal: 0 points: the object that 02.attention.visible checks" in causal.outputs[0].evalue
     [line] = report_lines(nb)
-    assert line.startswith("cell 2 ('test_attention'): the object 02.attention.visible checks ") and says in line
+    assert line.startswith("cell 2 ('test_attention'): the object that 02.attention.visible checks ") and says in line
     assert line.endswith("0 points for 02.attention.*")
     assert "no result recorded for 02.head.visible" in head.outputs[0].evalue
 
@@ -395,7 +396,7 @@ def test_each_piece_has_its_report_line(batch):
                 line = rf"^- cell \d+ \(solution '\w+'\) {VARIANTS[variant]} \S+, the reference for a piece you " \
                        rf"must write: 0 points for .*\b{lab}\.{piece}\.\*"
             else:
-                line = rf"^- cell \d+ \('test_\w+'\): the object {lab}\.{piece}\.\w+ checks (is|subclasses) " \
+                line = rf"^- cell \d+ \('test_\w+'\): the object that {lab}\.{piece}\.\w+ checks (is|subclasses) " \
                        rf"{name}, the reference for a piece you must write: 0 points for {lab}\.{piece}\.\*$"
             if not re.search(line, text, re.MULTILINE):
                 missing.append((student, piece, line, text))

@@ -23,7 +23,9 @@ a test cell's source reveals nothing, and the test ids are what the gradebook, t
 What `check(test_id, obj)` does, in the student's kernel (`kernel.py`):
 1. looks up the `Case` (`cases.py`) and its seed: a fixed public hash for visible cases, a hash of the course
    secret (env GPTCOURSE_SECRET) for hidden ones;
-2. `case.make_inputs(seed)` -> inputs; `case.run(obj, inputs)` calls the student's code (a module is built with
+2. if `obj` is, subclasses or wraps a reference the lab forbids for that piece (`forbidden.reference_behind`),
+   the case is not run and the payload says what it found; else
+   `case.make_inputs(seed)` -> inputs; `case.run(obj, inputs)` calls the student's code (a module is built with
    the case's sizes and *reference weights loaded into it*, so random init never decides a grade) and returns
    plain outputs; an exception in the student's code becomes a message naming it and the line of their code;
 3. emits a display_data output of mimetype `application/vnd.gptcourse.result+json` holding the outputs as
@@ -49,7 +51,8 @@ Student code runs only in the student's kernel; the verdict is reached in the gr
 4. Judge (`judge.JudgeTestCells`, before SaveAutoGrades): each test cell's expected ids come from its restored
    source; exactly one payload per id with the grader's seed, re-judged here; outputs rewritten to the verdict.
    In-kernel monkeypatching, printed text, raised or hidden errors cannot earn points. Pieces whose reference
-   the student's cells import or use (`FORBIDDEN` in labNN.py, `forbidden.py`) score 0.
+   the student's cells import or use, or whose tested object the kernel reports as a reference (`FORBIDDEN` in
+   labNN.py, `forbidden.py`), score 0.
 5. Report (`report.WriteGradingReport`, last): grading/reports/<lab>/<student>.txt and a cell atop the notebook.
 `nbgrader generate_feedback` cuts hidden-test regions (`feedback.HideHiddenTests`). The course secret comes from
 env GPTCOURSE_SECRET or grading/secret.txt (nbgrader_config.py); it stays in the grader: a kernel gets only the
@@ -58,8 +61,9 @@ misnamed copy) is graded 0 with a report line naming the file to rename (`saniti
 folder with no notebook, which nbgrader skips, gets a report (`report.report_folders_without_notebook`).
 Limits: the kernel runs as the grader's user (the scratch folder is not a sandbox: a hostile notebook could
 still open absolute paths such as the gradebook); grade untrusted classes in a container or as a separate user.
-The forbidden-reference scan is static: it follows imports, aliases, `getattr` with a constant and flags the
-import machinery, but cannot see source copied from the package.
+The forbidden-reference scan resolves names as Python does and follows imports, aliases, scopes, subclasses and
+`getattr` with a constant, and flags the import machinery; the run-time check in the kernel is a second line
+that a tampered kernel can only blind to its own use. Neither sees source copied from the package.
 
 Adding a case (a lab author)
 ----------------------------
@@ -67,6 +71,9 @@ In `gptcourse/grading/labs/labNN.py` (imported automatically), write `make_input
 `reference(inputs)` and `judge(got, expected, inputs)` and `register(Case(id, what, make_inputs, run,
 reference, judge, hidden=...))`; a hidden case draws its sizes with `sizes_rng(seed)` and tensors with
 `tensor_rng(seed)`. Ids are "NN.piece.variant"; hidden ids start their variant with "hidden".
+Declare `FORBIDDEN = {piece: ("gptcourse.Name", "gptcourse.some.module", ...)}`: the references a student must
+not use for that piece (a module stands for every function and class it defines). tests/test_grading_forbidden.py
+checks every name resolves, and that each form of importing, subclassing or wrapping it costs the piece.
 """
 
 from __future__ import annotations

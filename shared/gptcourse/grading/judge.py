@@ -123,9 +123,9 @@ class JudgeTestCells(NbGraderPreprocessor):
         for i, cell, ids in tests:  # the second line of defence: what the kernel's own check found
             for piece, (test_id, text) in reported_references(cell, ids).items():
                 if piece not in banned:
-                    banned[piece] = f"the object {test_id} checks {text}"
-                    add_line(nb, f"{cell_label(cell, i)}: the object {test_id} checks {text}, the reference for a "
-                                 f"piece you must write: 0 points for {prefix}.{piece}.*")
+                    banned[piece] = f"the object that {test_id} checks {text}"
+                    add_line(nb, f"{cell_label(cell, i)}: the object that {test_id} checks {text}, the reference for "
+                                 f"a piece you must write: 0 points for {prefix}.{piece}.*")
         for _, cell, ids in tests:
             passed, messages = judge_cell(cell, ids, banned)
             _rewrite(cell, passed, messages)
