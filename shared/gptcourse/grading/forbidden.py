@@ -433,24 +433,27 @@ def reference_behind(obj: Any, names: Iterable[str], user_modules: Iterable[str]
     looked at (a raising `__getattr__`, a lying `__class__`), this returns.
     """
     table, _ = reference_table({"": tuple(names)}, import_missing=False)
-    if not table:
-        return None
     refs = {key: name for key, (_, name, _) in table.items()}
-    user = frozenset(user_modules)
+    return _safe(lambda: _search(obj, refs, frozenset(user_modules)), None) if refs else None
+
+
+def _search(obj: Any, refs: dict[int, str], user: frozenset[str]) -> tuple[str, str] | None:
+    """`reference_behind` on {id(reference): name}: the object itself and its classes first, then what it holds,
+    breadth first (every object seen is kept alive, so that no id is reused during the search)."""
     if id(obj) in refs:
         return "is", refs[id(obj)]
     cls = obj if isinstance(obj, type) else type(obj)
     for base in _safe(lambda: cls.__mro__, ()):
         if id(base) in refs:
             return ("subclasses" if cls is obj else "is an instance of"), refs[id(base)]
-    seen = {id(obj)}
+    seen = {id(obj): obj}
     queue = deque([obj])
     while queue and len(seen) < MAX_VISITS:
         for neighbour in _safe(lambda: list(_neighbours(queue.popleft(), user)), []):
             if id(neighbour) in refs:
                 return "wraps or calls", refs[id(neighbour)]
             if id(neighbour) not in seen:
-                seen.add(id(neighbour))
+                seen[id(neighbour)] = neighbour
                 queue.append(neighbour)
     return None
 
