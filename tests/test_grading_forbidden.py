@@ -130,6 +130,16 @@ def test_a_name_is_the_attribute_before_the_submodule(lazy_package, source):
     assert finding.pieces == ("piece",)
 
 
+def test_the_scan_never_runs_a_main_module():
+    """`gptcourse.training.__main__` trains when imported: a cell naming it must not make the grader train (or
+    exit, with the grader's command line)."""
+    sources = ["import gptcourse.training.__main__", "from gptcourse.training import __main__",
+               "import gptcourse.training.__main__ as m\nm.main()"]
+    for source in sources:
+        find_forbidden([("cell 1", source, True)], forbidden_names("07"))
+    assert "gptcourse.training.__main__" not in sys.modules
+
+
 RUNTIME_FORMS = {  # source binding `answer`, with `ref` the reference; what `reference_behind` must say
     "is": ("answer = ref", "is"),
     "lambda": ("answer = lambda *args, **kwargs: ref(*args, **kwargs)", "wraps or calls"),
@@ -147,6 +157,7 @@ RUNTIME_FORMS = {  # source binding `answer`, with `ref` the reference; what `re
                      "wraps or calls"),
     "staticmethod": ("class answer:\n    run = staticmethod(ref)", "wraps or calls"),
 }
+BASETYPE = 1 << 10  # Py_TPFLAGS_BASETYPE: a class Python lets you subclass
 CLASS_FORMS = {
     "subclass": ("class answer(ref):\n    pass", "subclasses"),
     "subclass-of-subclass": ("class Mine(ref):\n    pass\n\nclass answer(Mine):\n    pass", "subclasses"),
@@ -165,7 +176,8 @@ def run_as_notebook(source: str, **names: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("lab, piece, name", NAMES, ids=NAME_IDS)
 def test_the_run_time_check_sees_through_wrappers_of_every_forbidden_name(lab, piece, name):
     path, obj = target(lab, name)
-    forms = RUNTIME_FORMS | (CLASS_FORMS if isinstance(obj, type) else {})
+    subclassable = isinstance(obj, type) and obj.__flags__ & BASETYPE
+    forms = RUNTIME_FORMS | (CLASS_FORMS if subclassable else {})
     got = {}
     for form, (source, how) in forms.items():
         code = source.format(root=path.split(".")[0], path=path)
