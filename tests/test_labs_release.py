@@ -59,3 +59,4 @@ def test_progress_shows_which_visible_tests_pass(fresh_course, tmp_path):
     assert rows[done] == ["3/3", "all pass"]
     assert rows[todo] == ["0/4", "test_causal_mask, test_attention, test_attention_causal, test_head"]
     assert proc.returncode == 1
+    assert proc.stderr == "", f"progress printed more than its table:\n{proc.stderr}"  # e.g. the kernels' log

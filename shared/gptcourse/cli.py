@@ -104,7 +104,8 @@ def lab_progress(notebook: Path, timeout: int = 120) -> tuple[int, list[str]]:
     from nbclient import NotebookClient
 
     nb = nbformat.read(notebook, as_version=4)
-    NotebookClient(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
+    # The kernel's own log (a warning about its local TCP connection, once per lab) would land between the rows.
+    NotebookClient(nb, timeout=timeout, allow_errors=True, kernel_name="python3", extra_arguments=["--log-level=ERROR"],
                    resources={"metadata": {"path": str(notebook.parent)}}).execute()
     tests = [cell for cell in nb.cells if _is_visible_test(cell)]
     failing = [cell.metadata.nbgrader.get("grade_id", "?") for cell in tests if not _cell_passed(cell)]
