@@ -47,6 +47,9 @@ c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^/_]+)_(?P<file_id
 
 # A lab's cells are small; a minute per cell leaves room for a slow laptop and stops a runaway loop.
 c.Execute.timeout = 60
+# Kernels log only errors: ipykernel's warning that it talks to nbgrader over local TCP, which a student can
+# do nothing about, would otherwise head every `nbgrader validate` report.
+c.Execute.extra_arguments = ["--log-level=ERROR"]
 
 SECRET_FILE = os.path.join(ROOT, "grading", "secret.txt")
 if not os.environ.get("GPTCOURSE_SECRET") and os.path.isfile(SECRET_FILE):

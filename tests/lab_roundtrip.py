@@ -50,6 +50,7 @@ class RoundTrip:
         lab_number = self.LAB[:2]
         solved = course.validate(f"lab{lab_number}-solved", course.solved(self.LAB))
         assert "Success! Your notebook passes all the tests." in solved
+        assert "WARNING" not in solved, f"validate printed a warning a student cannot act on:\n{solved[:2000]}"
         v = self.VALIDATE
         report = course.validate(f"lab{lab_number}-{v.student}", course.solved(self.LAB, self.WRONG[v.student][0]))
         assert f"VALIDATION FAILED ON {v.failed_cells} CELL(S)" in report
