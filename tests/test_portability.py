@@ -50,3 +50,11 @@ def test_lessons_reproduce(variant: str) -> None:
         f"with {settings} a lesson's saved outputs do not reproduce. A value that depends on floating-point "
         "rounding must be asserted with a tolerance in its cell, and the cell tagged nbval-ignore-output (or "
         f"printed rounded so that it cannot change); then re-run the notebook.\n{proc.stdout[-6000:]}")
+
+
+def test_torch_takes_the_plain_cpu_path() -> None:
+    """Without this the first variant could pass by computing exactly as the recording machine did."""
+    probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    proc = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **VARIANTS["cpu_without_avx"]},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "DEFAULT", proc.stdout + proc.stderr
