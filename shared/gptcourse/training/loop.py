@@ -1,26 +1,34 @@
-"""A small training loop: AdamW, linear warmup then cosine decay, periodic evaluation, a progress bar.
+"""A small training loop: AdamW, linear warmup then cosine decay, gradient accumulation, periodic evaluation,
+checkpoints that resume bit for bit, and data parallelism across processes.
 
 Run `python -m gptcourse.training` to train a character-level model on the default corpus, or
-`python -m gptcourse.training --text PATH` on any text file.
+`python -m gptcourse.training --text PATH` on any text file; `--checkpoint PATH --checkpoint-every N` saves the
+run and `--resume` continues it; `torchrun --nproc_per_node 2 -m gptcourse.training ...` trains on 2 processes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ..model.config import GPTConfig
 from ..model.gpt import GPT
 from ..text.char_tokenizer import CharTokenizer
 from ..text.corpus import get_batch, load_text, train_val_split
+from .checkpoint import check_same_run, load_checkpoint, save_checkpoint
+from .distributed import Ranks, current_ranks, join_process_group, leave_process_group, rank_rows
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     beta2: float = 0.99
     grad_clip: float = 1.0
+    micro_batches: int = 1  # gradient accumulation: each step's batch is run in this many equal pieces
     eval_interval: int = 100
     eval_batches: int = 20
     seed: int = 0
@@ -67,15 +76,40 @@ def lm_loss(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def train_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, grad_clip: float
+    model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, grad_clip: float,
+    micro_batches: int = 1,
 ) -> torch.Tensor:
-    """One optimisation step on the batch (x, y): loss, gradients, clipping to `grad_clip`, update."""
-    loss = lm_loss(model, x, y)
+    """One optimisation step on the batch (x, y): loss, gradients, clipping to `grad_clip`, update.
+
+    With micro_batches = k > 1 the batch is run in k equal pieces whose losses, each divided by k, are
+    back-propagated one after the other: the gradients add up to the whole batch's (the mean over k means of
+    equal size is the mean), while only one piece's activations are held at a time. Under
+    DistributedDataParallel only the last piece all-reduces the gradients. Returns the batch's mean loss.
+    """
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    if micro_batches == 1:
+        loss = lm_loss(model, x, y)
+        loss.backward()
+    else:
+        if x.size(0) % micro_batches:
+            raise ValueError(f"a batch of {x.size(0)} rows does not split into micro_batches={micro_batches} "
+                             "equal pieces: use a batch size that is a multiple of it")
+        loss = torch.zeros(())
+        pieces = list(zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True))  # each (B / k, T)
+        for i, (x_piece, y_piece) in enumerate(pieces):
+            last = i == len(pieces) - 1
+            no_sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else None
+            with no_sync or contextlib.nullcontext():
+                piece_loss = lm_loss(model, x_piece, y_piece) / micro_batches
+                piece_loss.backward()
+            loss = loss + piece_loss.detach().cpu()
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     return loss.detach()
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 @torch.no_grad()
@@ -84,10 +118,22 @@ def estimate_loss(model: GPT, ids: torch.Tensor, cfg: TrainConfig, seed: int = 1
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed)
-    losses = [lm_loss(model, *get_batch(ids, cfg.batch_size, cfg.block_size, gen)).item()
+    device = _device_of(model)
+    losses = [lm_loss(model, *(t.to(device) for t in get_batch(ids, cfg.batch_size, cfg.block_size, gen))).item()
               for _ in range(cfg.eval_batches)]
     model.train(was_training)
     return sum(losses) / len(losses)
+
+
+def data_fingerprint(ids: torch.Tensor) -> str:
+    """A short hash of the training ids, so that a checkpoint is not resumed on other data."""
+    return hashlib.sha256(ids.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
+
+
+def _run_settings(model: GPT, train_ids: torch.Tensor, cfg: TrainConfig) -> dict[str, dict]:
+    """What a checkpoint must agree with to be resumed: the model, the training settings and the data."""
+    return {"model_config": asdict(model.config), "train_config": asdict(cfg),
+            "data": {"tokens": len(train_ids), "sha256": data_fingerprint(train_ids)}}
 
 
 def train(
@@ -97,21 +143,61 @@ def train(
     cfg: TrainConfig,
     progress: bool = True,
     on_eval: Callable[[dict], None] | None = None,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 0,
+    resume: str | Path | None = None,
 ) -> list[dict]:
-    """Train in place; returns the evaluations as [{"step", "train_loss", "val_loss", "lr"}, ...]."""
+    """Train in place; returns the evaluations as [{"step", "train_loss", "val_loss", "lr"}, ...].
+
+    checkpoint: write the run's whole state there every `checkpoint_every` steps (if > 0) and at the end: the
+    model, the optimizer's moments, the step reached, the data sampler's and torch's random states and the
+    evaluations so far. resume: a checkpoint to continue from (of the same model, settings and data), so that
+    N steps, a save, a resume and N more give bit for bit the weights of 2N steps in one go.
+    In a torch.distributed process group, each rank trains on its share of every batch (`cfg.batch_size` is
+    the global batch) through DistributedDataParallel; rank 0 evaluates, shows progress and writes checkpoints.
+    """
     if cfg.block_size > model.config.context_length:
         raise ValueError(f"block_size={cfg.block_size} exceeds context_length={model.config.context_length}")
+    ranks = current_ranks()
+    rows = rank_rows(cfg.batch_size, ranks)
+    if (rows.stop - rows.start) % cfg.micro_batches:
+        raise ValueError(f"each process's {rows.stop - rows.start} rows (batch_size={cfg.batch_size} over "
+                         f"{ranks.world_size} processes) do not split into micro_batches={cfg.micro_batches}")
     gen = torch.Generator().manual_seed(cfg.seed)
     optimizer = make_optimizer(model, cfg)
     history: list[dict] = []
+    settings = _run_settings(model, train_ids, cfg)
+    first_step = 0
+    if resume is not None:
+        state = load_checkpoint(resume)
+        check_same_run(state, settings, resume)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        gen.set_state(state["data_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        first_step, history = state["step"], list(state["history"])
+
+    def save(step: int) -> None:
+        if checkpoint is not None and ranks.is_main:
+            save_checkpoint(checkpoint, settings | {
+                "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "data_rng": gen.get_state(), "torch_rng": torch.get_rng_state(), "history": history})
+
+    net: nn.Module = model
+    if ranks.world_size > 1:
+        net = DistributedDataParallel(model, device_ids=[_device_of(model)] if ranks.device != "cpu" else None)
+    device = _device_of(model)
     model.train()
-    bar = tqdm(range(cfg.steps), disable=not progress, desc="training")
+    bar = tqdm(range(first_step, cfg.steps), disable=not (progress and ranks.is_main), desc="training",
+               initial=first_step, total=cfg.steps)
     for step in bar:
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        train_step(model, optimizer, *get_batch(train_ids, cfg.batch_size, cfg.block_size, gen), cfg.grad_clip)
-        if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps:
+        x, y = get_batch(train_ids, cfg.batch_size, cfg.block_size, gen)  # (B, T): the global batch, every rank
+        x, y = x[rows].to(device), y[rows].to(device)  # (B / W, T): this rank's share
+        train_step(net, optimizer, x, y, cfg.grad_clip, cfg.micro_batches)
+        if ranks.is_main and ((step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.steps):
             record = {
                 "step": step + 1,
                 "train_loss": estimate_loss(model, train_ids, cfg),
@@ -122,6 +208,9 @@ def train(
             bar.set_postfix(val_loss=f"{record['val_loss']:.3f}")
             if on_eval is not None:
                 on_eval(record)
+        if checkpoint_every > 0 and (step + 1) % checkpoint_every == 0 and step + 1 < cfg.steps:
+            save(step + 1)
+    save(cfg.steps)
     return history
 
 
@@ -150,29 +239,55 @@ def default_recipe(vocab_size: int, steps: int = RECIPE_STEPS) -> tuple[GPTConfi
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Train a character-level GPT on a text file (`default_recipe`).")
+    parser = argparse.ArgumentParser(description="Train a character-level GPT on a text file (`default_recipe`). "
+                                     "Under torchrun, each process trains on its share of every batch.")
     parser.add_argument("--text", help="a UTF-8 text file (default: standard-library source)")
     parser.add_argument("--steps", type=int, default=RECIPE_STEPS)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, help="the global batch, split across processes (default 12)")
+    parser.add_argument("--micro-batches", type=int, default=1,
+                        help="gradient accumulation: run each process's rows in this many pieces")
+    parser.add_argument("--checkpoint", help="write the run's state to this file (at the end, and every "
+                        "--checkpoint-every steps)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="N")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from --checkpoint if it exists (else start from step 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--final-eval-batches", type=int, default=200,
                         help="batches for the precise val loss printed at the end (default 200)")
     args = parser.parse_args(argv)
+    if (args.resume or args.checkpoint_every) and not args.checkpoint:
+        parser.error("--resume and --checkpoint-every need --checkpoint PATH")
 
     text = load_text(args.text)
     tok = CharTokenizer.from_text(text)
     train_ids, val_ids = train_val_split(torch.tensor(tok.encode(text), dtype=torch.long))
     model_config, cfg = default_recipe(tok.vocab_size, args.steps)
-    cfg = replace(cfg, seed=args.seed)
+    cfg = replace(cfg, seed=args.seed, batch_size=args.batch_size or cfg.batch_size, micro_batches=args.micro_batches)
+    ranks = join_process_group()
+    try:
+        _train_and_report(args, model_config, cfg, train_ids, val_ids, ranks)
+    finally:
+        leave_process_group()
+
+
+def _train_and_report(args: argparse.Namespace, model_config: GPTConfig, cfg: TrainConfig, train_ids: torch.Tensor,
+                      val_ids: torch.Tensor, ranks: Ranks) -> None:
     torch.manual_seed(args.seed)
-    model = GPT(model_config)
+    model = GPT(model_config).to(ranks.device)
+    resume = args.checkpoint if args.resume and Path(args.checkpoint).is_file() else None
+    if args.resume and resume is None and ranks.is_main:
+        print(f"no checkpoint at {args.checkpoint} yet: starting at step 0")
     start = time.perf_counter()
-    history = train(model, train_ids, val_ids, cfg, progress=not args.no_progress)
+    history = train(model, train_ids, val_ids, cfg, progress=not args.no_progress, checkpoint=args.checkpoint,
+                    checkpoint_every=args.checkpoint_every, resume=resume)
     wall = time.perf_counter() - start
+    if not ranks.is_main:
+        return
     # The loop's estimate uses cfg.eval_batches batches, like nanoGPT's eval_iters; a larger sample is printed
     # too, because a 20-batch estimate wobbles by about +-0.02.
     precise = estimate_loss(model, val_ids, replace(cfg, eval_batches=args.final_eval_batches))
+    processes = f", {ranks.world_size} processes" if ranks.world_size > 1 else ""
     print(f"val loss {history[-1]['val_loss']:.4f} ({cfg.eval_batches} batches; {precise:.4f} on "
           f"{args.final_eval_batches}) after {cfg.steps} iterations in {wall:.1f} s "
-          f"({torch.get_num_threads()} threads, evaluations included)")
-
+          f"({torch.get_num_threads()} threads{processes}, evaluations included)")

@@ -1,0 +1,61 @@
+"""Checkpoints that a run can be killed around: written atomically, read back with clear errors.
+
+`save_checkpoint` writes to a temporary file in the same folder, flushes it to disk and renames it over the old
+one (`os.replace` is atomic on POSIX and Windows), so at every moment PATH is either the previous checkpoint or
+the new one, never half of one: a run killed while saving resumes from the previous save. `load_checkpoint`
+reads only tensors and plain Python values (`weights_only=True`, so a checkpoint cannot run code) and says
+what is wrong with a file that is missing, truncated, or from another run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "gptcourse-checkpoint-1"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from: missing, truncated, or written by a different run."""
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
+    """Write `state` (tensors and plain values) to `path` atomically: write a temporary file, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "wb") as f:
+        torch.save({"format": FORMAT, **state}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The state saved at `path`; CheckpointError if it is missing, truncated or not a gptcourse checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise CheckpointError(f"{path} is not a complete checkpoint ({path.stat().st_size:,} bytes): it is "
+                              f"truncated or was not written by gptcourse.train ({type(err).__name__}: {err})"
+                              ) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a gptcourse checkpoint (expected format {FORMAT!r})")
+    return state
+
+
+def check_same_run(state: dict[str, Any], expected: dict[str, Any], path: str | Path) -> None:
+    """Refuse to resume from a checkpoint whose settings (model config, training config, data) differ."""
+    differences = [f"{key}.{field}: checkpoint {saved.get(field)!r}, this run {value!r}"
+                   for key, wanted in expected.items()
+                   for saved in [state.get(key) or {}]
+                   for field, value in wanted.items() if saved.get(field) != value]
+    if differences:
+        raise CheckpointError(f"{path} was written by a run with other settings; resume with the same ones or "
+                              "start a new checkpoint:\n  " + "\n  ".join(differences))
