@@ -109,7 +109,8 @@ def test_a_save_that_dies_midway_leaves_the_previous_checkpoint(tmp_path, monkey
 
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "gptcourse.training", "--steps", "24", "--batch-size", "4",
-            "--no-progress", "--final-eval-batches", "1", *args]
+            "--no-progress", "--eval-batches", "1",
+            "--final-eval-batches", "1", *args]
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:

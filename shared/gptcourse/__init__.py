@@ -29,6 +29,10 @@ WHERE: dict[str, tuple[str, ...]] = {  # module (under gptcourse) -> the public 
     "model.positions": ("LearnedPositions", "RotaryEmbedding", "apply_rope", "rotate_half"),
     "text.char_tokenizer": ("CharTokenizer",),
     "text.corpus": ("get_batch", "load_text", "train_val_split"),
+    "training.checkpoint": ("CheckpointError", "load_checkpoint", "save_checkpoint"),
+    "training.clipping": ("clip_grad_norm",),
+    "training.losses": ("cross_entropy",),
+    "training.optim": ("AdamW",),
     "training.loop": ("TrainConfig", "default_recipe", "estimate_loss", "lr_at", "train"),
 }
 _MODULE_OF = {name: module for module, names in WHERE.items() for name in names}

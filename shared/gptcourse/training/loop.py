@@ -253,6 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue from --checkpoint if it exists (else start from step 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--eval-batches", type=int, help="batches per evaluation during training (default 20)")
     parser.add_argument("--final-eval-batches", type=int, default=200,
                         help="batches for the precise val loss printed at the end (default 200)")
     args = parser.parse_args(argv)
@@ -263,7 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     tok = CharTokenizer.from_text(text)
     train_ids, val_ids = train_val_split(torch.tensor(tok.encode(text), dtype=torch.long))
     model_config, cfg = default_recipe(tok.vocab_size, args.steps)
-    cfg = replace(cfg, seed=args.seed, batch_size=args.batch_size or cfg.batch_size, micro_batches=args.micro_batches)
+    cfg = replace(cfg, seed=args.seed, batch_size=args.batch_size or cfg.batch_size, micro_batches=args.micro_batches,
+                  eval_batches=args.eval_batches or cfg.eval_batches)
     ranks = join_process_group()
     try:
         _train_and_report(args, model_config, cfg, train_ids, val_ids, ranks)
