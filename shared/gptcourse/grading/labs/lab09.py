@@ -1,0 +1,639 @@
+"""Lab 09, the training loop by hand: `cross_entropy(logits, targets)`, `adamw_step(param, grad, exp_avg,
+exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay)`, `lr_at(step, max_lr, min_lr, warmup_steps, total_steps)`,
+`clip_grad_norm(parameters, max_norm)`, `accumulate_gradients(model, tokens, micro_batches)`, and a checkpoint's
+two halves, `training_state(model, optimizer, generator, step)` and `restore_training_state(state, model,
+optimizer, generator)`.
+
+The references are torch's own (F.cross_entropy, torch.optim.AdamW, clip_grad_norm_, one backward over the whole
+batch, state_dict / get_state), or a closed form for the schedule; the mistakes each diagnosis names are written
+out below as what they compute.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from ...checks import check_close, fail, fmt_shape
+from ...model.config import GPTConfig
+from ...model.gpt import GPT
+from ...text.corpus import get_batch
+from ..cases import Inputs, Outputs, case_family, register, sizes_rng, tensor_rng
+from ..student import as_tensor
+from .lab05 import check_close_lazily, reference_gpt
+from .lab07 import unit_scale_weights
+
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "cross_entropy": ("gptcourse.cross_entropy", "gptcourse.training.losses", "torch.nn.functional.cross_entropy",
+                      "torch.nn.functional.nll_loss", "torch.nn.functional.log_softmax", "torch.logsumexp",
+                      "torch.log_softmax", "torch.special.logsumexp", "torch.nn.CrossEntropyLoss"),
+    "adamw": ("gptcourse.AdamW", "gptcourse.training.optim", "torch.optim.AdamW", "torch.optim.Adam",
+              "torch.optim.adamw", "torch.optim.adam", "torch.optim._functional"),
+    "schedule": ("gptcourse.lr_at", "gptcourse.training.loop", "torch.optim.lr_scheduler"),
+    "clip": ("gptcourse.clip_grad_norm", "gptcourse.training.clipping", "torch.nn.utils.clip_grad_norm_",
+             "torch.nn.utils.clip_grad_norm", "torch.nn.utils.clip_grads_with_norm_",
+             "torch.nn.utils.get_total_norm"),
+    "accumulate": ("gptcourse.train", "gptcourse.training.loop"),
+    "state": ("gptcourse.save_checkpoint", "gptcourse.load_checkpoint", "gptcourse.training.checkpoint"),
+    "restore": ("gptcourse.save_checkpoint", "gptcourse.load_checkpoint", "gptcourse.training.checkpoint"),
+}
+
+
+# ---- cross_entropy(logits (N, V), targets (N,)) -> the mean negative log-likelihood, a 0-dim tensor
+
+
+def _ce_inputs(n: int, v: int, scale: float, seed: int) -> Inputs:
+    gen = tensor_rng(seed)
+    return {"logits": torch.randn(n, v, generator=gen) * scale, "targets": torch.randint(0, v, (n,), generator=gen)}
+
+
+def _ce_run(fn: Any, inputs: Inputs) -> Outputs:
+    logits = inputs["logits"].clone().requires_grad_()
+    what = f"cross_entropy(logits {fmt_shape(logits.shape)}, targets {fmt_shape(inputs['targets'].shape)})"
+    loss = fn(logits, inputs["targets"].clone())
+    out = {"loss": as_tensor(loss, what).detach()}
+    if isinstance(loss, torch.Tensor) and loss.requires_grad and loss.numel() == 1:
+        (grad,) = torch.autograd.grad(loss, logits)
+        out["grad"] = grad
+    return out
+
+
+def _ce_reference(inputs: Inputs) -> Outputs:
+    logits = inputs["logits"].clone().requires_grad_()
+    loss = F.cross_entropy(logits, inputs["targets"])
+    (grad,) = torch.autograd.grad(loss, logits)
+    return {"loss": loss.detach(), "grad": grad}
+
+
+def _ce_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
+    z, t = inputs["logits"], inputs["targets"]
+    return {
+        "the loss is summed over the N rows: average it (divide by N)": F.cross_entropy(z, t, reduction="sum"),
+        "the sign is flipped: the loss is -log p(target), a positive number": -F.cross_entropy(z, t),
+        "the log-sum-exp runs over the rows (dim 0): each row's V scores are normalised on their own, dim=-1":
+            (torch.logsumexp(z, 0)[t] - z.gather(1, t[:, None]).squeeze(1)).mean(),
+        "the probability was averaged, not its log: the loss is -mean(log p), not -log(mean p) or 1 - p":
+            -(z.softmax(-1).gather(1, t[:, None])).mean(),
+        "log-sum-exp without its shift back: log(sum exp(z - m)) needs + m (the row's max) added back":
+            (torch.logsumexp(z, -1) - z.max(-1).values - z.gather(1, t[:, None]).squeeze(1)).mean(),
+    }
+
+
+def _ce_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    loss = got["loss"]
+    if loss.dim() != 0:
+        raise fail(f"the loss has shape {fmt_shape(loss.shape)}, expected a single number (a 0-dim tensor): the "
+                   "mean over the N rows")
+    if not bool(torch.isfinite(loss)):
+        raise fail(f"the loss is {float(loss)} for logits as large as {inputs['logits'].abs().max():.0f}: exp() "
+                   "overflows float32 past 88. Subtract each row's largest logit m before exp and add it back: "
+                   "log(sum exp(z)) = m + log(sum exp(z - m)) (log-sum-exp)")
+    check_close(loss, expected["loss"], "the loss", atol=1e-4, rtol=1e-5, mistakes=_ce_mistakes(inputs))
+    if "grad" not in got:
+        raise fail("the loss does not require grad: compute it from the logits with torch operations (not .item() "
+                   "or a detached copy), so that loss.backward() reaches the model")
+    check_close(got["grad"], expected["grad"], "the loss's gradient with respect to the logits", atol=1e-6)
+
+
+_ce_case = case_family(_ce_run, _ce_reference, _ce_judge)
+
+
+def _ce_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    return _ce_inputs(r.randint(2, 40), r.randint(2, 60), r.choice([200.0, 500.0, 1000.0]), seed)
+
+
+register(
+    _ce_case("09.cross_entropy.visible", "cross_entropy on logits (6, 10)", lambda seed: _ce_inputs(6, 10, 2.0, seed)),
+    _ce_case("09.cross_entropy.large", "cross_entropy on logits (5, 8) scaled x1000 (log-sum-exp needed)",
+             lambda seed: _ce_inputs(5, 8, 1000.0, seed)),
+    _ce_case("09.cross_entropy.hidden_single", "cross_entropy on a single row (N=1, V=3)",
+             lambda seed: _ce_inputs(1, 3, 1.0, seed), hidden=True),
+    _ce_case("09.cross_entropy.hidden_sizes", "cross_entropy with other sizes, logits in the hundreds", _ce_hidden,
+             hidden=True),
+)
+
+# ---- adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay)
+#      -> (param, exp_avg, exp_avg_sq) after step number `step` (1, 2, ...)
+
+_HYPER = ("lr", "beta1", "beta2", "eps", "weight_decay")
+
+
+def _adamw_inputs(n: int, steps: int, seed: int, **hyper: float) -> Inputs:
+    gen = tensor_rng(seed)
+    scales = torch.logspace(-2, 0, n)  # (n,): coordinates with gradients of different sizes
+    return {"param": torch.randn(n, generator=gen),
+            "grads": [torch.randn(n, generator=gen) * scales for _ in range(steps)]} | hyper
+
+
+def _adamw_run(fn: Any, inputs: Inputs) -> Outputs:
+    p = inputs["param"].clone()
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    trajectory = []
+    for t, g in enumerate(inputs["grads"], start=1):
+        what = f"adamw_step(param {fmt_shape(p.shape)}, grad, exp_avg, exp_avg_sq, step={t}, ...)"
+        out = fn(p.clone(), g.clone(), m.clone(), v.clone(), t, *(inputs[k] for k in _HYPER))
+        if not (isinstance(out, tuple | list) and len(out) == 3):
+            raise fail(f"{what} returned {type(out).__name__}, expected a tuple (param, exp_avg, exp_avg_sq)")
+        p, m, v = (as_tensor(x, what).detach() for x in out)
+        trajectory.append(p)
+    return {"params": torch.stack(trajectory), "exp_avg": m, "exp_avg_sq": v}  # params (steps, n)
+
+
+def _adamw_reference(inputs: Inputs) -> Outputs:
+    p = torch.nn.Parameter(inputs["param"].clone())
+    optimizer = torch.optim.AdamW([p], lr=inputs["lr"], betas=(inputs["beta1"], inputs["beta2"]), eps=inputs["eps"],
+                                  weight_decay=inputs["weight_decay"], foreach=False)
+    trajectory = []
+    for g in inputs["grads"]:
+        p.grad = g.clone()
+        optimizer.step()
+        trajectory.append(p.detach().clone())
+    state = optimizer.state[p]
+    return {"params": torch.stack(trajectory), "exp_avg": state["exp_avg"], "exp_avg_sq": state["exp_avg_sq"]}
+
+
+def _adamw_variant(inputs: Inputs, *, decoupled: bool = True, correct_m: bool = True, correct_v: bool = True,
+                   decay_times_lr: bool = True, eps_inside: bool = False) -> torch.Tensor:
+    """What an AdamW with one of the usual mistakes computes: the parameters after each step (steps, n)."""
+    lr, b1, b2, eps, wd = (inputs[k] for k in _HYPER)
+    p = inputs["param"].clone()
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    trajectory = []
+    for t, g in enumerate(inputs["grads"], start=1):
+        if decoupled:
+            p = p * (1 - (lr * wd if decay_times_lr else wd))
+        else:
+            g = g + wd * p  # L2 regularisation folded into the gradient (Adam, not AdamW)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        m_hat = m / (1 - b1**t) if correct_m else m
+        v_hat = v / (1 - b2**t) if correct_v else v
+        p = p - lr * m_hat / ((v_hat + eps).sqrt() if eps_inside else v_hat.sqrt() + eps)
+        trajectory.append(p)
+    return torch.stack(trajectory)
+
+
+def _adamw_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    b1 = inputs["beta1"]
+
+    def mistakes() -> dict[str, torch.Tensor]:
+        return {
+            "weight decay applied to the gradient, not decoupled: AdamW shrinks the weight itself, param * (1 - lr "
+            "* weight_decay), and m and v see the plain gradient": _adamw_variant(inputs, decoupled=False),
+            f"bias correction missing: step 1 is {1 / (1 - b1):.0f}x too small. Divide m by (1 - beta1**step) and "
+            "v by (1 - beta2**step)": _adamw_variant(inputs, correct_m=False),
+            "bias correction missing on both moments: step 1 comes out about 3x too large. Divide m by "
+            "(1 - beta1**step) and v by (1 - beta2**step)": _adamw_variant(inputs, correct_m=False, correct_v=False),
+            "the second moment's bias correction is missing: divide v by (1 - beta2**step)":
+                _adamw_variant(inputs, correct_v=False),
+            "the decay misses the learning rate: param * (1 - lr * weight_decay), not param * (1 - weight_decay)":
+                _adamw_variant(inputs, decay_times_lr=False),
+            "eps is inside the square root: sqrt(v_hat) + eps": _adamw_variant(inputs, eps_inside=True),
+        }
+
+    check_close_lazily(got["params"], expected["params"], "the parameters after each step", mistakes, atol=1e-6)
+    for name in ("exp_avg", "exp_avg_sq"):
+        check_close(got[name], expected[name], f"{name} after the last step (the moments before bias correction)",
+                    atol=1e-7, rtol=1e-5)
+
+
+_adamw_case = case_family(_adamw_run, _adamw_reference, _adamw_judge)
+
+
+def _adamw_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    return _adamw_inputs(r.randint(1, 30), r.randint(3, 8), seed, lr=r.choice([1e-3, 3e-3, 0.05]),
+                         beta1=r.choice([0.8, 0.9]), beta2=r.choice([0.95, 0.99, 0.999]), eps=1e-8,
+                         weight_decay=r.choice([0.01, 0.1, 0.3]))
+
+
+register(
+    _adamw_case("09.adamw.visible", "three adamw_steps on 12 numbers, lr=0.01, betas (0.9, 0.999), weight_decay=0.1",
+                lambda seed: _adamw_inputs(12, 3, seed, lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8,
+                                           weight_decay=0.1)),
+    _adamw_case("09.adamw.hidden_sizes", "adamw_steps with other sizes, steps and hyper-parameters", _adamw_hidden,
+                hidden=True),
+)
+
+# ---- lr_at(step, max_lr, min_lr, warmup_steps, total_steps) -> the learning rate at 0-based `step`
+
+
+def _schedule_inputs(max_lr: float, min_lr: float, warmup: int, total: int) -> Inputs:
+    return {"max_lr": max_lr, "min_lr": min_lr, "warmup_steps": warmup, "total_steps": total}
+
+
+def _schedule(inputs: Inputs, *, warmup_from_zero: bool = False, floor: bool = True, after_warmup: bool = True,
+              hold: bool = True) -> torch.Tensor:
+    """The schedule at every step from 0 to total_steps + 4, right or with one of the usual mistakes."""
+    hi, lo, w, n = inputs["max_lr"], inputs["min_lr"], inputs["warmup_steps"], inputs["total_steps"]
+    lo = lo if floor else 0.0
+    values = []
+    for s in range(n + 5):
+        if s < w:
+            values.append(hi * (s if warmup_from_zero else s + 1) / w)
+            continue
+        progress = (s - w) / max(1, n - w) if after_warmup else s / n
+        values.append(lo + 0.5 * (1 + math.cos(math.pi * (min(1.0, progress) if hold else progress))) * (hi - lo))
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def _schedule_run(fn: Any, inputs: Inputs) -> Outputs:
+    values = []
+    for s in range(inputs["total_steps"] + 5):
+        value = fn(s, inputs["max_lr"], inputs["min_lr"], inputs["warmup_steps"], inputs["total_steps"])
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise fail(f"lr_at({s}, ...) returned {type(value).__name__}, expected a number")
+        values.append(float(value))
+    return {"lrs": torch.tensor(values, dtype=torch.float64)}
+
+
+def _schedule_reference(inputs: Inputs) -> Outputs:
+    return {"lrs": _schedule(inputs)}
+
+
+def _schedule_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    mistakes = {
+        "the warmup starts at 0: the first step (step 0) already trains, at max_lr * 1 / warmup_steps, so use "
+        "(step + 1) / warmup_steps": _schedule(inputs, warmup_from_zero=True),
+        "the cosine decays to 0: it ends at min_lr, min_lr + 0.5 * (1 + cos(pi * progress)) * (max_lr - min_lr)":
+            _schedule(inputs, floor=False),
+        "the cosine starts at step 0: it starts after the warmup, progress = (step - warmup_steps) / "
+        "(total_steps - warmup_steps)": _schedule(inputs, after_warmup=False),
+        "after total_steps the cosine climbs back up: hold min_lr from total_steps on (clamp progress to 1)":
+            _schedule(inputs, hold=False),
+    }
+    lrs = got["lrs"]
+    check_close(lrs, expected["lrs"], "the learning rates at steps 0 .. total_steps + 4", atol=1e-12, rtol=1e-9,
+                mistakes=mistakes)
+
+
+_schedule_case = case_family(_schedule_run, _schedule_reference, _schedule_judge)
+
+
+def _schedule_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    total = r.randint(12, 60)
+    return _schedule_inputs(r.choice([1e-3, 6e-4, 3e-3]), r.choice([1e-5, 6e-5, 1e-4]), r.randint(1, total // 3),
+                            total)
+
+
+register(
+    _schedule_case("09.schedule.visible", "lr_at over 24 steps, warmup 4, max_lr 1e-3, min_lr 1e-4",
+                   lambda seed: _schedule_inputs(1e-3, 1e-4, 4, 24)),
+    _schedule_case("09.schedule.hidden_sizes", "lr_at with other lengths, warmups and rates", _schedule_hidden,
+                   hidden=True),
+)
+
+# ---- clip_grad_norm(parameters, max_norm) -> the global norm before clipping; scales every .grad in place
+
+
+def _clip_inputs(shapes: list[tuple[int, ...]], max_norm: float, seed: int, without_grad: int | None = None) -> Inputs:
+    gen = tensor_rng(seed)
+    grads = [torch.randn(s, generator=gen) for s in shapes]
+    return {"grads": grads, "max_norm": max_norm, "without_grad": without_grad}
+
+
+def _parameters(inputs: Inputs) -> list[torch.Tensor]:
+    params = []
+    for i, g in enumerate(inputs["grads"]):
+        p = torch.zeros(g.shape, requires_grad=True)
+        p.grad = None if i == inputs["without_grad"] else g.clone()
+        params.append(p)
+    return params
+
+
+def _flat_grads(params: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in params if p.grad is not None])
+
+
+def _clip_run(fn: Any, inputs: Inputs) -> Outputs:
+    params = _parameters(inputs)
+    norm = fn(params, inputs["max_norm"])
+    what = f"clip_grad_norm({len(params)} parameters, max_norm={inputs['max_norm']})"
+    if isinstance(norm, int | float) and not isinstance(norm, bool):
+        norm = torch.tensor(float(norm))
+    return {"norm": as_tensor(norm, what).detach().reshape(-1)[:1].double(), "grads": _flat_grads(params)}
+
+
+def _clip_reference(inputs: Inputs) -> Outputs:
+    params = _parameters(inputs)
+    norm = torch.nn.utils.clip_grad_norm_(params, inputs["max_norm"])
+    return {"norm": norm.reshape(1).double(), "grads": _flat_grads(params)}
+
+
+def _clip_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
+    grads = [g for i, g in enumerate(inputs["grads"]) if i != inputs["without_grad"]]
+    c = inputs["max_norm"]
+    total = torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))
+    per_tensor = [g * min(1.0, c / (torch.linalg.vector_norm(g).item() + 1e-6)) for g in grads]
+    return {
+        "each tensor was clipped on its own: the norm is one number over all gradients together, "
+        "sqrt(sum of every squared entry)": torch.cat([g.flatten() for g in per_tensor]),
+        "gradients below max_norm were scaled up: scale only when the norm exceeds max_norm "
+        "(by min(1, max_norm / (norm + 1e-6)))": torch.cat([g.flatten() * c / (total + 1e-6) for g in grads]),
+        "the norms of the tensors were added: the global norm is sqrt(sum of squares), not a sum of norms":
+            torch.cat([g.flatten() * min(1.0, c / (sum(torch.linalg.vector_norm(h) for h in grads).item() + 1e-6))
+                       for g in grads]),
+    }
+
+
+def _clip_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    check_close(got["grads"], expected["grads"], "the gradients after clipping", atol=1e-6, rtol=1e-5,
+                mistakes=_clip_mistakes(inputs))
+    clipped = torch.linalg.vector_norm(expected["grads"]).double().reshape(1)
+    check_close(got["norm"], expected["norm"], "the returned norm", atol=1e-5, rtol=1e-5, mistakes={
+        "the norm after clipping was returned: return the norm the gradients had before (it shows how large "
+        "the spikes were)": clipped})
+
+
+_clip_case = case_family(_clip_run, _clip_reference, _clip_judge)
+
+
+def _clip_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    shapes = [tuple(r.randint(1, 5) for _ in range(r.randint(1, 3))) for _ in range(r.randint(2, 5))]
+    return _clip_inputs(shapes, r.choice([0.5, 1.0, 2.0]), seed, without_grad=r.randrange(len(shapes)))
+
+
+register(
+    _clip_case("09.clip.visible", "clip_grad_norm of three gradients (3, 4), (5,), (2, 2) to max_norm 1.0",
+               lambda seed: _clip_inputs([(3, 4), (5,), (2, 2)], 1.0, seed)),
+    _clip_case("09.clip.below", "clip_grad_norm when the norm is already below max_norm (nothing changes)",
+               lambda seed: _clip_inputs([(3, 4), (5,)], 100.0, seed)),
+    _clip_case("09.clip.hidden_sizes", "clip_grad_norm with other shapes, one parameter without a gradient",
+               _clip_hidden, hidden=True),
+)
+
+# ---- accumulate_gradients(model, tokens (B, T + 1), micro_batches) -> the mean loss; the whole batch's
+#      gradient left in every parameter's .grad
+
+
+def _model_inputs(config: GPTConfig, gen: torch.Generator) -> Inputs:
+    with torch.device("meta"):  # shapes only: the weights are drawn from `gen`
+        skeleton = GPT(config)
+    return {"config": config, "weights": unit_scale_weights(skeleton, gen)}
+
+
+def _model(inputs: Inputs) -> torch.nn.Module:
+    return reference_gpt(inputs["config"], inputs["weights"]).train()
+
+
+def _accumulate_inputs(config: GPTConfig, b: int, t: int, micro_batches: int, seed: int) -> Inputs:
+    gen = tensor_rng(seed)
+    inputs = _model_inputs(config, gen)
+    return inputs | {"tokens": torch.randint(0, config.vocab_size, (b, t + 1), generator=gen),
+                     "micro_batches": micro_batches}
+
+
+def _grads(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in model.parameters()])
+
+
+def _lm_loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    logits = model(tokens[:, :-1])  # (B, T, V)
+    return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())  # (B*T, V) vs (B*T,)
+
+
+def _accumulate_run(fn: Any, inputs: Inputs) -> Outputs:
+    model = _model(inputs)
+    for p in model.parameters():  # what a previous step left behind: the function must start from zero
+        p.grad = torch.ones_like(p)
+    tokens, k = inputs["tokens"], inputs["micro_batches"]
+    loss = fn(model, tokens.clone(), k)
+    what = f"accumulate_gradients(model, tokens {fmt_shape(tokens.shape)}, micro_batches={k})"
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        loss = loss.item()
+    if not isinstance(loss, int | float) or isinstance(loss, bool):
+        raise fail(f"{what} returned {type(loss).__name__}, expected the mean loss as a number")
+    return {"grads": _grads(model), "loss": torch.tensor([float(loss)], dtype=torch.float64)}
+
+
+def _accumulate_reference(inputs: Inputs) -> Outputs:
+    model = _model(inputs)
+    loss = _lm_loss(model, inputs["tokens"])
+    loss.backward()
+    return {"grads": _grads(model), "loss": torch.tensor([loss.item()], dtype=torch.float64)}
+
+
+def _accumulate_variants(inputs: Inputs) -> dict[str, Outputs]:
+    tokens, k = inputs["tokens"], inputs["micro_batches"]
+
+    def run(divide: bool = True, keep: bool = True, zero_first: bool = True) -> Outputs:
+        model = _model(inputs)
+        for p in model.parameters():
+            p.grad = None if zero_first else torch.ones_like(p)
+        losses = []
+        for piece in tokens.chunk(k):  # (B / k, T + 1) each
+            if not keep:
+                model.zero_grad()
+            loss = _lm_loss(model, piece)
+            (loss / k if divide else loss).backward()
+            losses.append(loss.item())
+        return {"grads": _grads(model), "loss": torch.tensor([sum(losses) / k], dtype=torch.float64)}
+
+    return {
+        f"the gradient is {k}x too large: divide each micro-batch's loss by micro_batches={k} before "
+        "backward(), so the pieces add up to the mean over the batch": run(divide=False),
+        "only the last micro-batch's gradient is left: backward() adds to .grad, so zero the gradients once "
+        "before the loop, not inside it": run(keep=False),
+        "the gradients left in .grad before the call were added to: call model.zero_grad() first":
+            run(zero_first=False),
+    }
+
+
+def _accumulate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    variants: dict[str, Outputs] = {}
+
+    def mistakes(output: str) -> dict[str, torch.Tensor]:
+        if not variants:
+            variants.update(_accumulate_variants(inputs))
+        return {what: v[output] for what, v in variants.items()}
+
+    check_close_lazily(got["grads"], expected["grads"], "the accumulated gradients", lambda: mistakes("grads"))
+    k = inputs["micro_batches"]
+    check_close(got["loss"], expected["loss"], "the returned loss", atol=1e-5, mistakes={
+        f"the returned loss is the sum over the {k} micro-batches: return their mean": expected["loss"] * k})
+
+
+_accumulate_case = case_family(_accumulate_run, _accumulate_reference, _accumulate_judge)
+SMALL = GPTConfig(vocab_size=23, d_model=16, n_heads=2, n_layers=1, context_length=8)
+
+
+def _accumulate_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    k = r.choice([3, 6])
+    return _accumulate_inputs(GPTConfig(vocab_size=r.randint(15, 40), d_model=12, n_heads=3, n_layers=2,
+                                        context_length=10), 6, r.randint(2, 9), k, seed)
+
+
+register(
+    _accumulate_case("09.accumulate.visible", "accumulate_gradients of tokens (4, 7) in 2 micro-batches",
+                     lambda seed: _accumulate_inputs(SMALL, 4, 6, 2, seed)),
+    _accumulate_case("09.accumulate.hidden_sizes", "accumulate_gradients with 3 or 6 micro-batches of 6 rows",
+                     _accumulate_hidden, hidden=True),
+)
+
+# ---- training_state(model, optimizer, generator, step) -> dict and restore_training_state(state, model,
+#      optimizer, generator) -> step. Tested by training k steps, saving, restoring into fresh objects (through
+#      torch.save / torch.load, as a file would) and training k more: the weights must be those of 2k steps.
+
+STATE_KEYS = ("model", "optimizer", "generator", "step")
+
+
+def _resume_inputs(config: GPTConfig, b: int, t: int, steps: int, seed: int) -> Inputs:
+    gen = tensor_rng(seed)
+    inputs = _model_inputs(config, gen)
+    return inputs | {"ids": torch.randint(0, config.vocab_size, (400,), generator=gen), "b": b, "t": t,
+                     "steps": steps, "data_seed": int(torch.randint(0, 2**31, (1,), generator=gen)), "lr": 0.05}
+
+
+class _Run:
+    """A model, its AdamW and the generator that draws its batches: the three things a checkpoint holds."""
+
+    def __init__(self, inputs: Inputs) -> None:
+        self.inputs = inputs
+        self.model = _model(inputs)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=inputs["lr"], weight_decay=0.1, foreach=False)
+        self.generator = torch.Generator().manual_seed(inputs["data_seed"])
+
+    def train(self, steps: int) -> None:
+        for _ in range(steps):
+            x, y = get_batch(self.inputs["ids"], self.inputs["b"], self.inputs["t"], self.generator)  # (B, T)
+            self.optimizer.zero_grad()
+            F.cross_entropy(self.model(x).flatten(0, 1), y.flatten()).backward()
+            self.optimizer.step()
+
+    def parameters(self) -> torch.Tensor:
+        return torch.cat([p.detach().flatten() for p in self.model.parameters()])
+
+
+def _reference_state(run: _Run, step: int) -> dict[str, Any]:
+    return {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+            "generator": run.generator.get_state(), "step": step}
+
+
+def _reference_restore(state: dict[str, Any], run: _Run, *, optimizer: bool = True, generator: bool = True) -> int:
+    run.model.load_state_dict(state["model"])
+    if optimizer:
+        run.optimizer.load_state_dict(state["optimizer"])
+    if generator:
+        run.generator.set_state(state["generator"])
+    return state["step"]
+
+
+def _through_a_file(state: Any, what: str) -> Any:
+    """The state as it comes back from disk: torch.save, then torch.load with weights_only (no pickled code)."""
+    buffer = io.BytesIO()
+    try:
+        torch.save(state, buffer)
+        buffer.seek(0)
+        return torch.load(buffer, weights_only=True)
+    except Exception as err:
+        raise fail(f"{what} cannot be saved and loaded back with torch.save / torch.load(weights_only=True) "
+                   f"({type(err).__name__}: {err}): keep it to tensors, numbers and dicts of them") from None
+
+
+def _straight(inputs: Inputs) -> torch.Tensor:
+    run = _Run(inputs)
+    run.train(2 * inputs["steps"])
+    return run.parameters()
+
+
+def _resumed(inputs: Inputs, **restore: bool) -> torch.Tensor:
+    first = _Run(inputs)
+    first.train(inputs["steps"])
+    state = _through_a_file(_reference_state(first, inputs["steps"]), "the state")
+    second = _Run(inputs)
+    _reference_restore(state, second, **restore)
+    second.train(inputs["steps"])
+    return second.parameters()
+
+
+RESUME_MISTAKES = {
+    "the optimizer's state was not restored: AdamW's moments (and step count) start from zero again after "
+    "resume, so the first steps after it are too large": {"optimizer": False},
+    "the data generator's state was not restored: after resume the batches are not the ones the straight run "
+    "draws next (save generator.get_state(), restore with generator.set_state(...))": {"generator": False},
+}
+
+
+def _resume_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    check_close_lazily(got["parameters"], expected["parameters"],
+                       f"the weights after {inputs['steps']} steps, save, restore and {inputs['steps']} more",
+                       lambda: {what: _resumed(inputs, **flags) for what, flags in RESUME_MISTAKES.items()},
+                       atol=1e-6)
+    if got["step"] != inputs["steps"]:
+        raise fail(f"the step restored is {got['step']}, expected {inputs['steps']}: save the step reached and "
+                   "return it from restore_training_state")
+
+
+def _state_run(fn: Any, inputs: Inputs) -> Outputs:
+    first = _Run(inputs)
+    first.train(inputs["steps"])
+    state = fn(first.model, first.optimizer, first.generator, inputs["steps"])
+    what = "training_state(model, optimizer, generator, step)"
+    if not isinstance(state, dict):
+        raise fail(f"{what} returned {type(state).__name__}, expected a dict with the keys {STATE_KEYS}")
+    missing = [key for key in STATE_KEYS if key not in state]
+    if missing:
+        raise fail(f"the state has no {missing} entries: a checkpoint needs {STATE_KEYS} (the model's and the "
+                   "optimizer's state_dict(), generator.get_state() and the step)")
+    saved = state["generator"]
+    if not (isinstance(saved, torch.Tensor) and torch.equal(saved, first.generator.get_state())):
+        global_state = isinstance(saved, torch.Tensor) and torch.equal(saved, torch.get_rng_state())
+        raise fail("state['generator'] is " + ("torch's global random state (torch.get_rng_state())" if global_state
+                   else "not the data generator's state") + ": the batches come from `generator`, so save "
+                   "generator.get_state()")
+    state = _through_a_file(state, f"the dict {what} returned")
+    second = _Run(inputs)
+    step = _reference_restore(state, second)
+    second.train(inputs["steps"])
+    return {"parameters": second.parameters(), "step": int(step)}
+
+
+def _restore_run(fn: Any, inputs: Inputs) -> Outputs:
+    first = _Run(inputs)
+    first.train(inputs["steps"])
+    state = _through_a_file(_reference_state(first, inputs["steps"]), "the state")
+    second = _Run(inputs)
+    step = fn(state, second.model, second.optimizer, second.generator)
+    if isinstance(step, torch.Tensor) and step.numel() == 1:
+        step = step.item()
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise fail(f"restore_training_state(...) returned {type(step).__name__}, expected the step (an int)")
+    second.train(inputs["steps"])
+    return {"parameters": second.parameters(), "step": step}
+
+
+def _resume_reference(inputs: Inputs) -> Outputs:
+    return {"parameters": _straight(inputs), "step": inputs["steps"]}
+
+
+_state_case = case_family(_state_run, _resume_reference, _resume_judge)
+_restore_case = case_family(_restore_run, _resume_reference, _resume_judge)
+
+
+def _resume_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    return _resume_inputs(GPTConfig(vocab_size=r.randint(15, 30), d_model=12, n_heads=2, n_layers=r.randint(1, 2),
+                                    context_length=8, position=r.choice(["learned", "rope"])),
+                          r.randint(1, 4), r.randint(2, 8), r.randint(1, 3), seed)
+
+
+register(
+    _state_case("09.state.visible", "training_state after 2 AdamW steps, restored and trained 2 more",
+                lambda seed: _resume_inputs(SMALL, 3, 8, 2, seed)),
+    _state_case("09.state.hidden_sizes", "training_state with other sizes and step counts", _resume_hidden,
+                hidden=True),
+    _restore_case("09.restore.visible", "restore_training_state into a fresh model, AdamW and generator, then 2 "
+                  "more steps", lambda seed: _resume_inputs(SMALL, 3, 8, 2, seed)),
+    _restore_case("09.restore.hidden_sizes", "restore_training_state with other sizes and step counts",
+                  _resume_hidden, hidden=True),
+)
