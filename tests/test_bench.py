@@ -52,6 +52,10 @@ def test_quick_json_has_every_section(quick_report):
     cli = r["command_line"]
     assert cli["help_over_python"] == pytest.approx(cli["help_ms"] / cli["python_ms"])
     assert cli["check_env_over_python"] == pytest.approx(cli["check_env_ms"] / cli["python_ms"])
+    opt = r["optimizer"]  # our AdamW's step against torch's fused one
+    assert opt["config"] == QUICK["shapes"][0].name and opt["parameters"] > 0
+    assert opt["ours_over_fused"] == pytest.approx(opt["ours_ms_per_step"] / opt["fused_ms_per_step"])
+    assert opt["ours_as_fast"] is (opt["ours_over_fused"] <= 1)
 
 
 def test_every_target_is_reported_with_its_verdict(quick_report):

@@ -19,21 +19,30 @@ from gptcourse.training.loop import lm_loss, train_step
 CORPUS = "the quick brown fox jumps over the lazy dog. " * 120
 
 
-def _cli(checkpoint) -> list[str]:
+def _cli(checkpoint, *more: str) -> list[str]:
     return ["-m", "gptcourse.training", "--text", str(checkpoint.parent / "corpus.txt"), "--steps", "20",
-            "--no-progress", "--eval-batches", "1", "--final-eval-batches", "1", "--checkpoint", str(checkpoint)]
+            "--no-progress", "--eval-batches", "1", "--final-eval-batches", "1", "--checkpoint", str(checkpoint),
+            *more]
 
 
 def test_torchrun_with_two_gloo_processes_ends_with_the_weights_of_one_process(tmp_path):
+    """2 ranks = 1 process with 2 micro-batches, bit for bit, and = 1 plain process within 1e-5."""
     (tmp_path / "corpus.txt").write_text(CORPUS, encoding="utf-8")
     env = os.environ | {"OMP_NUM_THREADS": "1"}
-    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    one, halves, two = tmp_path / "one.pt", tmp_path / "halves.pt", tmp_path / "two.pt"
     subprocess.run([sys.executable, *_cli(one)], env=env, check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, *_cli(halves, "--micro-batches", "2")], env=env, check=True, capture_output=True,
+                   timeout=300)
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           *_cli(two)], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "after 20 iterations" in run.stdout and "2 processes" in run.stdout, run.stdout
     a, b = load_checkpoint(one)["model"], load_checkpoint(two)["model"]
+    # Each rank's gradient of its 6 rows, halved and summed by the all-reduce, is exactly what one process
+    # computes from two micro-batches of 6 (halving is exact in floating point): bit for bit the same run.
+    for name, tensor in load_checkpoint(halves)["model"].items():
+        assert torch.equal(tensor, b[name]), f"{name}: 2 ranks differ from 2 micro-batches"
+    # A plain process sums the 12 rows in another order: equal up to rounding, which Adam keeps small here.
     d = a["tok_emb.weight"].shape[1]  # C: qkv.bias holds the query, key and value parts, C each
     for name, tensor in a.items():
         other = b[name]

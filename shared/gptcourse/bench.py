@@ -52,6 +52,7 @@ from .model.config import GPTConfig
 from .model.gpt import GPT
 from .model.params import count_parameters, parameter_breakdown
 from .training.loop import TrainConfig, default_recipe, make_optimizer, train_step
+from .training.optim import AdamW
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,23 @@ def bench_training(shape: Shape, rounds: int, peak_size: int) -> dict:
     return row
 
 
+def bench_optimizer(shape: Shape, rounds: int) -> dict:
+    """One optimizer step on the model's gradients: our AdamW (foreach kernels) vs torch's fused and foreach ones.
+    The training recipe uses ours only if it is as fast as torch's fused AdamW (`make_optimizer`)."""
+    torch.manual_seed(0)
+    model = GPT(model_config(shape))
+    gen = torch.Generator().manual_seed(1)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=gen) * 1e-2
+    params = list(model.parameters())
+    optimizers = {"ours": AdamW(params, lr=1e-4), "fused": torch.optim.AdamW(params, lr=1e-4, fused=True),
+                  "foreach": torch.optim.AdamW(params, lr=1e-4, foreach=True)}
+    t = median_seconds({name: opt.step for name, opt in optimizers.items()}, rounds)
+    return {"config": shape.name, "parameters": sum(p.numel() for p in params)} | {
+        f"{name}_ms_per_step": 1e3 * seconds for name, seconds in t.items()} | {
+        "ours_over_fused": t["ours"] / t["fused"], "ours_as_fast": t["ours"] <= t["fused"]}
+
+
 def explicit_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return attention(q, k, v)[0]
 
@@ -351,6 +369,7 @@ def run(quick: bool = False) -> dict:
                 for shape, rounds in zip(plan["shapes"], plan["train_rounds"], strict=True)]
     gen = bench_generation(big, plan["generate_tokens"], plan["generate_rounds"])
     cli = bench_command_line(plan["cli_rounds"])
+    optimizer = bench_optimizer(plan["shapes"][0], plan["train_rounds"][0])
     values = {
         "mfu_small": training[0]["ours_mfu"],
         "mfu_big": training[1]["ours_mfu"],
@@ -368,6 +387,7 @@ def run(quick: bool = False) -> dict:
         "attention_memory_kept": attn_kept,
         "generation": gen,
         "command_line": cli,
+        "optimizer": optimizer,
         "targets": [{"name": name, "value": values[name], "target": goal, "met": values[name] >= goal}
                     for name, goal in TARGETS.items()],
     }
@@ -428,6 +448,11 @@ def report(result: dict) -> str:
     lines.append(f"command line: `gptcourse --help` {c['help_ms']:.0f} ms = {c['help_over_python']:.1f}x "
                  f"`python -c pass` ({c['python_ms']:.0f} ms); `gptcourse check-env` {c['check_env_ms']:.0f} ms = "
                  f"{c['check_env_over_python']:.1f}x (it imports torch to report its threads)")
+    o = result["optimizer"]
+    lines.append(f"AdamW step ({o['config']}, {o['parameters']:,} parameters): ours {o['ours_ms_per_step']:.2f} ms vs "
+                 f"torch fused {o['fused_ms_per_step']:.2f} ms = {o['ours_over_fused']:.2f}x its time (torch foreach "
+                 f"{o['foreach_ms_per_step']:.2f} ms); as fast as fused: {'yes' if o['ours_as_fast'] else 'no'} (the "
+                 "recipe keeps torch's fused AdamW unless ours is)")
     lines.extend(NOTES)
     return "\n".join(lines)
 

@@ -1,0 +1,86 @@
+"""Lab 09 graded by real nbgrader: full marks for the solution, 0 for the untouched release, and each known
+mistake loses exactly the points of the tests it should fail."""
+
+from __future__ import annotations
+
+from lab_roundtrip import RoundTrip, Validation
+
+LAB = "09_training_by_hand"
+NAIVE_CROSS_ENTROPY = '''
+def cross_entropy(logits, targets):
+    probs = logits.exp() / logits.exp().sum(dim=-1, keepdim=True)
+    return -probs.gather(1, targets[:, None]).log().mean()
+'''
+ADAMW = '''
+def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay):
+    {decay}
+    exp_avg = beta1 * exp_avg + (1 - beta1) * grad
+    exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad * grad
+    m_hat = exp_avg{correction}
+    v_hat = exp_avg_sq / (1 - beta2**step)
+    return param - lr * m_hat / (v_hat.sqrt() + eps), exp_avg, exp_avg_sq
+'''
+RIGHT_ADAMW = {"decay": "param = param * (1 - lr * weight_decay)", "correction": " / (1 - beta1**step)"}
+WARMUP_FROM_ZERO = '''
+def lr_at(step, max_lr, min_lr, warmup_steps, total_steps):
+    if step < warmup_steps:
+        return max_lr * step / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+'''
+PER_TENSOR_CLIP = '''
+def clip_grad_norm(parameters, max_norm):
+    norms = []
+    for p in parameters:
+        if p.grad is not None:
+            norms.append(p.grad.norm())
+            p.grad.mul_(min(1.0, max_norm / (norms[-1].item() + 1e-6)))
+    return torch.stack(norms).norm()
+'''
+UNDIVIDED_ACCUMULATION = '''
+def accumulate_gradients(model, tokens, micro_batches):
+    model.zero_grad()
+    losses = []
+    for piece in tokens.chunk(micro_batches):
+        loss = cross_entropy(model(piece[:, :-1]).flatten(0, 1), piece[:, 1:].flatten())
+        loss.backward()
+        losses.append(loss.item())
+    return sum(losses) / micro_batches
+'''
+FORGETFUL_RESTORE = '''
+def restore_training_state(state, model, optimizer, generator):
+    model.load_state_dict(state["model"])
+    generator.set_state(state["generator"])
+    return state["step"]
+'''
+GLOBAL_RNG_STATE = '''
+def training_state(model, optimizer, generator, step):
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "generator": torch.get_rng_state(),
+            "step": step}
+'''
+# student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
+WRONG = {
+    # fine for small logits; nan once exp() overflows
+    "no-log-sum-exp": ({"cross_entropy": NAIVE_CROSS_ENTROPY},
+                       {"test_cross_entropy_large", "test_cross_entropy_hidden"}),
+    "coupled-decay": ({"adamw": ADAMW.format(**RIGHT_ADAMW | {"decay": "grad = grad + weight_decay * param"})},
+                      {"test_adamw", "test_adamw_hidden"}),
+    "no-bias-correction": ({"adamw": ADAMW.format(**RIGHT_ADAMW | {"correction": ""})},
+                           {"test_adamw", "test_adamw_hidden"}),
+    "warmup-from-zero": ({"schedule": WARMUP_FROM_ZERO}, {"test_schedule", "test_schedule_hidden"}),
+    # below max_norm nothing is clipped, so that test passes
+    "per-tensor-clip": ({"clip": PER_TENSOR_CLIP}, {"test_clip", "test_clip_hidden"}),
+    "undivided-accumulation": ({"accumulate": UNDIVIDED_ACCUMULATION}, {"test_accumulate", "test_accumulate_hidden"}),
+    "restore-without-optimizer": ({"restore": FORGETFUL_RESTORE}, {"test_restore", "test_restore_hidden"}),
+    "global-rng-state": ({"state": GLOBAL_RNG_STATE}, {"test_state", "test_state_hidden"}),
+}
+
+
+class TestLab09(RoundTrip):
+    LAB = LAB
+    WRONG = WRONG
+    TOTAL = 32
+    VALIDATE = Validation("no-bias-correction", 1, (
+        'check("09.adamw.visible", adamw_step)',
+        "bias correction missing: step 1 is 10x too small",
+    ))
