@@ -145,3 +145,11 @@ def test_sigkill_at_a_random_moment_then_resume_gives_the_straight_weights(tmp_p
     straight, resumed = _weights(tmp_path / "straight.pt"), _weights(killed)
     for name, tensor in straight.items():
         assert torch.equal(tensor, resumed[name]), f"{name} differs after SIGKILL + --resume"
+
+
+def test_the_command_line_needs_a_checkpoint_path_to_resume(capsys):
+    from gptcourse.training.loop import main
+
+    with pytest.raises(SystemExit):
+        main(["--steps", "1", "--resume"])
+    assert "--resume and --checkpoint-every need --checkpoint PATH" in capsys.readouterr().err
