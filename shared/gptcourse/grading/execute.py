@@ -8,13 +8,18 @@
   C loop) has its kernel killed and restarted the same way;
 - after `max_restarts` restarts the remaining cells are not run (their tests record nothing and fail);
 - each cell's output is capped at `max_output_bytes` (a print loop cannot exhaust the grader's memory);
-- the kernel runs in a scratch copy of the submission's folder, deleted afterwards, so files a notebook writes
-  next to itself never reach the autograded folder, the feedback or other submissions;
+- every kernel runs in the sandbox (`sandbox.py`): a bubblewrap box that sees only the interpreter, its
+  libraries and the gptcourse package, as an unprivileged user, with limits; its working folder /scratch holds a
+  copy of the submission's folder only, emptied afterwards, so files a notebook writes never reach the
+  autograded folder, the feedback or other submissions. Under `nbgrader autograde` each submission gets a box of
+  its own; `gptcourse autograde` hands each worker's box in (`with_box`), reset between submissions. If the box
+  cannot start, grading stops before anyone is graded (unless `c.Sandbox.allow_unsandboxed`, which runs kernels
+  as before: as the grader's user, in a temporary folder);
 - the kernel's environment has no course secret, only the seeds of this lab's hidden cases
   (`cases.kernel_environment`), so a cell cannot print the secret into its feedback.
 Every event is a line in the grading report: "kernel died in cell 7 ('test_attention')", "cell 9 (...) timed
-out after 60 s". (The scratch folder is not a sandbox: the kernel runs as the grader's user. See the
-package docstring for what an instructor grading untrusted code should add.)
+out after 60 s", "kernel ran out of memory (limit 3 GB) in cell 7 ('test_attention'); tests before it still
+count".
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbconvert.exporters.exporter import ResourcesDict
@@ -35,6 +41,16 @@ from traitlets import Integer
 
 from .cases import kernel_environment
 from .report import add_line, cell_label
+from .sandbox import Box, Limits, Sandbox, require_sandbox
+
+# A limit of the box, as a cell's error shows it: (limit, words in the error, what the report says was hit).
+LIMIT_SIGNS = (
+    ("memory", ("MemoryError", "can't allocate memory", "Cannot allocate memory", "std::bad_alloc"),
+     "kernel ran out of memory"),
+    ("processes", ("Resource temporarily unavailable", "can't start new thread"), "kernel hit the process limit"),
+    ("file", ("File too large",), "a file grew past the file-size limit"),
+    ("scratch", ("No space left on device",), "the kernel filled its scratch space"),
+)
 
 
 class RobustExecute(Execute):
@@ -44,6 +60,7 @@ class RobustExecute(Execute):
         config=True)
     max_output_bytes = Integer(2_000_000, help="Output kept per cell; the rest is dropped with a note").tag(
         config=True)
+    box: Box | None = None  # set by `with_box`: a worker's box, reset between submissions
 
     def preprocess(self, nb: NotebookNode, resources: ResourcesDict,
                    km: object = None) -> tuple[NotebookNode, ResourcesDict]:
@@ -56,19 +73,53 @@ class RobustExecute(Execute):
         self._dropped: dict[int, int] = {}
         self._kept: dict[int, int] = {}
         folder = (resources or {}).get("metadata", {}).get("path") or "."
-        scratch = tempfile.mkdtemp(prefix="gptcourse-grading-")
+        env = kernel_environment(resources["nbgrader"]["assignment"])
+        self._box, own = self.box, None
+        if self._box is None and require_sandbox(self.config, forbidden=[folder]):
+            self._box = own = Sandbox(config=self.config).start_box([folder])
+        self._limits = self._box.limits if self._box else None
         try:
-            shutil.copytree(folder, scratch, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.ipynb"))
-            before = set(os.listdir(scratch))
-            self._run_all(nb, scratch, kernel_environment(resources["nbgrader"]["assignment"]))
-            written = sorted(set(os.listdir(scratch)) - before)
-            if written:
-                add_line(nb, f"the notebook wrote files while it ran ({', '.join(written[:5])}"
-                             f"{', ...' if len(written) > 5 else ''}); they were discarded")
+            if self._box is not None:
+                self._box.reset()
+                self._box.fill_scratch(folder)
+                self._run_in(nb, self._box.scratch, env, self._box.scratch_names)
+            else:
+                self._run_unsandboxed(nb, folder, env)
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            if own is not None:
+                own.close()
+            elif self._box is not None and self._box.alive():
+                self._box.reset()
         self.set_widgets_metadata()
         return self.nb, self.resources
+
+    def _run_unsandboxed(self, nb: NotebookNode, folder: str, env: dict[str, str]) -> None:
+        scratch = tempfile.mkdtemp(prefix="gptcourse-grading-")
+        try:
+            shutil.copytree(folder, scratch, dirs_exist_ok=True, symlinks=True,
+                            ignore=shutil.ignore_patterns("*.ipynb"))
+            self._run_in(nb, scratch, env, lambda: set(os.listdir(scratch)))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _run_in(self, nb: NotebookNode, cwd: str, env: dict[str, str], names: Callable[[], set[str]]) -> None:
+        """Run the notebook with the kernel in `cwd`; report the files it left there (`names()` lists them)."""
+        before = names()
+        self._run_all(nb, cwd, env)
+        written = sorted(names() - before)
+        if written:
+            add_line(nb, f"the notebook wrote files while it ran ({', '.join(written[:5])}"
+                         f"{', ...' if len(written) > 5 else ''}); they were discarded")
+
+    def create_kernel_manager(self) -> object:
+        """In a box: kernels forked by its zygote, connected over the ipc transport."""
+        if self._box is not None and not getattr(self.kernel_manager_class, "_gptcourse_box", False):
+            from .zygote import zygote_kernel_manager
+
+            self.kernel_manager_class = zygote_kernel_manager(self.kernel_manager_class, self._box.client,
+                                                              ipc_dir=self._box.ipc_dir, owner=self._box.ids)
+            self.kernel_manager_class._gptcourse_box = True
+        return super().create_kernel_manager()
 
     def _run_all(self, nb: NotebookNode, scratch: str, env: dict[str, str]) -> None:
         index, restarts, broken = 0, 0, set()
@@ -135,10 +186,14 @@ class RobustExecute(Execute):
                                            traceback=["NotRun: not run: the kernel kept failing"])]
 
     def _note(self, nb: NotebookNode, cell: NotebookNode, index: int) -> None:
-        """Report an interrupted timeout or dropped output of a cell that finished."""
+        """Report an interrupted timeout, a limit of the box hit, or dropped output of a cell that finished."""
         outputs = cell.get("outputs", [])
         if any(o.get("output_type") == "error" and o.get("ename") == "CellTimeoutError" for o in outputs):
             add_line(nb, f"{cell_label(cell, index)} timed out after {self.timeout} s and was interrupted")
+        if self._limits is not None:
+            line = limit_hit(outputs, self._limits)
+            if line:
+                add_line(nb, f"{line} in {cell_label(cell, index)}; tests before it still count")
         dropped = self._dropped.pop(index, 0)
         if dropped:
             cell.outputs.append(new_output("stream", name="stdout", text=f"\n... {dropped:,} bytes of output dropped"))
@@ -153,3 +208,22 @@ class RobustExecute(Execute):
             return None
         self._kept[cell_index] = kept + size
         return super().output(outs, msg, display_id, cell_index)
+
+
+def limit_hit(outputs: list, limits: Limits) -> str | None:
+    """"kernel ran out of memory (limit 3 GB)" if a cell's errors (or the failure a check recorded) show that it
+    hit a limit of the box; None otherwise."""
+    text = json.dumps([o for o in outputs if o.get("output_type") == "error"
+                       or o.get("output_type") == "display_data"])
+    for kind, signs, what in LIMIT_SIGNS:
+        if any(sign in text for sign in signs):
+            return f"{what} (limit {limits.describe(kind)})"
+    return None
+
+
+def with_box(execute_class: type, box: Box) -> type:
+    """RobustExecute (or a configured subclass of it) whose kernels run in `box`, a worker's box."""
+    if not issubclass(execute_class, RobustExecute):
+        raise TypeError(f"{execute_class.__name__} cannot run kernels in the sandbox: configure "
+                        f"{RobustExecute.__module__}.RobustExecute (or a subclass) as the Execute preprocessor")
+    return type(f"Boxed{execute_class.__name__}", (execute_class,), {"box": box})

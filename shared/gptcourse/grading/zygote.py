@@ -14,6 +14,10 @@ refuses to serve and grading falls back to ordinary kernels.
 Pieces:
 - `serve(path)`: the zygote (`python -m gptcourse.grading.zygote SOCKET`); one JSON line per request on a Unix
   socket: spawn a kernel, poll one. It exits, killing its kernels, when its stdin closes (its owner is gone).
+  `serve(box=...)` (`--box JSON`) is the zygote as the main process of a sandbox (`sandbox.Box`): one connection,
+  an inherited socket; each kernel drops to the kernel user and every capability and gets the box's limits; it
+  also signals its kernels (their pids are the box's) and `reset`s the box between submissions. If forking is
+  unsafe there, it forks and execs ordinary kernels, in the box.
 - `Zygote`: starts that process; `ZygoteClient`: one connection; `spawn(args, cwd, env)` -> `ForkedKernel`, a
   Popen-like handle (poll, wait, send_signal, kill) of a forked kernel.
 - `ZygoteProvisioner`: jupyter_client's `LocalProvisioner`, except that `python -m ipykernel_launcher ...` is
@@ -58,6 +62,10 @@ PRELOAD = ("torch", "gptcourse", "gptcourse.grading", "ipykernel.kernelapp", "ip
            "ipykernel.debugger", "IPython.core.debugger", "IPython.core.completerlib",
            "IPython.extensions.storemagic", "ipywidgets", "sqlite3", "psutil", "tqdm")
 _PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_LAST_CAP = 63
 _CONNECT_TIMEOUT = 300.0  # preloading torch on a loaded machine
 
 
@@ -94,8 +102,54 @@ def preload(baseline: int) -> None:
     check_fork_safe(baseline)
 
 
-def _become_kernel(request: dict[str, Any], zygote_pid: int, inherited: list[socket.socket]) -> None:
-    """In a forked child: turn into `python -m ipykernel_launcher ARGS` run in `cwd` with `env`. Never returns."""
+def _prctl(*args: int) -> int:
+    return ctypes.CDLL(None, use_errno=True).prctl(*args)
+
+
+def _drop_privileges(box: dict[str, Any]) -> None:
+    """In a box's kernel: its limits, then no capability (bounding, ambient, effective, permitted, inheritable),
+    as the kernel user when the zygote is root. Exits the child if any step fails: a kernel never runs with more."""
+    import resource
+
+    limits = box["limits"]
+    for name, value in (("RLIMIT_AS", limits["memory_bytes"]), ("RLIMIT_NPROC", limits["processes"]),
+                        ("RLIMIT_FSIZE", limits["file_bytes"]), ("RLIMIT_CORE", 0)):
+        resource.setrlimit(getattr(resource, name), (value, value))
+    for cap in range(_LAST_CAP + 1):
+        _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last cap the kernel knows: ignored
+    _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if box.get("ids"):
+        uid, gid = box["ids"]
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)  # from root: clears every capability
+    _clear_capabilities()
+    status = open("/proc/self/status").read()
+    if any(line.split()[1].strip("0") for line in status.splitlines()
+           if line.startswith(("CapEff:", "CapPrm:", "CapInh:", "CapAmb:", "CapBnd:"))) or os.geteuid() == 0:
+        raise ZygoteError("a kernel would have kept privileges")
+    _prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+
+
+def _clear_capabilities() -> None:
+    """capset(2): empty effective, permitted and inheritable sets of this process."""
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    data = (Data * 2)()
+    if ctypes.CDLL(None, use_errno=True).capset(ctypes.byref(Header(0x20080522, 0)), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
+def _become_kernel(request: dict[str, Any], zygote_pid: int, inherited: list[Any],
+                   box: dict[str, Any] | None = None, fork_safe: bool = True) -> None:
+    """In a forked child: turn into `python -m ipykernel_launcher ARGS` run in `cwd` with `env` (in a box: with
+    its limits, unprivileged; if forking is unsafe: exec a fresh interpreter). Never returns."""
     code: Any = 1
     try:
         os.setsid()  # own process group: the grader's interrupt and kill reach the kernel and its subprocesses
@@ -104,6 +158,12 @@ def _become_kernel(request: dict[str, Any], zygote_pid: int, inherited: list[soc
             os._exit(1)
         for sock in inherited:
             sock.close()
+        if box is not None:
+            _drop_privileges(box)
+        if not fork_safe:
+            os.chdir(request["cwd"])
+            env = {**request["env"], "JPY_PARENT_PID": str(zygote_pid)}
+            os.execve(sys.executable, [sys.executable, "-m", "ipykernel_launcher", *request["args"]], env)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -157,29 +217,70 @@ def _exit_code(status: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def serve(socket_path: str) -> None:
+def _reset_box(children: set[int]) -> dict[str, Any]:
+    """In a box (pid 2, under bwrap's pid 1): kill every other process in the box's pid namespace and empty its
+    writable folders, so the next submission finds nothing of the last one."""
+    from .sandbox import BOX_SCRATCH, BOX_TMP, empty_folder
+
+    if os.getpid() != 2 or os.getppid() != 1:
+        return {"error": "reset outside a box refused"}  # kill(-1) outside a pid namespace would hit everything
+    for _ in range(100):
+        with contextlib.suppress(OSError):
+            os.kill(-1, signal.SIGKILL)  # every process but this one and init, atomically: a fork bomb included
+        for pid in list(children):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            children.discard(pid)
+        left = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]
+        if not left:
+            break
+        time.sleep(0.01)  # zombies that bwrap's init has not reaped yet
+    else:
+        return {"error": f"processes left in the box: {left}"}
+    for folder in (BOX_SCRATCH, BOX_TMP, "/dev/shm"):
+        empty_folder(folder)
+    return {"reset": True}
+
+
+def serve(socket_path: str | None = None, box: dict[str, Any] | None = None) -> None:
     """The zygote's loop: preload, then answer {"op": "spawn", "args", "cwd", "env"} -> {"pid"} and
-    {"op": "poll", "pid"} -> {"returncode": None or int} until stdin closes."""
+    {"op": "poll", "pid"} -> {"returncode": None or int} until stdin closes (or, in a box, its connection);
+    in a box also {"op": "signal", "pid", "signum"} and {"op": "reset"}."""
     baseline = thread_count()  # torch is imported (by gptcourse) but has run nothing: main + OpenBLAS threads
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the grader; it closes our stdin
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(socket_path)
-    listener.listen(64)  # clients may connect (and wait) while we preload
-    preload(baseline)
+    selector = selectors.DefaultSelector()
+    buffers: dict[socket.socket, bytes] = {}
+    listener = None
+    if box is None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(socket_path)
+        listener.listen(64)  # clients may connect (and wait) while we preload
+        selector.register(listener, selectors.EVENT_READ)
+    else:
+        _prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # no kernel may trace it or read its memory
+        conn = socket.socket(fileno=box["fd"])
+        buffers[conn] = b""
+        selector.register(conn, selectors.EVENT_READ)
+    fork_safe = True
+    try:
+        preload(baseline)
+    except ZygoteError as err:
+        if box is None:
+            raise
+        print(f"{err}: the box's kernels start as fresh processes instead", flush=True)
+        fork_safe = False
     zygote_pid = os.getpid()
     children: set[int] = set()
-    buffers: dict[socket.socket, bytes] = {}
-    selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ)
     selector.register(sys.stdin, selectors.EVENT_READ)
-    print(f"zygote {zygote_pid} ready on {socket_path}", flush=True)
+    print(f"zygote {zygote_pid} ready on {socket_path or 'its box connection'}", flush=True)
 
     def answer(request: dict[str, Any]) -> dict[str, Any]:
         if request.get("op") == "spawn":
             pid = os.fork()
             if pid == 0:
-                _become_kernel(request, zygote_pid, [listener, *buffers])
+                _become_kernel(request, zygote_pid, [s for s in (listener, *buffers) if s is not None], box,
+                               fork_safe)
             children.add(pid)
             return {"pid": pid}
         if request.get("op") == "poll" and request.get("pid") in children:
@@ -188,6 +289,12 @@ def serve(socket_path: str) -> None:
                 return {"returncode": None}
             children.discard(pid)
             return {"returncode": _exit_code(status)}
+        if box is not None and request.get("op") == "signal" and request.get("pid") in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(request["pid"], int(request["signum"]))
+            return {"signalled": True}
+        if box is not None and request.get("op") == "reset":
+            return _reset_box(children)
         return {"error": f"bad request {request!r}"}
 
     try:
@@ -203,6 +310,8 @@ def serve(socket_path: str) -> None:
                 else:
                     conn = key.fileobj
                     data = conn.recv(1 << 20)
+                    if not data and box is not None:
+                        return  # the box's owner is gone
                     if not data:
                         selector.unregister(conn)
                         del buffers[conn]
@@ -258,22 +367,28 @@ class ZygoteClient:
     running W kernels at once on C cores gives each C // W: tiny lab tensors gain nothing from more, and OpenMP
     threads that outnumber the cores spin instead of working."""
 
-    def __init__(self, socket_path: str, timeout: float = _CONNECT_TIMEOUT, kernel_threads: int | None = None) -> None:
+    def __init__(self, socket_path: str | None = None, timeout: float = _CONNECT_TIMEOUT,
+                 kernel_threads: int | None = None, sock: socket.socket | None = None) -> None:
         self.socket_path, self.kernel_threads = socket_path, kernel_threads
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self._sock.connect(socket_path)
-                break
-            except OSError as err:
-                self._sock.close()
-                if time.monotonic() > deadline:
-                    raise ZygoteError(f"no zygote listening on {socket_path}: {err}") from None
-                time.sleep(0.05)
+        self.boxed = sock is not None  # the zygote of a box: its pids are the box's, so it sends the signals
+        self._sock = sock if sock is not None else self._connect(socket_path, timeout)
         self._reader = self._sock.makefile("rb")
         self._lock = threading.Lock()
         self._sock.settimeout(timeout)  # the first answer waits for the zygote's preloading
+
+    @staticmethod
+    def _connect(socket_path: str | None, timeout: float) -> socket.socket:
+        deadline = time.monotonic() + timeout
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(socket_path)
+                return sock
+            except OSError as err:
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise ZygoteError(f"no zygote listening on {socket_path}: {err}") from None
+                time.sleep(0.05)
 
     def request(self, **message: Any) -> dict[str, Any]:
         with self._lock:
@@ -326,8 +441,15 @@ class ForkedKernel:
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
-        if self.returncode is None:
-            os.kill(self.pid, signum)
+        """To the kernel's process group (it leads one): the kernel and what it started."""
+        if self.returncode is not None:
+            return
+        if self.client.boxed:
+            with contextlib.suppress(ZygoteError):
+                self.client.request(op="signal", pid=self.pid, signum=int(signum))
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signum)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -345,24 +467,40 @@ def ipykernel_args(cmd: list[str]) -> list[str] | None:
 
 
 class ZygoteProvisioner(LocalProvisioner):
-    """LocalProvisioner whose ipykernel processes are forked by a zygote (any other kernel starts as usual)."""
+    """LocalProvisioner whose ipykernel processes are forked by a zygote (any other kernel starts as usual; in a
+    box, no kernel starts outside it)."""
 
     client = Instance(ZygoteClient, allow_none=True)
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        from .sandbox import box_environment
+
         args = ipykernel_args(cmd)
-        if self.client is None or args is None:
+        boxed = self.client is not None and self.client.boxed
+        if (self.client is None or args is None) and not boxed:
             return await super().launch_kernel(cmd, **kwargs)
+        if args is None:
+            raise ZygoteError(f"only this Python's ipykernel runs in the sandbox, not {cmd[:3]}")
         cwd = str(kwargs.get("cwd") or Path.cwd())
         env = {str(k): str(v) for k, v in (kwargs.get("env") or os.environ).items()}
+        if boxed:
+            env = box_environment(env)
         try:
             self.process = self.client.spawn(args, cwd, env)
         except ZygoteError as err:
+            if boxed:
+                raise ZygoteError(f"the sandbox's zygote is gone ({err}): no kernel starts outside it") from None
             self.log.warning("zygote unavailable (%s): starting an ordinary kernel", err)
             return await super().launch_kernel(cmd, **kwargs)
-        self.pid = self.pgid = self.process.pid
+        self.pid = self.pgid = None if boxed else self.process.pid  # a box's pids mean nothing out here
         self.cwd = cwd
         return self.connection_info
+
+    async def send_signal(self, signum: int) -> None:
+        if isinstance(self.process, ForkedKernel):
+            self.process.send_signal(signum)
+        else:
+            await super().send_signal(signum)
 
     async def wait(self) -> int | None:
         if isinstance(self.process, ForkedKernel):
@@ -373,13 +511,25 @@ class ZygoteProvisioner(LocalProvisioner):
         return await super().wait()
 
 
-def zygote_kernel_manager(manager_class: type[AsyncKernelManager], client: ZygoteClient) -> type[AsyncKernelManager]:
-    """`manager_class` whose kernels are forked by the zygote behind `client`."""
+def zygote_kernel_manager(manager_class: type[AsyncKernelManager], client: ZygoteClient,
+                          ipc_dir: str | None = None, owner: tuple[int, int] | None = None) -> type[AsyncKernelManager]:
+    """`manager_class` whose kernels are forked by the zygote behind `client`; with `ipc_dir`, connected over
+    Jupyter's ipc transport (Unix sockets in that folder, shared with the box), the connection file given to
+    `owner` (the kernel user's uid and gid), who alone may read it."""
 
     class ZygoteKernelManager(manager_class):  # type: ignore[misc,valid-type]
+        def write_connection_file(self, **kw: Any) -> None:
+            super().write_connection_file(**kw)
+            if owner is not None:
+                os.chown(self.connection_file, *owner)
+
         async def _async_pre_start_kernel(self, **kw: Any) -> Any:
             if self.provisioner is None:
                 self.kernel_id = self.kernel_id or kw.pop("kernel_id", str(uuid.uuid4()))
+                if ipc_dir is not None:
+                    self.transport = "ipc"
+                    self.ip = os.path.join(ipc_dir, f"k{self.kernel_id[:8]}")
+                    self.connection_file = os.path.join(ipc_dir, f"kernel-{self.kernel_id}.json")
                 self.provisioner = ZygoteProvisioner(client=client, kernel_id=self.kernel_id,
                                                      kernel_spec=self.kernel_spec, parent=self)
             return await super()._async_pre_start_kernel(**kw)
@@ -411,4 +561,7 @@ def with_zygote(execute_class: type, client: ZygoteClient) -> type:
 if __name__ == "__main__":
     if sys.path and (sys.path[0] in ("", os.getcwd())):
         del sys.path[0]  # like ipykernel_launcher: the course folder is not an import root (kernels add '')
-    serve(sys.argv[1])
+    if sys.argv[1] == "--box":
+        serve(box=json.loads(sys.argv[2]))
+    else:
+        serve(sys.argv[1])
