@@ -21,8 +21,11 @@ can print the secret. Without either, the PUBLIC default of gptcourse.grading.ca
 self-study and CI, not for a graded class.
 
 `nbgrader autograde` runs with the protections of gptcourse.grading (see its docstring): a tolerant reader and
-a cell restorer before execution, a kernel-restarting executor, the out-of-kernel judge, a report per
-submission in grading/reports/<lab>/<student>.txt; `nbgrader generate_feedback` hides hidden tests.
+a cell restorer before execution, a kernel-restarting executor whose kernels run in a bubblewrap sandbox
+(gptcourse.grading.sandbox: only the interpreter and the package in view, an unprivileged user, limits), the
+out-of-kernel judge, a report per submission in grading/reports/<lab>/<student>.txt; `nbgrader
+generate_feedback` hides hidden tests. If the sandbox cannot start, autograde stops before grading anyone and
+says how to fix it; `c.Sandbox.allow_unsandboxed = True` grades without it (only in a throw-away machine).
 """
 
 import os
@@ -61,12 +64,25 @@ GRADING = "gptcourse.grading."
 c.Autograde.exporter_class = GRADING + "sanitize.TolerantNotebookExporter"
 
 
+# The sandbox's limits per kernel (these are the defaults): address space, processes and threads, largest file,
+# size of /scratch, /tmp and /dev/shm (each); intra-op threads (0: torch's default; gptcourse autograde: its
+# share of the cores).
+c.Sandbox.memory_gb = 3.0
+c.Sandbox.max_processes = 256
+c.Sandbox.file_size_mb = 256
+c.Sandbox.scratch_mb = 256
+c.Sandbox.threads = 0
+
+
 def _missing_notebooks(assignment: str, student: str, notebooks: list[str]) -> None:
-    """A submission missing the lab's notebook (say, only a misnamed copy) is graded 0 with a report line; a
+    """Before anything is graded: stop if the sandbox cannot start (SandboxUnavailable, unless the opt-out is
+    set). A submission missing the lab's notebook (say, only a misnamed copy) is graded 0 with a report line; a
     submitted folder with no notebook at all, which nbgrader skips, gets a report that says so."""
     from gptcourse.grading.report import WriteGradingReport, report_folders_without_notebook
+    from gptcourse.grading.sandbox import require_sandbox
     from gptcourse.grading.sanitize import expect_lab_notebooks
 
+    require_sandbox(c, forbidden=[ROOT])
     expect_lab_notebooks(os.path.join(ROOT, c.CourseDirectory.source_directory), notebooks)
     report_folders_without_notebook(notebooks, WriteGradingReport(config=c))
 
@@ -81,7 +97,7 @@ c.Autograde.sanitize_preprocessors = [
     "nbgrader.preprocessors.CheckCellMetadata",
 ]
 c.Autograde.autograde_preprocessors = [
-    GRADING + "execute.RobustExecute",  # survives dead and hung kernels, caps output, runs in a scratch folder
+    GRADING + "execute.RobustExecute",  # survives dead and hung kernels, caps output, runs kernels in the sandbox
     "nbgrader.preprocessors.IgnorePattern",
     "nbgrader.preprocessors.LimitOutput",
     GRADING + "judge.JudgeTestCells",  # re-judges the recorded results here, where no student code ran

@@ -25,10 +25,11 @@ class Course:
         shutil.copytree(ROOT / "solutions", root / "solutions")
         shutil.copytree(ROOT / "labs", root / "labs")
 
-    def nbgrader(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
-        """`nbgrader ARGS` from the course root, as an instructor types it; output in .stdout (stderr merged)."""
+    def nbgrader(self, *args: str, ok: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """`nbgrader ARGS` from the course root, as an instructor types it (in `env`, default this process's);
+        output in .stdout (stderr merged)."""
         proc = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=self.root, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600, env=env)
         if ok and proc.returncode != 0:
             raise AssertionError(f"nbgrader {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-4000:]}")
         return proc

@@ -47,7 +47,9 @@ Student code runs only in the student's kernel; the verdict is reached in the gr
    the source notebook's order; deleted, retyped, edited or duplicated instructor cells are restored; the
    student's solution cells and added cells keep their code; each repair is a report line.
 3. Execute (`execute.RobustExecute`): a dead or hung kernel is restarted, the earlier non-test cells re-run,
-   grading goes on after the cell that broke it; output capped; the kernel works in a scratch folder.
+   grading goes on after the cell that broke it; output capped; every kernel runs in a bubblewrap sandbox
+   (`sandbox.py`: only the interpreter and the package in view, a scratch folder with that submission alone, an
+   unprivileged user, no network, limits; nothing outlives it), or grading does not start.
 4. Judge (`judge.JudgeTestCells`, before SaveAutoGrades): each test cell's expected ids come from its restored
    source; exactly one payload per id with the grader's seed, re-judged here; outputs rewritten to the verdict.
    In-kernel monkeypatching, printed text, raised or hidden errors cannot earn points. Pieces whose reference
@@ -59,8 +61,8 @@ env GPTCOURSE_SECRET or grading/secret.txt (nbgrader_config.py); it stays in the
 seeds of its lab's hidden cases (`cases.kernel_environment`). A submission without the lab's notebook (only a
 misnamed copy) is graded 0 with a report line naming the file to rename (`sanitize.expect_lab_notebooks`); a
 folder with no notebook, which nbgrader skips, gets a report (`report.report_folders_without_notebook`).
-Limits: the kernel runs as the grader's user (the scratch folder is not a sandbox: a hostile notebook could
-still open absolute paths such as the gradebook); grade untrusted classes in a container or as a separate user.
+Limits: the sandbox needs Linux, bubblewrap and (for a grader that is not root) user namespaces; where it cannot
+start, `c.Sandbox.allow_unsandboxed = True` grades with kernels that run as the grader's user, with its powers.
 The forbidden-reference scan resolves names as Python does and follows imports, aliases, scopes, subclasses and
 `getattr` with a constant, and flags the import machinery; the run-time check in the kernel is a second line
 that a tampered kernel can only blind to its own use. Neither sees source copied from the package.

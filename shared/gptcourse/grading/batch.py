@@ -9,9 +9,13 @@ gradebook. Two things change:
   runs no tensor code, so no thread pool is inherited), so no worker pays for those imports again. Each worker,
   and each kernel it runs, gets cores // workers intra-op threads (at least one).
 - Kernels: each notebook still runs in a fresh kernel process of its own, but the kernel is forked from a warm
-  zygote that has already imported torch, ipykernel and gptcourse (`zygote.py`): the configured Execute
-  preprocessor is subclassed only to take its kernels from there, and to kill a kernel once every cell has run
-  instead of waiting for it to exit. `--no-zygote` starts ordinary kernels.
+  zygote that has already imported torch, ipykernel and gptcourse (`zygote.py`). Sandboxed (the default, see
+  `sandbox.py`): each worker starts its own box with its own zygote inside, and between two submissions the box
+  kills every process left in it and empties its folders (`execute.with_box`); if the sandbox cannot start, the
+  batch stops before grading anyone. Without the sandbox (`c.Sandbox.allow_unsandboxed` where it cannot start):
+  one zygote serves all workers and the configured Execute preprocessor is subclassed only to take its kernels
+  from there, and to kill a kernel once every cell has run instead of waiting for it to exit. `--no-zygote`
+  (unsandboxed only) starts ordinary kernels.
 
 Resume: after a submission is graded, a record of what was graded (a hash of the submitted files, timestamp.txt
 included, and of the lab's source folder) is written to `<autograded>/.gptcourse-batch/LAB/STUDENT.json`, a folder
@@ -159,12 +163,14 @@ def _is_execute(preprocessor: Any) -> bool:
     return isinstance(preprocessor, type) and issubclass(preprocessor, NotebookClient)
 
 
-def grade_submission(app: Any, student: str, zygote_client: Any) -> dict[str, Any]:
-    """nbgrader's autograde of one student's submission (forced: the caller decided it needs grading)."""
+def grade_submission(app: Any, student: str, zygote_client: Any, box: Any = None) -> dict[str, Any]:
+    """nbgrader's autograde of one student's submission (forced: the caller decided it needs grading), its
+    kernels forked by `zygote_client`'s zygote or run in `box`."""
     from nbgrader.converters import Autograde
     from nbgrader.converters.base import NbGraderException
     from traitlets.utils.importstring import import_item
 
+    from .execute import with_box
     from .zygote import with_zygote
 
     lab = app.coursedir.assignment_id
@@ -178,9 +184,10 @@ def grade_submission(app: Any, student: str, zygote_client: Any) -> dict[str, An
         for attempt in range(RETRIES):
             messages.lines.clear()
             converter = Autograde(coursedir=app.coursedir, parent=app, force=True)
-            if zygote_client is not None:
-                preprocessors = [import_item(p) if isinstance(p, str) else p
-                                 for p in converter.autograde_preprocessors]
+            preprocessors = [import_item(p) if isinstance(p, str) else p for p in converter.autograde_preprocessors]
+            if box is not None:
+                converter.autograde_preprocessors = [with_box(p, box) if _is_execute(p) else p for p in preprocessors]
+            elif zygote_client is not None:
                 converter.autograde_preprocessors = [with_zygote(p, zygote_client) if _is_execute(p) else p
                                                      for p in preprocessors]
             try:
@@ -202,11 +209,13 @@ def grade_submission(app: Any, student: str, zygote_client: Any) -> dict[str, An
 
 
 def _worker_main(lab: str, zygote_socket: str | None, nbgrader_args: list[str], conn: Connection,
-                 log_path: str, threads: int) -> None:
+                 log_path: str, threads: int, sandbox_config: Any, slot: int) -> None:
     """A worker process: grade each student id received on `conn`, answer with the result, stop on None.
-    `threads`: intra-op threads for this worker's tensor code and for each kernel it runs."""
+    `threads`: intra-op threads for this worker's tensor code and for each kernel it runs. `sandbox_config`:
+    the course's config, to start this worker's box with (`slot`: the worker's number), or None (unsandboxed)."""
     import torch
 
+    from .sandbox import Sandbox, course_folders
     from .zygote import ZygoteClient, ZygoteError, die_with_parent
 
     die_with_parent()
@@ -214,21 +223,34 @@ def _worker_main(lab: str, zygote_socket: str | None, nbgrader_args: list[str], 
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     os.dup2(log, 1)  # nbgrader's log and anything printed go to the batch's log, not over the progress bar
     os.dup2(log, 2)
+
+    def start_box() -> Any:  # its zygote preloads while this worker loads nbgrader
+        return Sandbox(config=sandbox_config).start_box(course_folders(sandbox_config), threads=threads, slot=slot)
+
+    box = start_box() if sandbox_config is not None else None
     _wait_for_sqlite_locks()
     app = _nbgrader_app(lab, nbgrader_args)
     client = None
-    if zygote_socket:
+    if zygote_socket and box is None:
         try:
             client = ZygoteClient(zygote_socket, kernel_threads=threads)
         except ZygoteError as err:
             app.log.warning("%s: grading with ordinary kernels", err)
-    while (student := conn.recv()) is not None:
-        try:
-            result = grade_submission(app, student, client)
-        except Exception as err:  # one broken submission must not stop the class
-            app.log.exception("grading %s failed", student)
-            result = {"student": student, "ok": False, "seconds": 0.0, "messages": [f"{type(err).__name__}: {err}"]}
-        conn.send(result)
+    try:
+        while (student := conn.recv()) is not None:
+            try:
+                if box is not None and not box.alive():  # a kernel killed its zygote: a fresh box for the next
+                    box.close()
+                    box = start_box()
+                result = grade_submission(app, student, client, box)
+            except Exception as err:  # one broken submission must not stop the class
+                app.log.exception("grading %s failed", student)
+                result = {"student": student, "ok": False, "seconds": 0.0,
+                          "messages": [f"{type(err).__name__}: {err}"]}
+            conn.send(result)
+    finally:
+        if box is not None:
+            box.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -247,10 +269,11 @@ class _Worker:
     """A worker process and the student it is grading."""
 
     def __init__(self, context: Any, lab: str, zygote_socket: str | None, nbgrader_args: list[str],
-                 log_path: str, threads: int) -> None:
+                 log_path: str, threads: int, sandbox_config: Any, slot: int) -> None:
         self.conn, child_end = context.Pipe()
         self.process = context.Process(target=_worker_main, daemon=True,
-                                       args=(lab, zygote_socket, nbgrader_args, child_end, log_path, threads))
+                                       args=(lab, zygote_socket, nbgrader_args, child_end, log_path, threads,
+                                             sandbox_config, slot))
         self.process.start()
         child_end.close()
         self.student: str | None = None
@@ -279,8 +302,9 @@ def _process_context() -> Any:
 
 
 def run_workers(lab: str, students: list[str], workers: int, zygote_socket: str | None, nbgrader_args: list[str],
-                log_path: str) -> Iterator[Outcome]:
-    """Grade `students` on `workers` worker processes; yields each outcome as it arrives."""
+                log_path: str, sandbox_config: Any = None) -> Iterator[Outcome]:
+    """Grade `students` on `workers` worker processes (each with a box of its own if `sandbox_config` is not
+    None); yields each outcome as it arrives."""
     from multiprocessing.connection import wait
 
     if not students:
@@ -293,7 +317,8 @@ def run_workers(lab: str, students: list[str], workers: int, zygote_socket: str 
     threads = max(1, len(os.sched_getaffinity(0)) // workers)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # Python >= 3.12 warns about fork and BLAS threads
-        pool = [_Worker(context, lab, zygote_socket, nbgrader_args, log_path, threads) for _ in range(workers)]
+        pool = [_Worker(context, lab, zygote_socket, nbgrader_args, log_path, threads, sandbox_config, slot)
+                for slot in range(workers)]
     try:
         for w in pool:
             w.give(queue.pop())
@@ -351,26 +376,29 @@ def summary_table(outcomes: dict[str, Outcome], rows: dict[str, tuple[float, flo
 
 def autograde_class(lab: str, workers: int | None = None, force: bool = False, use_zygote: bool = True,
                     nbgrader_args: list[str] | None = None, progress: bool = True) -> dict[str, Outcome]:
-    """Grade every submission of `lab` that needs it (all with `force`); print a summary; return the outcomes."""
+    """Grade every submission of `lab` that needs it (all with `force`); print a summary; return the outcomes.
+    Stops before grading anyone if the sandbox cannot start (unless the course allows unsandboxed grading)."""
+    from .sandbox import course_folders, require_sandbox
     from .zygote import Zygote
 
     nbgrader_args = list(nbgrader_args or [])
-    # The zygote preloads torch in parallel with this process loading nbgrader; it is stopped if nothing is to do.
+    app = _nbgrader_app(lab, nbgrader_args)
+    sandboxed = require_sandbox(app.config, forbidden=course_folders(app.config, app.coursedir.root))
     zygote_log = tempfile.TemporaryFile()
-    zygote = Zygote(zygote_log) if use_zygote and Zygote.supported() else None
+    zygote = Zygote(zygote_log) if use_zygote and not sandboxed and Zygote.supported() else None
     try:
-        return _autograde_class(lab, workers, force, zygote, nbgrader_args, progress)
+        return _autograde_class(app, lab, workers, force, zygote, nbgrader_args, progress,
+                                app.config if sandboxed else None)
     finally:
         if zygote is not None:
             zygote.close()
         zygote_log.close()
 
 
-def _autograde_class(lab: str, workers: int | None, force: bool, zygote: Any, nbgrader_args: list[str],
-                     progress: bool) -> dict[str, Outcome]:
+def _autograde_class(app: Any, lab: str, workers: int | None, force: bool, zygote: Any, nbgrader_args: list[str],
+                     progress: bool, sandbox_config: Any) -> dict[str, Outcome]:
     from tqdm.auto import tqdm
 
-    app = _nbgrader_app(lab, nbgrader_args)
     coursedir = app.coursedir
     _require_assignment(coursedir.db_url, lab)
     found = submissions(coursedir, lab)
@@ -385,13 +413,14 @@ def _autograde_class(lab: str, workers: int | None, force: bool, zygote: Any, nb
     log_path.parent.mkdir(parents=True, exist_ok=True)
     print(f"{lab}: {len(found)} submissions, {len(todo)} to grade ({len(found) - len(todo)} up to date or without "
           "a notebook), "
-          f"{min(workers, max(len(todo), 1))} workers; log: {log_path}", flush=True)
+          f"{min(workers, max(len(todo), 1))} workers{', sandboxed' if sandbox_config is not None else ''}; "
+          f"log: {log_path}", flush=True)
     start = time.perf_counter()
     _preload_for_workers()
     bar = tqdm(total=len(todo), unit="submission", disable=not progress or not todo, dynamic_ncols=True)
     try:
         for outcome in run_workers(lab, todo, workers, zygote.socket_path if zygote else None, nbgrader_args,
-                                   str(log_path)):
+                                   str(log_path), sandbox_config):
             outcomes[outcome.student] = outcome
             bar.set_postfix_str(f"{outcome.student}: {outcome.status}", refresh=False)
             bar.update()
@@ -462,4 +491,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, help="parallel graders (default: cores + 1)")
     parser.add_argument("--force", action="store_true", help="grade again submissions already graded")
     parser.add_argument("--db", default=None, help="gradebook URL, as nbgrader's --db (e.g. postgresql://...)")
-    parser.add_argument("--no-zygote", action="store_true", help="start an ordinary kernel per notebook")
+    parser.add_argument("--no-zygote", action="store_true",
+                        help="start an ordinary kernel per notebook (unsandboxed grading only)")

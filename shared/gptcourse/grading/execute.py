@@ -41,7 +41,7 @@ from traitlets import Integer
 
 from .cases import kernel_environment
 from .report import add_line, cell_label
-from .sandbox import Box, Limits, Sandbox, require_sandbox
+from .sandbox import Box, Limits, Sandbox, course_folders, require_sandbox
 
 # A limit of the box, as a cell's error shows it: (limit, words in the error, what the report says was hit).
 LIMIT_SIGNS = (
@@ -75,8 +75,9 @@ class RobustExecute(Execute):
         folder = (resources or {}).get("metadata", {}).get("path") or "."
         env = kernel_environment(resources["nbgrader"]["assignment"])
         self._box, own = self.box, None
-        if self._box is None and require_sandbox(self.config, forbidden=[folder]):
-            self._box = own = Sandbox(config=self.config).start_box([folder])
+        hidden = course_folders(self.config, folder)
+        if self._box is None and require_sandbox(self.config, forbidden=hidden):
+            self._box = own = Sandbox(config=self.config).start_box(hidden)
         self._limits = self._box.limits if self._box else None
         try:
             if self._box is not None:

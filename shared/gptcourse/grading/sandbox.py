@@ -11,8 +11,9 @@ What a kernel sees and may do (`bwrap_argv`):
   sockets of Jupyter's `ipc` transport (no TCP port, no unencrypted-TCP warning);
 - new pid, network (loopback only), IPC, UTS and mount namespaces, `--die-with-parent`: nothing outlives the box,
   nothing outside it can be seen, signalled, traced or connected to;
-- limits per kernel (`Limits`, set by the zygote with setrlimit): address space, processes (threads count),
-  file size; the tmpfs sizes bound the disk it can fill.
+- limits per kernel (`Limits`, set by the zygote with setrlimit): address space (per process), processes
+  (threads count; per kernel user, and each parallel box has its own user), file size; the tmpfs sizes bound
+  what it can store (in memory: tmpfs).
 
 Identity: run as root (CI, many graders), bwrap makes the namespaces itself and the zygote keeps only the
 capabilities it needs to serve (setuid, kill, file ownership); every kernel it forks drops to the dedicated
@@ -60,8 +61,8 @@ ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/p
 ZYGOTE_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SETPCAP")
 FIX = ("Install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`) and allow user namespaces: on Ubuntu "
        ">= 23.10 `sysctl kernel.apparmor_restrict_unprivileged_userns=0` (or an AppArmor profile for bwrap); in "
-       "Docker, run the grader as root with `--security-opt seccomp=unconfined --security-opt apparmor=unconfined` "
-       "(or `--privileged`). Where none of that is possible, grade in a throw-away VM and set "
+       "Docker, run the grading container with `--privileged` (or `--cap-add SYS_ADMIN --security-opt "
+       "seccomp=unconfined --security-opt apparmor=unconfined`). Where none of that is possible, grade in a throw-away VM and set "
        "`c.Sandbox.allow_unsandboxed = True` in nbgrader_config.py (the kernels then run with the grader's powers).")
 
 
@@ -95,22 +96,33 @@ class Sandbox(LoggingConfigurable):
     memory_gb = Float(3.0, help="Address space per kernel, in GB").tag(config=True)
     max_processes = Int(256, help="Processes and threads per kernel user").tag(config=True)
     file_size_mb = Int(256, help="Largest file a kernel may write, in MB").tag(config=True)
-    scratch_mb = Int(512, help="Size of each of the kernel's writable folders (/scratch, /tmp), in MB").tag(
-        config=True)
+    scratch_mb = Int(256, help="Size of each of the kernel's writable folders (/scratch, /tmp, /dev/shm: memory-"
+                               "backed), in MB").tag(config=True)
     threads = Int(0, help="Intra-op (torch) threads per kernel; 0: gptcourse autograde's share of the cores, "
                           "torch's default under nbgrader").tag(config=True)
     kernel_user = Unicode("gptcourse-kernel", help="The unprivileged user kernels run as when the grader is root "
-                                                   "(created if missing)").tag(config=True)
+                                                   "(created if missing); gptcourse autograde's worker N > 0 uses "
+                                                   "NAME-N, so that no kernel's processes count against another's "
+                                                   "limit").tag(config=True)
     bwrap = Unicode("bwrap", help="The bubblewrap executable").tag(config=True)
 
     def limits(self, threads: int | None = None) -> Limits:
         return Limits(int(self.memory_gb * 1e9), self.max_processes, self.file_size_mb * 1_000_000,
                       self.scratch_mb * 1_000_000, self.threads or threads or 0)
 
-    def start_box(self, forbidden: Iterable[str], log: BinaryIO | None = None, threads: int | None = None) -> Box:
-        """A running box (bwrap + zygote) whose kernels see nothing of the `forbidden` folders (the course)."""
-        return Box(self.bwrap, self.limits(threads), read_only_folders(forbidden), kernel_ids(self.kernel_user),
-                   log)
+    def start_box(self, forbidden: Iterable[str], log: BinaryIO | None = None, threads: int | None = None,
+                  slot: int = 0) -> Box:
+        """A running box (bwrap + zygote) whose kernels see nothing of the `forbidden` folders (the course);
+        `slot`: which of the parallel boxes (its kernels' user, when root)."""
+        user = self.kernel_user if slot == 0 else f"{self.kernel_user}-{slot}"
+        return Box(self.bwrap, self.limits(threads), read_only_folders(forbidden), kernel_ids(user), log)
+
+
+def course_folders(config: Any, *more: str) -> list[str]:
+    """The folders no kernel may see: the course root (nbgrader's CourseDirectory.root, else the working
+    folder) and `more`."""
+    root = config.CourseDirectory.get("root") if config is not None and "CourseDirectory" in config else None
+    return [str(root or os.getcwd()), *more]
 
 
 def require_sandbox(config: Any = None, forbidden: Iterable[str] = ()) -> bool:

@@ -1,0 +1,299 @@
+"""The sandbox around graded kernels: every attack of issue 13 as cells added to an otherwise correct submission of
+lab 02, graded in ONE batch by plain `nbgrader autograde` and in one by `gptcourse autograde` (one worker, so
+every submission runs in the same box after the one before it); each gets the full 15 points, and nothing
+escapes: the course files and the package are unchanged, no process is left, the secret is in no output.
+Also: grading refuses to start without the sandbox, and the opt-out grades anyway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbgrader_course import Course
+
+import gptcourse
+
+LAB = "02_causal_attention"
+SECRET = "sandbox-test-secret-5d1f0c"
+MARKER = "gptcourse-sandbox-escaped"  # in every file an attack tries to write, and in its leftover processes
+PACKAGE = Path(gptcourse.__file__).parent
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("bwrap") is None or not sys.platform.startswith(
+    "linux"), reason="the sandbox needs Linux and bubblewrap (apt-get install bubblewrap)")]
+# Small limits, so that hitting them is quick (an instructor sets them the same way, in nbgrader_config.py).
+LIMITS = "\nc.Sandbox.memory_gb = 2.0\nc.Sandbox.file_size_mb = 20\nc.Sandbox.scratch_mb = 64\n"
+
+TAMPER_COURSE = '''
+import os
+targets = {@COURSE@, os.environ.get("PWD", "")}
+for pid in os.listdir("/proc"):
+    for link in ("cwd", "root"):
+        try:
+            targets.add(os.readlink(f"/proc/{pid}/{link}"))
+        except OSError:
+            pass
+for target in targets - {"", "/", "/scratch"}:
+    for name in ("nbgrader_config.py", "grading/gradebook.db", "grading/submitted/solution/@LAB@/@LAB@.ipynb",
+                 "grading/@MARKER@.txt"):
+        try:
+            with open(os.path.join(target, name), "a") as f:
+                f.write("@MARKER@")
+        except OSError:
+            pass
+'''
+TAMPER_PACKAGE = '''
+import os, sys, gptcourse
+package = os.path.dirname(gptcourse.__file__)
+for path in (os.path.join(package, "grading", "judge.py"), os.path.join(package, "@MARKER@.py"),
+             *(os.path.join(folder, "@MARKER@.pth") for folder in sys.path if folder)):
+    try:
+        with open(path, "a") as f:
+            f.write("# @MARKER@")
+    except OSError:
+        pass
+'''
+STEAL_SECRET = '''
+import glob, os
+found = []
+for path in [@COURSE@ + "/grading/secret.txt", *glob.glob("/proc/*/environ")]:
+    try:
+        found.append(open(path, "rb").read()[:4000])
+    except OSError:
+        pass
+print(found, dict(os.environ))
+'''
+LEFTOVER_LOOP = '''
+import time
+for i in range(600):  # a minute
+    for path in (@COURSE@ + "/grading/@MARKER@-left.txt", f"/scratch/@MARKER@-left-{i}"):
+        try:
+            open(path, "a").write("x")
+        except OSError:
+            pass
+    time.sleep(0.1)
+'''
+LEAVE_PROCESSES = '''
+import os, subprocess, sys
+subprocess.Popen([sys.executable, "-c", @LOOP@], start_new_session=True, stdin=subprocess.DEVNULL,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+if os.fork() == 0:  # a double fork: the grandchild belongs to no kernel
+    if os.fork() == 0:
+        os.setsid()
+        os.execv(sys.executable, [sys.executable, "-c", @LOOP@])
+    os._exit(0)
+os.wait()
+'''
+FORK_BOMB = '''
+import subprocess
+children = [subprocess.Popen(["sleep", "120"]) for _ in range(2000)]
+'''
+EAT_MEMORY = "blob = bytearray(8 * 10**9)"
+HUGE_FILE = '''
+with open("huge.bin", "wb") as f:
+    for _ in range(40):
+        f.write(bytes(10**6))
+'''
+FILL_SCRATCH = '''
+for i in range(20):
+    with open(f"fill{i}.bin", "wb") as f:
+        f.write(bytes(8 * 10**6))
+'''
+CONNECT = '''
+import socket
+try:
+    socket.create_connection(("127.0.0.1", @PORT@), timeout=3).sendall(b"@MARKER@")
+except OSError as err:
+    print("no network:", type(err).__name__)
+'''
+
+
+def attacks(course: Course, port: int) -> dict[str, list[str]]:
+    """student -> the cells added after the setup cell."""
+
+    def cell(source: str) -> str:
+        fill = {"@COURSE@": repr(str(course.root)), "@LAB@": LAB, "@MARKER@": MARKER, "@PORT@": str(port)}
+        for token, value in fill.items():
+            source = source.replace(token, value)
+        return source.replace("@LOOP@", repr(cell(LEFTOVER_LOOP))) if "@LOOP@" in source else source
+
+    return {"tamper-course": [cell(TAMPER_COURSE)], "tamper-package": [cell(TAMPER_PACKAGE)],
+            "steal-secret": [cell(STEAL_SECRET)], "leave-processes": [cell(LEAVE_PROCESSES)],
+            "fork-bomb": [FORK_BOMB], "eat-memory": [EAT_MEMORY], "fill-disk": [HUGE_FILE, FILL_SCRATCH],
+            "open-network": [cell(CONNECT)]}
+
+
+# What the report says about the attacks that hit a limit (cell 3 is the first added cell).
+REPORTED = {
+    "fork-bomb": [r"kernel hit the process limit \(256 processes and threads\) in cell 3 \(added by you\); tests "
+                  r"before it still count"],
+    "eat-memory": [r"kernel ran out of memory \(limit 2 GB\) in cell 3 \(added by you\); tests before it still "
+                   r"count"],
+    "fill-disk": [r"a file grew past the file-size limit \(20 MB\) in cell 3 \(added by you\)",
+                  r"the kernel filled its scratch space \(limit 64 MB\) in cell 4 \(added by you\)"],
+}
+
+
+def tree_hashes(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and not str(p.relative_to(folder)).startswith(skip)}
+
+
+GRADER_OUTPUT = ("grading/autograded", "grading/feedback", "grading/reports", "grading/gradebook.db")
+
+
+def marked_processes() -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if proc.name.isdigit() and MARKER.encode() in cmdline and int(proc.name) != os.getpid():
+            found.append(f"{proc.name}: {cmdline[:100]!r}")
+    return found
+
+
+def make_course(root: Path, listener: socket.socket) -> tuple[Course, dict[str, list[str]]]:
+    course = Course(root)
+    with open(course.root / "nbgrader_config.py", "a") as config:
+        config.write(LIMITS)
+    (course.root / "grading").mkdir(exist_ok=True)
+    (course.root / "grading" / "secret.txt").write_text(SECRET + "\n")
+    course.nbgrader("generate_assignment", LAB, "--force")
+    added = attacks(course, listener.getsockname()[1])
+    course.submit("solution", LAB, course.solved(LAB))
+    for student, cells in added.items():
+        nb = course.solved(LAB)
+        at = next(i for i, c in enumerate(nb.cells) if c.metadata.nbgrader.get("grade_id") == "setup") + 1
+        nb.cells[at:at] = [nbformat.v4.new_code_cell(source) for source in cells]
+        course.submit(student, LAB, nb)
+    return course, added
+
+
+@pytest.fixture(scope="module")
+def listener():
+    """A TCP server on loopback that no kernel may reach."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.setblocking(False)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module", params=["nbgrader", "gptcourse"])
+def graded(request, tmp_path_factory, listener):
+    """(course, attacks, grader output, course files before grading, package files before grading)."""
+    course, added = make_course(tmp_path_factory.mktemp(request.param), listener)
+    before, package = tree_hashes(course.root, GRADER_OUTPUT), tree_hashes(PACKAGE, ("__pycache__",))
+    if request.param == "nbgrader":
+        output = course.nbgrader("autograde", LAB, "--Execute.timeout=60").stdout
+    else:
+        proc = subprocess.run([sys.executable, "-m", "gptcourse.cli", "autograde", LAB, "--workers", "1"],
+                              cwd=course.root, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=900)
+        assert proc.returncode == 0, proc.stdout[-4000:]
+        log = course.root / "grading" / "autograded" / ".gptcourse-batch" / f"{LAB}.log"
+        output = proc.stdout + log.read_text(errors="replace")
+    return course, added, output, before, package
+
+
+def test_every_attack_gets_the_full_score(graded):
+    course, added, _, _, _ = graded
+    scores = course.scores(LAB)
+    assert scores == {student: course.expected_scores(LAB) for student in ["solution", *added]}
+
+
+def test_limits_hit_are_reported(graded):
+    course, added, _, _, _ = graded
+    for student in ["solution", *added]:
+        report = (course.root / "grading" / "reports" / LAB / f"{student}.txt").read_text()
+        for pattern in REPORTED.get(student, []):
+            assert re.search(pattern, report), (student, pattern, report)
+        if student not in REPORTED and student != "leave-processes":
+            assert "\n- " not in report, (student, report)  # nothing else happened
+        if student != "leave-processes":
+            assert "left" not in report, report  # no leftover reached a later submission's scratch folder
+
+
+def test_nothing_escaped_into_the_course_or_the_package(graded):
+    course, _, _, before, package = graded
+    assert tree_hashes(course.root, GRADER_OUTPUT) == before
+    assert MARKER.encode() not in (course.root / "grading" / "gradebook.db").read_bytes()
+    assert tree_hashes(PACKAGE, ("__pycache__",)) == package
+    assert not [p for folder in sys.path if folder and os.path.isdir(folder)
+                for p in Path(folder).glob(f"{MARKER}*")]
+
+
+def test_no_process_outlives_grading(graded):
+    assert marked_processes() == []
+
+
+def test_the_secret_is_in_no_output(graded):
+    course, _, output, _, _ = graded
+    assert SECRET not in output
+    printed = (course.root / "grading" / "autograded" / "steal-secret" / LAB / f"{LAB}.ipynb").read_text()
+    assert "GPTCOURSE_HIDDEN_SEEDS" in printed  # the cell did run and print what it found
+    for path in (course.root / "grading").rglob("*"):
+        if path.is_file() and path.name != "secret.txt":
+            assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_no_kernel_reached_the_network(graded, listener):
+    course, _, _, _, _ = graded
+    with pytest.raises(BlockingIOError):
+        listener.accept()
+    printed = (course.root / "grading" / "autograded" / "open-network" / LAB / f"{LAB}.ipynb").read_text()
+    assert "no network: ConnectionRefusedError" in printed
+
+
+def test_kernels_talk_over_ipc_with_no_tcp_warning(graded):
+    _, _, output, _, _ = graded
+    assert "without encryption" not in output
+
+
+# Refusing to grade unsafely.
+
+def without_bwrap() -> dict[str, str]:
+    return {**os.environ, "PATH": "/nonexistent"}
+
+
+def test_grading_refuses_to_start_without_the_sandbox(tmp_path):
+    course = Course(tmp_path / "course")
+    course.nbgrader("generate_assignment", LAB, "--force")
+    for student in ("first", "second"):
+        course.submit(student, LAB, course.solved(LAB))
+    run = course.nbgrader("autograde", LAB, ok=False, env=without_bwrap())
+    batch = subprocess.run([sys.executable, "-m", "gptcourse.cli", "autograde", LAB], cwd=course.root, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300, env=without_bwrap())
+    for proc in (run, batch):
+        assert proc.returncode != 0
+        assert "autograde stopped before grading anyone" in proc.stdout and "no `bwrap` executable" in proc.stdout
+        assert "apt-get install bubblewrap" in proc.stdout and "c.Sandbox.allow_unsandboxed" in proc.stdout
+    assert course.scores(LAB) == {}
+    assert not (course.root / "grading" / "autograded" / "first").exists()
+    # a student's Validate needs no sandbox
+    path = course.root / "validate" / f"{LAB}.ipynb"
+    path.parent.mkdir()
+    nbformat.write(course.solved(LAB), path)
+    validated = course.nbgrader("validate", str(path), ok=False, env=without_bwrap())
+    assert "Success! Your notebook passes all the tests." in validated.stdout
+
+
+def test_the_opt_out_grades_without_the_sandbox(tmp_path):
+    course = Course(tmp_path / "course")
+    with open(course.root / "nbgrader_config.py", "a") as config:
+        config.write("\nc.Sandbox.allow_unsandboxed = True\n")
+    course.nbgrader("generate_assignment", LAB, "--force")
+    course.submit("student", LAB, course.solved(LAB))
+    run = course.nbgrader("autograde", LAB, env=without_bwrap())
+    assert "grading WITHOUT the sandbox" in run.stdout
+    assert course.scores(LAB) == {"student": course.expected_scores(LAB)}
