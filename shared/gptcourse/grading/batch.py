@@ -209,10 +209,10 @@ def grade_submission(app: Any, student: str, zygote_client: Any, box: Any = None
 
 
 def _worker_main(lab: str, zygote_socket: str | None, nbgrader_args: list[str], conn: Connection,
-                 log_path: str, threads: int, sandbox_config: Any, slot: int) -> None:
+                 log_path: str, threads: int, sandbox_config: Any) -> None:
     """A worker process: grade each student id received on `conn`, answer with the result, stop on None.
     `threads`: intra-op threads for this worker's tensor code and for each kernel it runs. `sandbox_config`:
-    the course's config, to start this worker's box with (`slot`: the worker's number), or None (unsandboxed)."""
+    the course's config, to start this worker's box with, or None (unsandboxed)."""
     import torch
 
     from .sandbox import Sandbox, course_folders
@@ -225,7 +225,7 @@ def _worker_main(lab: str, zygote_socket: str | None, nbgrader_args: list[str], 
     os.dup2(log, 2)
 
     def start_box() -> Any:  # its zygote preloads while this worker loads nbgrader
-        return Sandbox(config=sandbox_config).start_box(course_folders(sandbox_config), threads=threads, slot=slot)
+        return Sandbox(config=sandbox_config).start_box(course_folders(sandbox_config), threads=threads)
 
     box = start_box() if sandbox_config is not None else None
     _wait_for_sqlite_locks()
@@ -269,11 +269,11 @@ class _Worker:
     """A worker process and the student it is grading."""
 
     def __init__(self, context: Any, lab: str, zygote_socket: str | None, nbgrader_args: list[str],
-                 log_path: str, threads: int, sandbox_config: Any, slot: int) -> None:
+                 log_path: str, threads: int, sandbox_config: Any) -> None:
         self.conn, child_end = context.Pipe()
         self.process = context.Process(target=_worker_main, daemon=True,
                                        args=(lab, zygote_socket, nbgrader_args, child_end, log_path, threads,
-                                             sandbox_config, slot))
+                                             sandbox_config))
         self.process.start()
         child_end.close()
         self.student: str | None = None
@@ -317,8 +317,8 @@ def run_workers(lab: str, students: list[str], workers: int, zygote_socket: str 
     threads = max(1, len(os.sched_getaffinity(0)) // workers)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # Python >= 3.12 warns about fork and BLAS threads
-        pool = [_Worker(context, lab, zygote_socket, nbgrader_args, log_path, threads, sandbox_config, slot)
-                for slot in range(workers)]
+        pool = [_Worker(context, lab, zygote_socket, nbgrader_args, log_path, threads, sandbox_config)
+                for _ in range(workers)]
     try:
         for w in pool:
             w.give(queue.pop())

@@ -12,13 +12,14 @@ What a kernel sees and may do (`bwrap_argv`):
 - new pid, network (loopback only), IPC, UTS and mount namespaces, `--die-with-parent`: nothing outlives the box,
   nothing outside it can be seen, signalled, traced or connected to;
 - limits per kernel (`Limits`, set by the zygote with setrlimit): address space (per process), processes
-  (threads count; per kernel user, and each parallel box has its own user), file size; the tmpfs sizes bound
-  what it can store (in memory: tmpfs).
+  (threads count; counted per kernel: each is alone in a user namespace), file size; the tmpfs sizes bound what
+  it can store (in memory: tmpfs).
 
 Identity: run as root (CI, many graders), bwrap makes the namespaces itself and the zygote keeps only the
 capabilities it needs to serve (setuid, kill, file ownership); every kernel it forks drops to the dedicated
 unprivileged user `Sandbox.kernel_user` (created with `useradd --system` if missing) with no capabilities left
-and no way to regain any (no_new_privs): a real uid that owns nothing outside the box. Run as an ordinary user,
+and no way to regain any (no_new_privs): a real uid that owns nothing outside the box (in a user namespace of
+its own that maps only that uid, so that its process limit is its own). Run as an ordinary user,
 bwrap makes an unprivileged user namespace and the kernels run as that user, with every capability dropped.
 
 The zygote (`zygote.serve` with a `box`) is the box's main process: it preloads torch once, forks one kernel per
@@ -62,8 +63,9 @@ ZYGOTE_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_
 FIX = ("Install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`) and allow user namespaces: on Ubuntu "
        ">= 23.10 `sysctl kernel.apparmor_restrict_unprivileged_userns=0` (or an AppArmor profile for bwrap); in "
        "Docker, run the grading container with `--privileged` (or `--cap-add SYS_ADMIN --security-opt "
-       "seccomp=unconfined --security-opt apparmor=unconfined`). Where none of that is possible, grade in a throw-away VM and set "
-       "`c.Sandbox.allow_unsandboxed = True` in nbgrader_config.py (the kernels then run with the grader's powers).")
+       "seccomp=unconfined --security-opt apparmor=unconfined`). Where none of that is possible, grade in a "
+       "throw-away VM and set `c.Sandbox.allow_unsandboxed = True` in nbgrader_config.py (the kernels then run "
+       "with the grader's powers).")
 
 
 class SandboxUnavailable(SystemExit):
@@ -101,21 +103,17 @@ class Sandbox(LoggingConfigurable):
     threads = Int(0, help="Intra-op (torch) threads per kernel; 0: gptcourse autograde's share of the cores, "
                           "torch's default under nbgrader").tag(config=True)
     kernel_user = Unicode("gptcourse-kernel", help="The unprivileged user kernels run as when the grader is root "
-                                                   "(created if missing); gptcourse autograde's worker N > 0 uses "
-                                                   "NAME-N, so that no kernel's processes count against another's "
-                                                   "limit").tag(config=True)
+                                                   "(created if missing)").tag(config=True)
     bwrap = Unicode("bwrap", help="The bubblewrap executable").tag(config=True)
 
     def limits(self, threads: int | None = None) -> Limits:
         return Limits(int(self.memory_gb * 1e9), self.max_processes, self.file_size_mb * 1_000_000,
                       self.scratch_mb * 1_000_000, self.threads or threads or 0)
 
-    def start_box(self, forbidden: Iterable[str], log: BinaryIO | None = None, threads: int | None = None,
-                  slot: int = 0) -> Box:
-        """A running box (bwrap + zygote) whose kernels see nothing of the `forbidden` folders (the course);
-        `slot`: which of the parallel boxes (its kernels' user, when root)."""
-        user = self.kernel_user if slot == 0 else f"{self.kernel_user}-{slot}"
-        return Box(self.bwrap, self.limits(threads), read_only_folders(forbidden), kernel_ids(user), log)
+    def start_box(self, forbidden: Iterable[str], log: BinaryIO | None = None, threads: int | None = None) -> Box:
+        """A running box (bwrap + zygote) whose kernels see nothing of the `forbidden` folders (the course)."""
+        return Box(self.bwrap, self.limits(threads), read_only_folders(forbidden), kernel_ids(self.kernel_user),
+                   log)
 
 
 def course_folders(config: Any, *more: str) -> list[str]:

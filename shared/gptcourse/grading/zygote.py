@@ -66,6 +66,7 @@ _PR_SET_DUMPABLE = 4
 _PR_CAPBSET_DROP = 24
 _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _LAST_CAP = 63
+_CLONE_NEWUSER = 0x10000000
 _CONNECT_TIMEOUT = 300.0  # preloading torch on a loaded machine
 
 
@@ -106,7 +107,7 @@ def _prctl(*args: int) -> int:
     return ctypes.CDLL(None, use_errno=True).prctl(*args)
 
 
-def _drop_privileges(box: dict[str, Any]) -> None:
+def _drop_privileges(box: dict[str, Any], handshake: tuple[int, int] | None) -> None:
     """In a box's kernel: its limits, then no capability (bounding, ambient, effective, permitted, inheritable),
     as the kernel user when the zygote is root. Exits the child if any step fails: a kernel never runs with more."""
     import resource
@@ -115,6 +116,8 @@ def _drop_privileges(box: dict[str, Any]) -> None:
     for name, value in (("RLIMIT_AS", limits["memory_bytes"]), ("RLIMIT_NPROC", limits["processes"]),
                         ("RLIMIT_FSIZE", limits["file_bytes"]), ("RLIMIT_CORE", 0)):
         resource.setrlimit(getattr(resource, name), (value, value))
+    if box.get("ids"):
+        _own_user_namespace(handshake)  # (which gives a full bounding set, dropped next)
     for cap in range(_LAST_CAP + 1):
         _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last cap the kernel knows: ignored
     _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
@@ -122,13 +125,38 @@ def _drop_privileges(box: dict[str, Any]) -> None:
         uid, gid = box["ids"]
         os.setgroups([])
         os.setresgid(gid, gid, gid)
-        os.setresuid(uid, uid, uid)  # from root: clears every capability
+        os.setresuid(uid, uid, uid)
     _clear_capabilities()
     status = open("/proc/self/status").read()
     if any(line.split()[1].strip("0") for line in status.splitlines()
            if line.startswith(("CapEff:", "CapPrm:", "CapInh:", "CapAmb:", "CapBnd:"))) or os.geteuid() == 0:
         raise ZygoteError("a kernel would have kept privileges")
     _prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+
+
+def _own_user_namespace(handshake: tuple[int, int]) -> None:
+    """Root in a box: move into a user namespace of this kernel's own, in which the zygote maps only the kernel
+    user to itself (`_map_kernel_user`; only a process outside the namespace may). The kernel runs as that real
+    uid all the same, but its processes count against its process limit in this namespace alone, so kernels of
+    other boxes running as the same user neither share nor starve one limit."""
+    ready, mapped = handshake
+    if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWUSER) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER) failed")
+    os.write(ready, b"u")
+    if os.read(mapped, 1) != b"m":
+        raise ZygoteError("the zygote did not map the kernel user")
+
+
+def _map_kernel_user(pid: int, ids: tuple[int, int], handshake: tuple[int, int]) -> None:
+    """In the zygote: once kernel `pid` is in its own user namespace, map the kernel user's uid and gid there."""
+    ready, mapped = handshake
+    if os.read(ready, 1) != b"u":
+        return  # the child failed before; it exits
+    uid, gid = ids
+    for name, value in (("uid_map", uid), ("gid_map", gid)):
+        with open(f"/proc/{pid}/{name}", "w") as mapping:
+            mapping.write(f"{value} {value} 1\n")
+    os.write(mapped, b"m")
 
 
 def _clear_capabilities() -> None:
@@ -147,7 +175,8 @@ def _clear_capabilities() -> None:
 
 
 def _become_kernel(request: dict[str, Any], zygote_pid: int, inherited: list[Any],
-                   box: dict[str, Any] | None = None, fork_safe: bool = True) -> None:
+                   box: dict[str, Any] | None = None, fork_safe: bool = True,
+                   handshake: tuple[int, int] | None = None) -> None:
     """In a forked child: turn into `python -m ipykernel_launcher ARGS` run in `cwd` with `env` (in a box: with
     its limits, unprivileged; if forking is unsafe: exec a fresh interpreter). Never returns."""
     code: Any = 1
@@ -159,7 +188,7 @@ def _become_kernel(request: dict[str, Any], zygote_pid: int, inherited: list[Any
         for sock in inherited:
             sock.close()
         if box is not None:
-            _drop_privileges(box)
+            _drop_privileges(box, handshake)
         if not fork_safe:
             os.chdir(request["cwd"])
             env = {**request["env"], "JPY_PARENT_PID": str(zygote_pid)}
@@ -277,11 +306,19 @@ def serve(socket_path: str | None = None, box: dict[str, Any] | None = None) -> 
 
     def answer(request: dict[str, Any]) -> dict[str, Any]:
         if request.get("op") == "spawn":
+            ids = box.get("ids") if box else None
+            to_zygote, to_kernel = (os.pipe(), os.pipe()) if ids else ((-1, -1), (-1, -1))
             pid = os.fork()
             if pid == 0:
                 _become_kernel(request, zygote_pid, [s for s in (listener, *buffers) if s is not None], box,
-                               fork_safe)
+                               fork_safe, (to_zygote[1], to_kernel[0]) if ids else None)
             children.add(pid)
+            if ids:
+                try:
+                    _map_kernel_user(pid, ids, (to_zygote[0], to_kernel[1]))
+                finally:
+                    for fd in (*to_zygote, *to_kernel):
+                        os.close(fd)
             return {"pid": pid}
         if request.get("op") == "poll" and request.get("pid") in children:
             pid, status = os.waitpid(request["pid"], os.WNOHANG)
