@@ -132,7 +132,7 @@ def attacks(course: Course, port: int) -> dict[str, list[str]]:
 
 # What the report says about the attacks that hit a limit (cell 3 is the first added cell).
 REPORTED = {
-    "fork-bomb": [r"kernel hit the process limit \(256 processes and threads\) in cell 3 \(added by you\); tests "
+    "fork-bomb": [r"kernel hit the process limit \(limit 256 processes and threads\) in cell 3 \(added by you\); tests "
                   r"before it still count"],
     "eat-memory": [r"kernel ran out of memory \(limit 2 GB\) in cell 3 \(added by you\); tests before it still "
                    r"count"],

@@ -24,6 +24,7 @@ count".
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -42,6 +43,7 @@ from traitlets import Integer
 from .cases import kernel_environment
 from .report import add_line, cell_label
 from .sandbox import Box, Limits, Sandbox, course_folders, require_sandbox
+from .zygote import ZygoteError
 
 # A limit of the box, as a cell's error shows it: (limit, words in the error, what the report says was hit).
 LIMIT_SIGNS = (
@@ -81,7 +83,7 @@ class RobustExecute(Execute):
         self._limits = self._box.limits if self._box else None
         try:
             if self._box is not None:
-                self._box.reset()
+                self._clean_box()
                 self._box.fill_scratch(folder)
                 self._run_in(nb, self._box.scratch, env, self._box.scratch_names)
             else:
@@ -90,9 +92,19 @@ class RobustExecute(Execute):
             if own is not None:
                 own.close()
             elif self._box is not None and self._box.alive():
-                self._box.reset()
+                with contextlib.suppress(ZygoteError):  # the next submission's reset stops it if it must
+                    self._box.reset()
         self.set_widgets_metadata()
         return self.nb, self.resources
+
+    def _clean_box(self) -> None:
+        """Reset the box before a submission; a box that cannot be reset is closed (its worker starts another)
+        and this submission is not graded."""
+        try:
+            self._box.reset()
+        except ZygoteError:
+            self._box.close()
+            raise
 
     def _run_unsandboxed(self, nb: NotebookNode, folder: str, env: dict[str, str]) -> None:
         scratch = tempfile.mkdtemp(prefix="gptcourse-grading-")
