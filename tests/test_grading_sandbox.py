@@ -136,7 +136,7 @@ REPORTED = {
                   r"before it still count"],
     "eat-memory": [r"kernel ran out of memory \(limit 2 GB\) in cell 3 \(added by you\); tests before it still "
                    r"count"],
-    "fill-disk": [r"a file grew past the file-size limit \(20 MB\) in cell 3 \(added by you\)",
+    "fill-disk": [r"a file grew past the file-size limit \(limit 20 MB\) in cell 3 \(added by you\)",
                   r"the kernel filled its scratch space \(limit 64 MB\) in cell 4 \(added by you\)"],
 }
 

@@ -8,7 +8,7 @@ What a kernel sees and may do (`bwrap_argv`):
 - /scratch, a private size-limited tmpfs that holds only the submission being graded (the grader copies it in
   through `/proc/<box>/root` and empties it afterwards), a private size-limited /tmp (its HOME) and /dev/shm;
 - one folder bound read-write at the same path inside and out, holding the kernel's connection file and the Unix
-  sockets of Jupyter's `ipc` transport (no TCP port, no unencrypted-TCP warning);
+  sockets of Jupyter's `ipc` transport (no TCP port, no unencrypted-TCP warning); as root, a 4 MB tmpfs;
 - new pid, network (loopback only), IPC, UTS and mount namespaces, `--die-with-parent`: nothing outlives the box,
   nothing outside it can be seen, signalled, traced or connected to;
 - limits per kernel (`Limits`, set by the zygote with setrlimit): address space (per process), processes
@@ -53,6 +53,8 @@ from traitlets import Bool, Float, Int, Unicode
 from traitlets.config import LoggingConfigurable
 
 BOX_SCRATCH = "/scratch"  # the kernel's working folder inside the box
+IPC_BYTES = 4 << 20  # the sockets' folder: a connection file and five sockets per kernel
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MNT_DETACH = 2, 4, 8, 2
 BOX_TMP = "/tmp"
 SYSTEM_FOLDERS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/passwd", "/etc/group",
@@ -254,6 +256,7 @@ class Box:
 
         self.limits, self.ids, self.scratch = limits, ids, BOX_SCRATCH
         self.ipc_dir = tempfile.mkdtemp(prefix="gptcourse-ipc-")
+        self._mounted = ids is not None and _mount_tmpfs(self.ipc_dir, IPC_BYTES, ids)
         if ids is not None:
             os.chown(self.ipc_dir, *ids)
         ours, theirs = socket.socketpair()
@@ -311,6 +314,9 @@ class Box:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        if self._mounted:
+            _libc().umount2(self.ipc_dir.encode(), _MNT_DETACH)
+            self._mounted = False
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
     def __enter__(self) -> Box:
@@ -318,6 +324,19 @@ class Box:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _libc() -> Any:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount_tmpfs(folder: str, size: int, ids: tuple[int, int]) -> bool:
+    """Root: make `folder` a small tmpfs owned by the kernel user, so that the one host folder a kernel may write
+    (its sockets' folder) cannot fill the grader's disk. False if the mount fails (the folder stays as it is)."""
+    options = f"size={size},mode=0700,uid={ids[0]},gid={ids[1]}".encode()
+    return _libc().mount(b"tmpfs", folder.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, options) == 0
 
 
 def empty_folder(folder: str) -> None:

@@ -205,6 +205,8 @@ def _become_kernel(request: dict[str, Any], zygote_pid: int, inherited: list[Any
         if request.get("threads"):
             _limit_threads(request["threads"])
         _reseed()
+        if box is not None:
+            _start_thread_pool()
         # ipykernel read JPY_PARENT_PID when the zygote imported it, so pass it as an argument too.
         args = [*request["args"], f"--IPKernelApp.parent_handle={zygote_pid}"]
         sys.argv = ["ipykernel_launcher", *args]
@@ -230,6 +232,14 @@ def _limit_threads(threads: int) -> None:
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[name] = str(threads)
     sys.modules["torch"].set_num_threads(threads)
+
+
+def _start_thread_pool() -> None:
+    """In a box's kernel, before any student code: start torch's intra-op (OpenMP) threads now. Started lazily,
+    after a cell has used up the box's process limit, they would fail to start, and OpenMP aborts the process."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() > 1:
+        torch.ones(1 << 20).exp_()  # a parallel op: large enough for ATen to split it
 
 
 def _reseed() -> None:
