@@ -5,8 +5,9 @@
 Builds a class of submissions of one lab in two identical temporary copies of the course (its
 nbgrader_config.py, solutions/ and labs/): a third hand in the solution, a third the solution with one piece
 left as the released stub (which piece varies), a third the untouched release. One copy is graded by
-`nbgrader autograde LAB` (one kernel start per submission, one after another), the other by `gptcourse
-autograde LAB`. Prints the machine's cores and load, both wall-clock times and their ratio (the target is
+`nbgrader autograde LAB` (one sandbox and kernel start per submission, one after another), the other by
+`gptcourse autograde LAB` (one sandbox per worker, kernels forked in it). Both sandboxed, as the course's
+nbgrader_config.py requires. Prints the machine's cores and load, both wall-clock times and their ratio (the target is
 <= 0.25), the CPU time each used (itself and every process it started: a measure other programs running on
 the machine do not inflate as much), and whether every test cell of every student got the same score from both.
 """

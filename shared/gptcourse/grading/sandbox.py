@@ -98,7 +98,7 @@ class Sandbox(LoggingConfigurable):
                                          "grader's user, with its powers): only inside a throw-away VM or "
                                          "container").tag(config=True)
     memory_gb = Float(3.0, help="Address space per kernel, in GB").tag(config=True)
-    max_processes = Int(256, help="Processes and threads per kernel user").tag(config=True)
+    max_processes = Int(256, help="Processes and threads per kernel (its own and those it starts)").tag(config=True)
     file_size_mb = Int(256, help="Largest file a kernel may write, in MB").tag(config=True)
     scratch_mb = Int(256, help="Size of each of the kernel's writable folders (/scratch, /tmp, /dev/shm: memory-"
                                "backed), in MB").tag(config=True)
@@ -166,7 +166,7 @@ def kernel_ids(name: str) -> tuple[int, int] | None:
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        useradd = shutil.which("useradd")
+        useradd = shutil.which("useradd", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
         if useradd is None:
             raise SandboxUnavailable(f"the grader runs as root and there is no user {name!r} for its kernels, nor "
                                      f"`useradd` to create one: create an unprivileged user and set "
