@@ -610,5 +610,7 @@ if __name__ == "__main__":
         del sys.path[0]  # like ipykernel_launcher: the course folder is not an import root (kernels add '')
     if sys.argv[1] == "--box":
         serve(box=json.loads(sys.argv[2]))
+        sys.stdout.flush()
+        os._exit(0)  # its kernels are killed; the box ends now, without tearing down torch
     else:
         serve(sys.argv[1])
