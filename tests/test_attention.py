@@ -157,3 +157,11 @@ def test_grouped_query_attention_equals_a_loop_over_query_heads(fused, n_kv_head
 def test_kv_heads_must_divide_query_heads():
     with pytest.raises(ValueError, match="n_kv_heads=4 must divide n_heads=6"):
         MultiHeadAttention(24, 6, n_kv_heads=4)
+
+
+@pytest.mark.parametrize(("t_q", "t_k"), [(6, 6), (1, 9), (3, 9)])  # prefill, one cached token, a cached chunk
+def test_fused_attention_shares_grouped_kv_heads(t_q, t_k):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 6, t_q, 4), torch.randn(2, 3, t_k, 4), torch.randn(2, 3, t_k, 4)
+    expected, _ = attention(q, repeat_kv(k, 2), repeat_kv(v, 2))
+    torch.testing.assert_close(fused_attention(q, k, v), expected, rtol=1e-5, atol=1e-6)

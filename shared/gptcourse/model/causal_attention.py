@@ -47,14 +47,23 @@ def attention(
 
 
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The same computation through PyTorch's fused kernel, without the (T_q, T_k) weights."""
+    """The same computation through PyTorch's fused kernel, without the (T_q, T_k) weights.
+
+    k and v may have fewer heads than q (grouped-query attention, H_kv dividing H): they are shared, not copied.
+    """
     t_q, t_k = q.size(-2), k.size(-2)
+    grouped = q.size(-3) != k.size(-3)  # (B, H, T_q, D) queries against (B, H_kv, T_k, D) keys
     if t_q == t_k:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
     if t_q == 1:  # generating with a KV cache: the newest position sees every cached key, nothing to mask
+        if grouped:  # the H / H_kv query heads of a group become rows of one query against their kv head
+            b, h, _, d = q.shape
+            y = F.scaled_dot_product_attention(q.reshape(b, k.size(-3), -1, d), k, v)  # (B, H_kv, H / H_kv, D)
+            return y.reshape(b, h, 1, d)  # (B, H, 1, D)
         return F.scaled_dot_product_attention(q, k, v)
     # is_causal aligns the mask top-left; with cached keys the queries are the last rows, so pass it explicitly.
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(t_q, t_k, device=q.device))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(t_q, t_k, device=q.device),
+                                          enable_gqa=grouped)
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -125,11 +134,10 @@ class MultiHeadAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, H_kv, T_past + T, D): the cache holds only the kv heads
-        n_rep = self.n_heads // self.n_kv_heads
-        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, T_k, D)
         if return_weights or not self.fused:
-            y, weights = attention(q, k, v)
+            n_rep = self.n_heads // self.n_kv_heads
+            y, weights = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep))  # k, v as (B, H, T_k, D)
         else:
-            y, weights = fused_attention(q, k, v), None
+            y, weights = fused_attention(q, k, v), None  # shares the kv heads without copying them
         y = self.out(self.merge_heads(y))  # (B, T, C)
         return (y, weights) if return_weights else y
