@@ -52,6 +52,11 @@ def test_quick_json_has_every_section(quick_report):
     cli = r["command_line"]
     assert cli["help_over_python"] == pytest.approx(cli["help_ms"] / cli["python_ms"])
     assert cli["check_env_over_python"] == pytest.approx(cli["check_env_ms"] / cli["python_ms"])
+    gqa = r["generation_gqa"]  # GQA with a quarter of the kv heads against MHA, side by side
+    assert gqa["n_kv_heads"] * 4 == gqa["n_heads"] == QUICK["gqa_shape"].n_heads
+    assert gqa["mha_cache_bytes"] == 4 * gqa["gqa_cache_bytes"] > 0
+    assert gqa["gqa_over_mha_tokens_per_s"] == pytest.approx(gqa["gqa_tokens_per_s"] / gqa["mha_tokens_per_s"])
+    assert gqa["gqa_parameters"] < gqa["mha_parameters"]
 
 
 def test_every_target_is_reported_with_its_verdict(quick_report):
