@@ -81,5 +81,6 @@ class TestLab11(RoundTrip):
     TOTAL = 26
     VALIDATE = Validation("top-p-above-threshold", 2, (
         'check("11.top_p.visible", top_p_filter)',
-        "top-p keeps the tokens *above* the threshold: the smallest set of the most likely tokens whose mass",
+        "the smallest set of the most likely tokens whose mass reaches p",
+        "top_p_filter masked every token of a row: the most likely token always stays",
     ))

@@ -241,9 +241,6 @@ def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     if bool(want.logical_not().any()) and bool(kept.all()):
         raise fail("top_p_filter set no logit to -inf: the tokens outside the nucleus must become -inf (not 0, "
                    "which exp() turns into probability), so that the softmax gives them nothing")
-    if not bool(kept.any(dim=-1).all()):
-        raise fail("top_p_filter masked every token of a row: the most likely token always stays (its mass alone "
-                   "may already reach top_p)")
     mistakes = {
         "top-p keeps the tokens *above* the threshold: the smallest set of the most likely tokens whose mass "
         "reaches p; the token that crosses p stays (keep a token while the mass before it is < p)":
@@ -255,6 +252,10 @@ def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "each token's own probability was compared with p: top-p adds the probabilities up, most likely first":
             logits.softmax(dim=-1) >= p,
     }
+    if not bool(kept.any(dim=-1).all()):
+        known = next((what for what, m in mistakes.items() if torch.equal(m, kept)), None)
+        raise fail("top_p_filter masked every token of a row: the most likely token always stays (its mass alone "
+                   "may already reach top_p)" + (f". {known}" if known else ""))
     check_close(kept.float(), want.float(), "which tokens are kept (1) and masked to -inf (0)", atol=0, rtol=0,
                 mistakes={what: m.float() for what, m in mistakes.items()})
     if not torch.equal(filtered[kept], logits[kept]):
