@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from gptcourse import AttentionHead, MultiHeadAttention, attention, causal_mask, fused_attention
+from gptcourse import AttentionHead, MultiHeadAttention, attention, causal_mask, fused_attention, repeat_kv
 from gptcourse.model.positions import RotaryEmbedding, apply_rope
 
 
@@ -126,3 +126,42 @@ def test_rope_is_a_rotation():
     rotated = apply_rope(x, *rope(torch.arange(10)))
     assert torch.allclose(rotated.norm(dim=-1), x.norm(dim=-1), atol=1e-5)
     assert torch.allclose(rotated[..., 0, :], x[..., 0, :])  # position 0: angle 0
+
+
+def test_repeat_kv_matches_hugging_face():
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    x = torch.randn(2, 3, 5, 4)  # (B, H_kv, T, D)
+    for n_rep in (1, 2, 4):
+        assert torch.equal(repeat_kv(x, n_rep), llama.repeat_kv(x, n_rep))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("n_kv_heads", [1, 2, 6])
+def test_grouped_query_attention_equals_a_loop_over_query_heads(fused, n_kv_heads):
+    torch.manual_seed(0)
+    b, t, c, h = 2, 7, 24, 6
+    d, group = c // h, h // n_kv_heads
+    mha = MultiHeadAttention(c, h, fused=fused, n_kv_heads=n_kv_heads)
+    assert mha.qkv.weight.shape == (c + 2 * n_kv_heads * d, c)
+    x = torch.randn(b, t, c)
+    q, k, v = mha.qkv(x).split([c, n_kv_heads * d, n_kv_heads * d], dim=-1)
+    heads = []
+    for i in range(h):  # query head i reads kv head i // group: the slow, obviously right way
+        j = i // group
+        heads.append(nn.functional.scaled_dot_product_attention(
+            q[..., i * d:(i + 1) * d], k[..., j * d:(j + 1) * d], v[..., j * d:(j + 1) * d], is_causal=True))
+    expected = mha.out(torch.cat(heads, dim=-1))
+    torch.testing.assert_close(mha(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_kv_heads_must_divide_query_heads():
+    with pytest.raises(ValueError, match="n_kv_heads=4 must divide n_heads=6"):
+        MultiHeadAttention(24, 6, n_kv_heads=4)
+
+
+@pytest.mark.parametrize(("t_q", "t_k"), [(6, 6), (1, 9), (3, 9)])  # prefill, one cached token, a cached chunk
+def test_fused_attention_shares_grouped_kv_heads(t_q, t_k):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 6, t_q, 4), torch.randn(2, 3, t_k, 4), torch.randn(2, 3, t_k, 4)
+    expected, _ = attention(q, repeat_kv(k, 2), repeat_kv(v, 2))
+    torch.testing.assert_close(fused_attention(q, k, v), expected, rtol=1e-5, atol=1e-6)

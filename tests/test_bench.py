@@ -56,6 +56,11 @@ def test_quick_json_has_every_section(quick_report):
     assert opt["config"] == QUICK["shapes"][0].name and opt["parameters"] > 0
     assert opt["ours_over_fused"] == pytest.approx(opt["ours_ms_per_step"] / opt["fused_ms_per_step"])
     assert opt["ours_as_fast"] is (opt["ours_over_fused"] <= 1)
+    gqa = r["generation_gqa"]  # GQA with a quarter of the kv heads against MHA, side by side
+    assert gqa["n_kv_heads"] * 4 == gqa["n_heads"] == QUICK["gqa_shape"].n_heads
+    assert gqa["mha_cache_bytes"] == 4 * gqa["gqa_cache_bytes"] > 0
+    assert gqa["gqa_over_mha_tokens_per_s"] == pytest.approx(gqa["gqa_tokens_per_s"] / gqa["mha_tokens_per_s"])
+    assert gqa["gqa_parameters"] < gqa["mha_parameters"]
 
 
 def test_every_target_is_reported_with_its_verdict(quick_report):

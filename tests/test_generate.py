@@ -3,12 +3,13 @@
 import pytest
 import torch
 
-from gptcourse import GPT, GPTConfig, decode_layout, filter_logits, generate, preset
+from gptcourse import GPT, GPTConfig, decode_layout, filter_logits, generate, kv_cache_bytes, preset
 
-CONFIGS = [preset("seed-tiny").replace(context_length=24), GPTConfig(context_length=24)]
+CONFIGS = [preset("seed-tiny").replace(context_length=24), GPTConfig(context_length=24),
+           preset("seed-tiny").replace(context_length=24, n_kv_heads=2), GPTConfig(context_length=24, n_kv_heads=1)]
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=["rope", "learned"])
+@pytest.mark.parametrize("config", CONFIGS, ids=["rope", "learned", "rope-gqa", "learned-mqa"])
 @pytest.mark.parametrize("sampling", [
     {"temperature": 0.0}, {"temperature": 1.0}, {"temperature": 0.8, "top_k": 5}, {"temperature": 1.2, "top_p": 0.9},
 ])
@@ -58,6 +59,48 @@ def test_filter_logits_by_hand():
     probs = logits.softmax(-1)[0]  # about 0.09, 0.67, 0.24, 0.03
     assert probs[1] < 0.7 < probs[1] + probs[2]
     assert torch.isinf(filter_logits(logits, top_p=0.7)).tolist() == [[True, False, False, True]]
+
+
+def _hf_warpers(top_k, top_p):
+    lp = pytest.importorskip("transformers.generation.logits_process")
+    warpers = ([lp.TopKLogitsWarper(top_k)] if top_k else []) + ([lp.TopPLogitsWarper(top_p)] if top_p else [])
+    return lp.LogitsProcessorList(warpers)  # the order of transformers' generate: top-k, then top-p
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(None, 0.9), (None, 0.5), (None, 1.0), (None, 1e-6), (5, 0.8),
+                                              (20, 0.95), (3, None)])
+def test_filter_logits_equals_hugging_face_warpers(top_k, top_p):
+    gen = torch.Generator().manual_seed(0)
+    skewed = torch.randn(64, 50, generator=gen) * 3.0
+    flat = torch.randn(64, 50, generator=gen) * 0.1
+    ties = torch.randint(0, 4, (64, 50), generator=gen).float()  # many equal logits at the boundary
+    for logits in (skewed, flat, ties):
+        expected = _hf_warpers(top_k, top_p)(torch.zeros(64, 1, dtype=torch.long), logits.clone())
+        assert torch.equal(filter_logits(logits, top_k=top_k, top_p=top_p), expected)
+
+
+def test_top_p_keeps_the_smallest_set_that_reaches_p():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    kept = lambda p: filter_logits(probs.log(), top_p=p).isfinite()[0].tolist()  # noqa: E731
+    assert kept(0.5) == [True, False, False, False]  # 0.5 alone reaches 0.5
+    assert kept(0.6) == [True, True, False, False]  # 0.5 < 0.6 <= 0.8
+    assert kept(0.81) == [True, True, True, False]
+    assert kept(1.0) == [True, True, True, True]
+
+
+def test_kv_cache_stores_the_kv_heads_and_its_bytes_follow_the_formula():
+    config = preset("seed-tiny").replace(context_length=24, n_kv_heads=2)
+    model = GPT(config).eval()
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(torch.zeros(3, 5, dtype=torch.long), cache=cache)
+    assert cache.layers[0].k.shape == (3, 2, 5, 8)  # (B, H_kv, T, D)
+    assert cache.nbytes == kv_cache_bytes(config, 24, batch=3) == 2 * 2 * 24 * 2 * 8 * 4 * 3
+    assert kv_cache_bytes(config.replace(n_kv_heads=None), 24, batch=3) == 2 * cache.nbytes  # H / H_kv = 2
+    llama3 = preset("llama3-8b")
+    assert kv_cache_bytes(llama3, 8192, dtype=torch.bfloat16) == 2 * 32 * 8192 * 8 * 128 * 2  # 1 GiB
+    with pytest.raises(ValueError, match="expected positions >= 0 and batch >= 1"):
+        kv_cache_bytes(config, -1)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

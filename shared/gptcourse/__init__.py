@@ -16,10 +16,11 @@ from typing import Any
 __version__ = "0.1.0"
 
 WHERE: dict[str, tuple[str, ...]] = {  # module (under gptcourse) -> the public names it defines
-    "inference.kv_cache": ("KVCache", "LayerCache"),
+    "inference.kv_cache": ("KVCache", "LayerCache", "kv_cache_bytes"),
     "inference.sampling": ("decode_layout", "filter_logits", "generate"),
     "model.block": ("DecoderBlock",),
-    "model.causal_attention": ("AttentionHead", "MultiHeadAttention", "attention", "causal_mask", "fused_attention"),
+    "model.causal_attention": ("AttentionHead", "MultiHeadAttention", "attention", "causal_mask", "fused_attention",
+                               "repeat_kv"),
     "model.config": ("GPTConfig", "PRESETS", "preset"),
     "model.gpt": ("GPT",),
     "model.heads": ("RewardModel", "ValueHead"),

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .inference.kv_cache import kv_cache_bytes
 from .inference.sampling import decode_layout, generate
 from .model.causal_attention import attention, fused_attention
 from .model.config import GPTConfig
@@ -80,6 +81,7 @@ FULL = {
     "generate_tokens": 256,
     "generate_rounds": 3,
     "cli_rounds": 7,
+    "gqa_shape": Shape(6, 8, 384, 256, 8),  # the big shape with 8 heads (6 do not split into 4 groups)
 }
 QUICK = {
     "shapes": (Shape(2, 2, 32, 16, 4), Shape(2, 2, 64, 32, 4)),
@@ -90,6 +92,7 @@ QUICK = {
     "generate_tokens": 16,
     "generate_rounds": 2,
     "cli_rounds": 2,
+    "gqa_shape": Shape(2, 4, 32, 16, 4),
 }
 TARGETS = {  # issue 3's targets on a 2-core machine
     "mfu_small": 0.60,
@@ -328,6 +331,27 @@ def bench_generation(shape: Shape, new_tokens: int, rounds: int) -> dict:
     }
 
 
+def bench_gqa_generation(shape: Shape, new_tokens: int, rounds: int) -> dict:
+    """Cached greedy generation with grouped-query attention (n_kv_heads = n_heads / 4) against plain MHA: the
+    same model otherwise, timed in interleaved rounds, and the bytes each one's KV cache holds."""
+    torch.manual_seed(0)
+    mha = model_config(shape).replace(context_length=2 * new_tokens)
+    gqa = mha.replace(n_kv_heads=mha.n_heads // 4)
+    models = {"mha": GPT(mha).eval(), "gqa": GPT(gqa).eval()}
+    prompt = torch.zeros(1, 1, dtype=torch.long)
+    s = median_seconds({name: (lambda m=m: generate(m, prompt, new_tokens, temperature=0))
+                        for name, m in models.items()}, rounds, warmup=1)
+    positions = 1 + new_tokens  # the prompt and every generated token but the last are cached
+    result = {"model": f"L{mha.n_layers}/H{mha.n_heads}/C{mha.d_model}, context {mha.context_length}",
+              "new_tokens": new_tokens, "n_heads": mha.n_heads, "n_kv_heads": gqa.kv_heads}
+    for name, config in (("mha", mha), ("gqa", gqa)):
+        result |= {f"{name}_s": s[name], f"{name}_tokens_per_s": new_tokens / s[name],
+                   f"{name}_cache_bytes": kv_cache_bytes(config, positions),
+                   f"{name}_parameters": count_parameters(config)}
+    result["gqa_over_mha_tokens_per_s"] = s["mha"] / s["gqa"]
+    return result
+
+
 KEEP_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}  # glibc's knobs
 
 
@@ -370,6 +394,7 @@ def run(quick: bool = False) -> dict:
     gen = bench_generation(big, plan["generate_tokens"], plan["generate_rounds"])
     cli = bench_command_line(plan["cli_rounds"])
     optimizer = bench_optimizer(plan["shapes"][0], plan["train_rounds"][0])
+    gqa = bench_gqa_generation(plan["gqa_shape"], plan["generate_tokens"], plan["generate_rounds"])
     values = {
         "mfu_small": training[0]["ours_mfu"],
         "mfu_big": training[1]["ours_mfu"],
@@ -388,6 +413,7 @@ def run(quick: bool = False) -> dict:
         "generation": gen,
         "command_line": cli,
         "optimizer": optimizer,
+        "generation_gqa": gqa,
         "targets": [{"name": name, "value": values[name], "target": goal, "met": values[name] >= goal}
                     for name, goal in TARGETS.items()],
     }
@@ -453,6 +479,13 @@ def report(result: dict) -> str:
                  f"torch fused {o['fused_ms_per_step']:.2f} ms = {o['ours_over_fused']:.2f}x its time (torch foreach "
                  f"{o['foreach_ms_per_step']:.2f} ms); as fast as fused: {'yes' if o['ours_as_fast'] else 'no'} (the "
                  "recipe keeps torch's fused AdamW unless ours is)")
+    q = result["generation_gqa"]
+    lines.append(
+        f"cached generate {q['new_tokens']} tokens ({q['model']}): MHA {q['mha_tokens_per_s']:.0f} tok/s, cache "
+        f"{q['mha_cache_bytes'] / 1e6:.2f} MB | GQA {q['n_kv_heads']} kv heads {q['gqa_tokens_per_s']:.0f} tok/s, "
+        f"cache {q['gqa_cache_bytes'] / 1e6:.2f} MB | GQA/MHA {q['gqa_over_mha_tokens_per_s']:.2f}x tok/s, "
+        f"{q['mha_cache_bytes'] / q['gqa_cache_bytes']:.0f}x less cache"
+    )
     lines.extend(NOTES)
     return "\n".join(lines)
 

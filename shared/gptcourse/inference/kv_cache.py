@@ -1,15 +1,32 @@
 """The KV cache: the keys and values each attention layer has already computed, so that generating one more
-token costs one position of work instead of the whole prefix."""
+token costs one position of work instead of the whole prefix.
+
+It holds, for every layer, k and v of H_kv heads (H_kv = H for plain multi-head attention, fewer with grouped-query
+attention): 2 x layers x positions x H_kv x D values per sequence, `kv_cache_bytes`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from ..model.config import GPTConfig
+
+
+def kv_cache_bytes(config: GPTConfig, positions: int, batch: int = 1, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of keys and values cached for `positions` tokens of `batch` sequences:
+    2 (k and v) x layers x positions x H_kv x D x bytes per value."""
+    if positions < 0 or batch < 1:
+        raise ValueError(f"expected positions >= 0 and batch >= 1, got positions={positions}, batch={batch}")
+    per_value = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.n_layers * batch * positions * config.kv_heads * config.d_head * per_value
+
 
 class LayerCache:
-    """The keys and values one attention layer has seen so far: `k` and `v`, each (B, H, T_past, D).
+    """The keys and values one attention layer has seen so far: `k` and `v`, each (B, H_kv, T_past, D).
 
     They live in buffers of `capacity` positions (the model's context length), allocated at the first append,
     and each append writes only the new positions. Growing them with torch.cat instead would copy the whole cache
@@ -43,6 +60,11 @@ class LayerCache:
         self.length = end
         return self.k, self.v
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the k and v buffers (all `capacity` positions, as allocated)."""
+        return 0 if self._k is None else self._k.nbytes + self._v.nbytes
+
 
 @dataclass
 class KVCache:
@@ -57,3 +79,7 @@ class KVCache:
     @property
     def length(self) -> int:
         return self.layers[0].length if self.layers else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers)

@@ -16,7 +16,9 @@ from ..model.gpt import GPT
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
-    """Set to -inf every logit outside the top-k, and outside the smallest set whose probability >= top_p."""
+    """Set to -inf every logit outside the top-k, then outside the nucleus: the smallest set of the most likely
+    tokens whose probability reaches top_p. Both as Hugging Face's TopKLogitsWarper and TopPLogitsWarper, in
+    their order (temperature is applied by the caller before)."""
     if top_k is not None:
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
@@ -25,11 +27,11 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
     if top_p is not None:
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        outside = cumulative - sorted_logits.softmax(dim=-1) >= top_p  # mass before this token already >= p
-        sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
-        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+        ascending, order = logits.sort(dim=-1)  # (B, V): least likely first
+        mass_up_to = ascending.softmax(dim=-1).cumsum(dim=-1)  # mass of this token and all less likely ones
+        drop = mass_up_to <= 1 - top_p  # the tail that the nucleus (mass >= top_p) can do without
+        drop[..., -1] = False  # the most likely token always stays
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return logits
 
 

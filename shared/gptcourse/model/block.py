@@ -23,7 +23,7 @@ class DecoderBlock(nn.Module):
         super().__init__()
         c = config
         self.norm1 = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
-        self.attn = MultiHeadAttention(c.d_model, c.n_heads, bias=c.attn_bias)
+        self.attn = MultiHeadAttention(c.d_model, c.n_heads, bias=c.attn_bias, n_kv_heads=c.kv_heads)
         self.norm2 = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
         self.mlp = make_mlp(c.mlp, c.d_model, c.hidden_width, c.mlp_bias)
 

@@ -1,5 +1,8 @@
 """Causal self-attention: the mask, one head, many heads (which can read and extend a KV cache).
 
+Many heads may share keys and values: grouped-query attention (GQA) keeps H_kv key/value heads for H query heads,
+each serving a group of H / H_kv consecutive query heads (`repeat_kv`); multi-query attention is H_kv = 1.
+
 Two paths compute the same thing:
 - `attention` is explicit (scores -> mask -> softmax -> weighted sum) and can return the weights for plots;
 - `fused_attention` calls `torch.nn.functional.scaled_dot_product_attention`, which never materialises the
@@ -44,14 +47,31 @@ def attention(
 
 
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The same computation through PyTorch's fused kernel, without the (T_q, T_k) weights."""
+    """The same computation through PyTorch's fused kernel, without the (T_q, T_k) weights.
+
+    k and v may have fewer heads than q (grouped-query attention, H_kv dividing H): they are shared, not copied.
+    """
     t_q, t_k = q.size(-2), k.size(-2)
+    grouped = q.size(-3) != k.size(-3)  # (B, H, T_q, D) queries against (B, H_kv, T_k, D) keys
     if t_q == t_k:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
     if t_q == 1:  # generating with a KV cache: the newest position sees every cached key, nothing to mask
+        if grouped:  # the H / H_kv query heads of a group become rows of one query against their kv head
+            b, h, _, d = q.shape
+            y = F.scaled_dot_product_attention(q.reshape(b, k.size(-3), -1, d), k, v)  # (B, H_kv, H / H_kv, D)
+            return y.reshape(b, h, 1, d)  # (B, H, 1, D)
         return F.scaled_dot_product_attention(q, k, v)
     # is_causal aligns the mask top-left; with cached keys the queries are the last rows, so pass it explicitly.
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(t_q, t_k, device=q.device))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(t_q, t_k, device=q.device),
+                                          enable_gqa=grouped)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, H_kv, T, D) -> (B, H_kv * n_rep, T, D): each key/value head repeated for the n_rep query heads of its
+    group, kv head j serving query heads j * n_rep ... j * n_rep + n_rep - 1 (Hugging Face's order)."""
+    if n_rep == 1:
+        return x  # plain multi-head attention: nothing to share, nothing to copy
+    return x.repeat_interleave(n_rep, dim=-3)  # (B, H_kv, T, D) -> (B, H, T, D)
 
 
 class AttentionHead(nn.Module):
@@ -69,20 +89,30 @@ class AttentionHead(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-    """H causal heads computed together from one fused q/k/v projection, then merged and projected."""
+    """H causal heads computed together from one fused q/k/v projection, then merged and projected.
 
-    def __init__(self, d_model: int, n_heads: int, bias: bool = True, fused: bool = True) -> None:
+    With `n_kv_heads` below `n_heads` (grouped-query attention) k and v have H_kv heads: the projection and the
+    KV cache shrink by H / H_kv, and each kv head is repeated for its group of query heads before attending.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True, fused: bool = True,
+                 n_kv_heads: int | None = None) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        self.n_heads = n_heads
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if n_kv_heads < 1 or n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}: each key/value head serves "
+                             f"an equal group of query heads")
+        self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_model // n_heads
         self.fused = fused
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)  # rows: W_q, then W_k, then W_v
+        kv_width = n_kv_heads * self.d_head  # H_kv D
+        self.qkv = nn.Linear(d_model, d_model + 2 * kv_width, bias=bias)  # rows: W_q, then W_k, then W_v
         self.out = nn.Linear(d_model, d_model, bias=bias)
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        return x.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2)  # (B, T, C) -> (B, H, T, D)
+        b, t, _ = x.shape
+        return x.view(b, t, -1, self.d_head).transpose(1, 2)  # (B, T, H D) -> (B, H, T, D); H_kv heads for k, v
 
     @staticmethod
     def merge_heads(x: torch.Tensor) -> torch.Tensor:
@@ -97,15 +127,17 @@ class MultiHeadAttention(nn.Module):
         return_weights: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, C) -> (B, T, C); with `return_weights`, also the (B, H, T, T_k) weights."""
-        q, k, v = self.qkv(x).chunk(3, dim=-1)  # each (B, T, C)
-        q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)  # each (B, H, T, D)
+        kv_width = self.n_kv_heads * self.d_head
+        q, k, v = self.qkv(x).split([x.size(-1), kv_width, kv_width], dim=-1)  # (B, T, C), 2 x (B, T, H_kv D)
+        q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)  # (B, H, T, D), 2 x (B, H_kv, T, D)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
-            k, v = cache.append(k, v)  # (B, H, T_past + T, D)
+            k, v = cache.append(k, v)  # (B, H_kv, T_past + T, D): the cache holds only the kv heads
         if return_weights or not self.fused:
-            y, weights = attention(q, k, v)
+            n_rep = self.n_heads // self.n_kv_heads
+            y, weights = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep))  # k, v as (B, H, T_k, D)
         else:
-            y, weights = fused_attention(q, k, v), None
+            y, weights = fused_attention(q, k, v), None  # shares the kv heads without copying them
         y = self.out(self.merge_heads(y))  # (B, T, C)
         return (y, weights) if return_weights else y

@@ -1,7 +1,7 @@
 """`GPTConfig`: one frozen dataclass that describes every model variant in the course.
 
 The symbols follow the seed documents: V (vocab_size), T (context_length, the longest sequence),
-C or d (d_model), H (n_heads), D (d_head = C / H), N (n_layers).
+C or d (d_model), H (n_heads), D (d_head = C / H), N (n_layers); H_kv (kv_heads) for grouped-query attention.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ class GPTConfig:
     tie_weights: bool = True
     lm_head_bias: bool = False
     rope_theta: float = 10000.0
+    n_kv_heads: int | None = None  # H_kv, key/value heads: None = n_heads (MHA), 1 = multi-query, else grouped
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_length", "d_model", "n_heads", "n_layers"):
@@ -58,6 +59,15 @@ class GPTConfig:
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
                 f"each head needs an equal slice D = d_model / n_heads"
             )
+        if self.n_kv_heads is not None and (
+            not isinstance(self.n_kv_heads, int) or isinstance(self.n_kv_heads, bool) or self.n_kv_heads < 1
+            or self.n_heads % self.n_kv_heads
+        ):
+            raise ValueError(
+                f"GPTConfig.n_kv_heads must be None (= n_heads) or a positive int that divides "
+                f"n_heads={self.n_heads}, got {self.n_kv_heads!r}: each key/value head serves an equal group "
+                f"of query heads"
+            )
         if self.position == "rope" and self.d_head % 2:
             raise ValueError(f"RoPE rotates pairs of features, so d_head must be even, got {self.d_head}")
         if self.d_ff is not None and (not isinstance(self.d_ff, int) or self.d_ff < 1):
@@ -69,6 +79,11 @@ class GPTConfig:
     def d_head(self) -> int:
         """D, the width of one attention head."""
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """H_kv, the number of key/value heads: `n_kv_heads`, or `n_heads` when that is None."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     @property
     def hidden_width(self) -> int:
@@ -110,6 +125,18 @@ PRESETS: dict[str, GPTConfig] = {
         vocab_size=32000, context_length=4096, d_model=4096, n_heads=32, n_layers=32,
         position="rope", norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", d_ff=11008,
         attn_bias=False, mlp_bias=False, tie_weights=False,
+    ),
+    # Meta-Llama-3-8B: grouped-query attention, 8 key/value heads for 32 query heads; 128K vocabulary, untied.
+    "llama3-8b": GPTConfig(
+        vocab_size=128256, context_length=8192, d_model=4096, n_heads=32, n_layers=32, n_kv_heads=8,
+        position="rope", norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", d_ff=14336,
+        attn_bias=False, mlp_bias=False, tie_weights=False, rope_theta=500000.0,
+    ),
+    # Mistral-7B-v0.2 (v0.1 counts the same; its 4096-token sliding window is not modelled here): GQA 32/8.
+    "mistral-7b": GPTConfig(
+        vocab_size=32000, context_length=32768, d_model=4096, n_heads=32, n_layers=32, n_kv_heads=8,
+        position="rope", norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", d_ff=14336,
+        attn_bias=False, mlp_bias=False, tie_weights=False, rope_theta=1000000.0,
     ),
 }
 

@@ -92,13 +92,15 @@ class GPT(nn.Module):
 
     @classmethod
     def from_hf(cls, hf_model: nn.Module) -> GPT:
-        """Build a GPT from a Hugging Face GPT2LMHeadModel or LlamaForCausalLM (see `gptcourse.model.hf`)."""
+        """Build a GPT from a Hugging Face GPT2LMHeadModel, LlamaForCausalLM or MistralForCausalLM (see
+        `gptcourse.model.hf`)."""
         from .hf import from_hf
 
         return from_hf(hf_model)
 
-    def to_hf(self) -> nn.Module:
-        """The equivalent Hugging Face model with the same weights (see `gptcourse.model.hf`)."""
+    def to_hf(self, family: str | None = None) -> nn.Module:
+        """The equivalent Hugging Face model with the same weights; `family="mistral"` for a MistralForCausalLM
+        (see `gptcourse.model.hf`)."""
         from .hf import to_hf
 
-        return to_hf(self)
+        return to_hf(self, family)

@@ -1,4 +1,5 @@
-"""Hugging Face interop: copy weights between our `GPT` and `GPT2LMHeadModel` / `LlamaForCausalLM`.
+"""Hugging Face interop: copy weights between our `GPT` and `GPT2LMHeadModel` / `LlamaForCausalLM` /
+`MistralForCausalLM` (a Llama without biases; its sliding window is accepted only when it spans the context).
 
 `transformers` is needed only here (it is in the `dev` extra) and is imported when these functions run.
 Nothing is downloaded: models are built from configs or passed in.
@@ -11,6 +12,7 @@ Our names <-> Hugging Face names (block i):
 | pos_emb.weight              | transformer.wpe.weight                 | (none: RoPE)                                |
 | blocks.i.norm1              | transformer.h.i.ln_1                   | model.layers.i.input_layernorm              |
 | blocks.i.attn.qkv           | transformer.h.i.attn.c_attn (Conv1D^T) | self_attn.q_proj, k_proj, v_proj stacked    |
+|   (C + 2 H_kv D rows)       |                                        |   (k_proj, v_proj: H_kv D rows each, GQA)   |
 | blocks.i.attn.out           | transformer.h.i.attn.c_proj (Conv1D^T) | self_attn.o_proj                            |
 | blocks.i.norm2              | transformer.h.i.ln_2                   | model.layers.i.post_attention_layernorm     |
 | blocks.i.mlp.fc_in          | transformer.h.i.mlp.c_fc (Conv1D^T)    | (none)                                      |
@@ -41,11 +43,13 @@ def _kind(hf_model: nn.Module) -> str:
         return "gpt2"
     if name == "LlamaForCausalLM":
         return "llama"
-    raise TypeError(f"expected a transformers GPT2LMHeadModel or LlamaForCausalLM, got {name}")
+    if name == "MistralForCausalLM":
+        return "mistral"
+    raise TypeError(f"expected a transformers GPT2LMHeadModel, LlamaForCausalLM or MistralForCausalLM, got {name}")
 
 
 def config_from_hf(hf_config: object, kind: str) -> GPTConfig:
-    """The GPTConfig equivalent to a GPT2Config or LlamaConfig."""
+    """The GPTConfig equivalent to a GPT2Config, LlamaConfig or MistralConfig."""
     c = hf_config
     if kind == "gpt2":
         if c.activation_function not in GPT2_ACTIVATIONS:
@@ -59,9 +63,13 @@ def config_from_hf(hf_config: object, kind: str) -> GPTConfig:
             mlp=GPT2_ACTIVATIONS[c.activation_function], d_ff=c.n_inner or 4 * c.n_embd,
             attn_bias=True, mlp_bias=True, tie_weights=c.tie_word_embeddings, lm_head_bias=False,
         )
-    if c.num_key_value_heads != c.num_attention_heads:
-        raise ValueError(f"grouped-query attention is not supported: num_key_value_heads={c.num_key_value_heads}, "
-                         f"expected num_attention_heads={c.num_attention_heads}")
+    n_kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    if c.num_attention_heads % n_kv_heads:
+        raise ValueError(f"num_key_value_heads={n_kv_heads} must divide num_attention_heads={c.num_attention_heads}")
+    window = getattr(c, "sliding_window", None)
+    if window is not None and window < c.max_position_embeddings:
+        raise ValueError(f"sliding-window attention is not supported: sliding_window={window} is shorter than "
+                         f"max_position_embeddings={c.max_position_embeddings}; expected None")
     if c.hidden_act != "silu":
         raise ValueError(f"unsupported Llama activation {c.hidden_act!r}; expected 'silu' (SwiGLU)")
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -73,8 +81,10 @@ def config_from_hf(hf_config: object, kind: str) -> GPTConfig:
     return GPTConfig(
         vocab_size=c.vocab_size, context_length=c.max_position_embeddings, d_model=c.hidden_size,
         n_heads=c.num_attention_heads, n_layers=c.num_hidden_layers, position="rope", norm="rmsnorm",
-        norm_eps=c.rms_norm_eps, mlp="swiglu", d_ff=c.intermediate_size, attn_bias=c.attention_bias,
-        mlp_bias=c.mlp_bias, tie_weights=c.tie_word_embeddings, rope_theta=float(rope["rope_theta"]),
+        norm_eps=c.rms_norm_eps, mlp="swiglu", d_ff=c.intermediate_size,
+        attn_bias=getattr(c, "attention_bias", False), mlp_bias=getattr(c, "mlp_bias", False),  # Mistral has none
+        tie_weights=c.tie_word_embeddings, rope_theta=float(rope["rope_theta"]),
+        n_kv_heads=None if n_kv_heads == c.num_attention_heads else n_kv_heads,
     )
 
 
@@ -116,7 +126,7 @@ def _llama_groups(config: GPTConfig) -> list[tuple[str, list[str]]]:
 
 @torch.no_grad()
 def from_hf(hf_model: nn.Module) -> GPT:
-    """A GPT with the same config and weights as a Hugging Face GPT-2 or Llama causal LM."""
+    """A GPT with the same config and weights as a Hugging Face GPT-2, Llama or Mistral causal LM."""
     kind = _kind(hf_model)
     config = config_from_hf(hf_model.config, kind)
     model = GPT(config)
@@ -131,16 +141,21 @@ def from_hf(hf_model: nn.Module) -> GPT:
 
 
 @torch.no_grad()
-def to_hf(model: GPT) -> nn.Module:
+def to_hf(model: GPT, family: str | None = None) -> nn.Module:
     """The Hugging Face model (GPT-2 for learned positions + LayerNorm + GELU, Llama for RoPE + RMSNorm +
-    SwiGLU) with our weights copied in."""
+    SwiGLU, or Mistral with `family="mistral"`) with our weights copied in."""
     import transformers
 
+    if family not in (None, "mistral"):
+        raise ValueError(f"family must be None (GPT-2 or Llama, from the config) or 'mistral', got {family!r}")
     c = model.config
     ours = model.state_dict()
-    if c.position == "learned" and c.norm == "layernorm" and c.mlp in ("gelu", "gelu_tanh", "relu"):
+    if c.position == "learned" and c.norm == "layernorm" and c.mlp in ("gelu", "gelu_tanh", "relu") and not family:
         if not (c.attn_bias and c.mlp_bias and c.norm_bias and c.tie_weights and not c.lm_head_bias):
             raise ValueError("GPT-2 has biases everywhere, a tied head and no head bias; this config differs")
+        if c.kv_heads != c.n_heads:
+            raise ValueError(f"GPT-2 has no grouped-query attention: n_kv_heads={c.kv_heads}, "
+                             f"expected n_heads={c.n_heads}")
         act = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}[c.mlp]
         hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=c.vocab_size, n_positions=c.context_length, n_embd=c.d_model, n_head=c.n_heads,
@@ -150,11 +165,18 @@ def to_hf(model: GPT) -> nn.Module:
         for name, hf_name, transposed in _gpt2_pairs(c.n_layers):
             theirs[hf_name].copy_(ours[name].t() if transposed else ours[name])
     elif c.position == "rope" and c.norm == "rmsnorm" and c.mlp == "swiglu" and not c.lm_head_bias:
-        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        common = dict(
             vocab_size=c.vocab_size, max_position_embeddings=c.context_length, hidden_size=c.d_model,
-            intermediate_size=c.hidden_width, num_attention_heads=c.n_heads, num_key_value_heads=c.n_heads,
-            num_hidden_layers=c.n_layers, rms_norm_eps=c.norm_eps, attention_bias=c.attn_bias,
-            mlp_bias=c.mlp_bias, tie_word_embeddings=c.tie_weights, rope_theta=c.rope_theta))
+            intermediate_size=c.hidden_width, num_attention_heads=c.n_heads, num_key_value_heads=c.kv_heads,
+            num_hidden_layers=c.n_layers, rms_norm_eps=c.norm_eps, tie_word_embeddings=c.tie_weights,
+            rope_theta=c.rope_theta)
+        if family == "mistral":
+            if c.attn_bias or c.mlp_bias:
+                raise ValueError("Mistral has no attention or MLP biases; this config has some")
+            hf = transformers.MistralForCausalLM(transformers.MistralConfig(**common, sliding_window=None))
+        else:
+            hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+                **common, attention_bias=c.attn_bias, mlp_bias=c.mlp_bias))
         theirs = hf.state_dict()
         for name, hf_names in _llama_groups(c):
             sizes = [theirs[n].size(0) for n in hf_names]

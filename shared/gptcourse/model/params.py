@@ -1,6 +1,7 @@
 """Closed-form parameter counts, from the config alone (no model is built).
 
-Per block: attention 4C^2 (+4C biases); MLP 2 C F (+F + C) or, for SwiGLU, 3 C F (+2F + C); two norms of C
+Per block: attention 2C^2 + 2 C H_kv D (q and out are C x C, k and v C x H_kv D; 4C^2 when H_kv = H) plus as
+many biases; MLP 2 C F (+F + C) or, for SwiGLU, 3 C F (+2F + C); two norms of C
 (LayerNorm with bias: 2C each). Plus V C for the token table, T_max C for learned positions, the final norm,
 and V C more for an untied output projection (+V for its bias). Tied weights are counted once.
 """
@@ -18,7 +19,8 @@ def _norm(config: GPTConfig) -> int:
 def block_breakdown(config: GPTConfig) -> dict[str, int]:
     """Parameters of one decoder block, by sub-component."""
     c, f = config.d_model, config.hidden_width
-    attention = 4 * c * c + (4 * c if config.attn_bias else 0)
+    kv = config.kv_heads * config.d_head  # width of k (and of v): H_kv D, C when every query head has its own
+    attention = 2 * c * c + 2 * c * kv + (2 * c + 2 * kv if config.attn_bias else 0)
     if config.mlp == "swiglu":
         mlp = 3 * c * f + (2 * f + c if config.mlp_bias else 0)  # fused gate+value C x 2F, output F x C
     else:

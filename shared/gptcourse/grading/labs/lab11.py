@@ -1,0 +1,435 @@
+"""Lab 11, inference: `LayerCache(capacity)` with `append(k, v)`, `attend_new_token(q, k, v)`,
+`top_p_filter(logits, top_p)`, `repeat_kv(x, n_rep)` and `GroupedQueryAttention(d_model, n_heads, n_kv_heads)`.
+
+Fixed names: the cache has `length` and `append(k, v)`, which returns every cached key and value (B, H, T_past + T,
+D); the attention layer has `q_proj` (C -> C), `k_proj` and `v_proj` (C -> H_kv D) and `o_proj` (C -> C), all
+nn.Linear without bias (Llama's names), and `forward(x, cache=None)`. The references are written here with torch
+alone, except the layer's, which is gptcourse.MultiHeadAttention with the same weights stacked into its `qkv`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ...checks import check_close, check_shape, fail, fmt_shape
+from ...inference.kv_cache import LayerCache
+from ...model.causal_attention import MultiHeadAttention
+from ..cases import Inputs, Outputs, case_family, register, sizes_rng, tensor_rng
+from ..student import as_tensor, as_tensors, build_module
+
+_CACHE = ("gptcourse.LayerCache", "gptcourse.KVCache", "gptcourse.inference.kv_cache")
+_ATTENTION = ("gptcourse.attention", "gptcourse.fused_attention", "gptcourse.MultiHeadAttention",
+              "gptcourse.model.causal_attention")
+_SAMPLING = ("gptcourse.filter_logits", "gptcourse.generate", "gptcourse.inference.sampling")
+_WHOLE = ("gptcourse.DecoderBlock", "gptcourse.GPT")
+# piece -> the gptcourse names a student must not import or call for it
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "cache": _CACHE + _WHOLE,
+    "one_token": _ATTENTION + _WHOLE,
+    "top_p": _SAMPLING,
+    "repeat_kv": ("gptcourse.repeat_kv", *_ATTENTION, *_WHOLE),
+    "gqa": ("gptcourse.repeat_kv", *_ATTENTION, *_CACHE, *_WHOLE),
+}
+
+
+def _sizes(b: int, h: int, t: int, d: int) -> dict[str, int]:
+    return {"B": b, "H": h, "T": t, "D": d}
+
+
+# ---- LayerCache(capacity).append(k, v) -> (all keys, all values), each (B, H, T_past + T, D)
+
+
+def _cache_inputs(b: int, h: int, d: int, chunks: list[int], capacity: int, seed: int) -> Inputs:
+    gen = tensor_rng(seed)
+    steps = [(torch.randn(b, h, t, d, generator=gen), torch.randn(b, h, t, d, generator=gen)) for t in chunks]
+    return {"capacity": capacity, "steps": steps, "sizes": {"B": b, "H": h, "D": d}}
+
+
+def _cache_run(cls: Any, inputs: Inputs) -> Outputs:
+    cache = cls(inputs["capacity"])
+    keys, values, lengths = [], [], []
+    for k, v in inputs["steps"]:
+        what = f"LayerCache({inputs['capacity']}).append(k, v) with k, v {fmt_shape(k.shape)} (call {len(keys) + 1})"
+        got_k, got_v = as_tensors(cache.append(k.clone(), v.clone()), ("keys", "values"), what)
+        keys.append(got_k.clone())  # a copy now: a buffer the cache writes into later must not change it
+        values.append(got_v.clone())
+        length = getattr(cache, "length", None)
+        if not isinstance(length, int):
+            raise fail(f"the cache's `length` is {length!r} after call {len(keys)}, expected an int: how many "
+                       "positions it holds")
+        lengths.append(length)
+    return _pack({"keys": keys, "values": values, "lengths": lengths})
+
+
+def _pack(steps: Outputs) -> Outputs:
+    """Per-append lists as plain tensors (a case's outputs cross to the grader as tensors): each part flattened
+    and concatenated, with the shapes to cut it apart again."""
+    packed = {"lengths": torch.tensor(steps["lengths"])}
+    for part in ("keys", "values"):
+        packed[part] = torch.cat([t.flatten() for t in steps[part]])
+        packed[f"{part}_shapes"] = torch.tensor([list(t.shape) if t.dim() == 4 else [-1] * 4 for t in steps[part]])
+    return packed
+
+
+def _unpack(packed: Outputs, part: str) -> list[torch.Tensor]:
+    shapes = [tuple(s) for s in packed[f"{part}_shapes"].tolist()]
+    if any(s[0] < 0 for s in shapes):
+        raise fail(f"append returned {part} that are not 4-dimensional: expected (B, H, length, D) tensors")
+    sizes = [math.prod(s) for s in shapes]
+    return [flat.view(s) for flat, s in zip(packed[part].split(sizes), shapes, strict=True)]
+
+
+def _cached(steps: list[tuple[torch.Tensor, torch.Tensor]], *, only_new: bool = False,
+            swapped: bool = False) -> Outputs:
+    """What the cache returns after each append, right or with one of the usual mistakes."""
+    keys, values, lengths = [], [], []
+    all_k, all_v = steps[0][0][:, :, :0], steps[0][1][:, :, :0]  # (B, H, 0, D)
+    for k, v in steps:
+        all_k, all_v = torch.cat([all_k, k], dim=2), torch.cat([all_v, v], dim=2)  # (B, H, T_past + T, D)
+        got_k, got_v = (k, v) if only_new else (all_k, all_v)
+        keys.append(got_v if swapped else got_k)
+        values.append(got_k if swapped else got_v)
+        lengths.append(all_k.size(2))
+    return {"keys": keys, "values": values, "lengths": lengths}
+
+
+def _cache_reference(inputs: Inputs) -> Outputs:
+    return _pack(_cached(inputs["steps"]))
+
+
+AT_ZERO = ("the cache is written at position 0 every step: write the new positions after the cached ones, "
+           "buffer[:, :, length : length + T] = k, then advance length by T")
+CACHE_MISTAKES = {
+    "append returns only the new keys and values: return every cached position, buffer[:, :, :length] after "
+    "writing, so attention sees the whole prefix": {"only_new": True},
+    "keys and values are swapped: return (keys, values) in that order": {"swapped": True},
+}
+
+
+def _cache_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    if not torch.equal(got["lengths"], expected["lengths"]):
+        raise fail(f"cache.length after each append is {got['lengths'].tolist()}, expected "
+                   f"{expected['lengths'].tolist()}: it counts every position appended so far")
+    got = {part: _unpack(got, part) for part in ("keys", "values")}
+    expected = _cached(inputs["steps"])
+    variants = {what: _cached(inputs["steps"], **flags) for what, flags in CACHE_MISTAKES.items()}
+    sizes = inputs["sizes"]
+    for i, length in enumerate(expected["lengths"]):
+        for part in ("keys", "values"):
+            name = f"the {part} returned by append call {i + 1}"
+            check_shape(got[part][i], "B H T D", sizes | {"T": length}, name)
+            new = inputs["steps"][i][0 if part == "keys" else 1]  # (B, H, T, D), what this call appended
+            t = new.size(2)
+            if i and torch.equal(got[part][i][:, :, :t], new) and not torch.equal(expected[part][i][:, :, :t], new):
+                raise fail(f"{name}: its first {t} position(s) are the ones just appended. {AT_ZERO}")
+            check_close(got[part][i], expected[part][i], name, atol=0, rtol=0,
+                        mistakes={what: v[part][i] for what, v in variants.items()
+                                  if v[part][i].shape == expected[part][i].shape})
+
+
+_cache_case = case_family(_cache_run, _cache_reference, _cache_judge)
+
+
+def _cache_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    chunks = [r.randint(1, 5)] + [1] * r.randint(2, 5) + [r.randint(2, 3)]
+    return _cache_inputs(r.randint(1, 3), r.choice([1, 2, 4]), r.choice([2, 4, 6]), chunks, sum(chunks) + 3, seed)
+
+
+register(
+    _cache_case("11.cache.visible", "LayerCache(12): a prefill of 4 positions, then 3 single tokens (B=2, H=2, D=4)",
+                lambda seed: _cache_inputs(2, 2, 4, [4, 1, 1, 1], 12, seed)),
+    _cache_case("11.cache.hidden_full", "LayerCache filled one token at a time up to its capacity, batch 1",
+                lambda seed: _cache_inputs(1, 3, 2, [1] * 6, 6, seed), hidden=True),
+    _cache_case("11.cache.hidden_sizes", "LayerCache with other sizes and chunks", _cache_hidden, hidden=True),
+)
+
+# ---- attend_new_token(q (B, H, 1, D), k, v (B, H, T, D)) -> (B, H, 1, D)
+
+
+def _one_token_inputs(b: int, h: int, t: int, d: int, seed: int) -> Inputs:
+    gen = tensor_rng(seed)
+    q, k, v = (torch.randn(b, h, n, d, generator=gen) for n in (1, t, t))
+    return {"q": 1.5 * q, "k": k, "v": v, "sizes": _sizes(b, h, t, d)}
+
+
+def _one_token_run(fn: Any, inputs: Inputs) -> Outputs:
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    out = fn(q.clone(), k.clone(), v.clone())
+    return {"y": as_tensor(out, f"attend_new_token(q {fmt_shape(q.shape)}, k, v {fmt_shape(k.shape)})")}
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: bool = True) -> torch.Tensor:
+    scores = q @ k.transpose(-2, -1) / (math.sqrt(q.size(-1)) if scale else 1.0)  # (B, H, 1, T)
+    return scores.softmax(dim=-1) @ v  # (B, H, 1, D)
+
+
+def _one_token_reference(inputs: Inputs) -> Outputs:
+    return {"y": _attend(inputs["q"], inputs["k"], inputs["v"])}
+
+
+def _one_token_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    check_shape(got["y"], "B H T D", inputs["sizes"] | {"T": 1}, "attend_new_token output")
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, 1, T)
+    mistakes = {
+        "the new token sees only the first key: a causal mask aligned top-left (torch.tril of a (1, T) mask, or "
+        "is_causal=True) hides every later key, but the new token is the *last* position and sees all T": v[:, :, :1],
+        "the new token sees only itself: it attends over every cached key and its own, not just the newest":
+            v[:, :, -1:],
+        "the scores are not divided by sqrt(D)": _attend(q, k, v, scale=False),
+        "the softmax runs over the query axis (dim=-2): with one query every weight is 1; take it over the keys, "
+        "dim=-1": scores.softmax(dim=-2) @ v,
+    }
+    check_close(got["y"], expected["y"], "attend_new_token output", mistakes=mistakes)
+
+
+_one_token_case = case_family(_one_token_run, _one_token_reference, _one_token_judge)
+
+
+def _one_token_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    return _one_token_inputs(r.randint(1, 3), r.choice([1, 3, 4]), r.randint(2, 12), r.choice([4, 6, 8]), seed)
+
+
+register(
+    _one_token_case("11.one_token.visible", "attend_new_token with q (2, 3, 1, 4) against 7 cached keys",
+                    lambda seed: _one_token_inputs(2, 3, 7, 4, seed)),
+    _one_token_case("11.one_token.hidden_first", "attend_new_token on the first token (T=1: it sees only itself)",
+                    lambda seed: _one_token_inputs(1, 2, 1, 4, seed), hidden=True),
+    _one_token_case("11.one_token.hidden_sizes", "attend_new_token with other sizes", _one_token_hidden,
+                    hidden=True),
+)
+
+# ---- top_p_filter(logits (B, V), top_p) -> logits with -inf outside the nucleus
+
+
+def _top_p_inputs(b: int, v: int, top_p: float, spread: float, seed: int) -> Inputs:
+    logits = torch.randn(b, v, generator=tensor_rng(seed)) * spread  # continuous: no ties at the boundary
+    return {"logits": logits, "top_p": top_p, "sizes": {"B": b, "V": v}}
+
+
+def _top_p_run(fn: Any, inputs: Inputs) -> Outputs:
+    logits = inputs["logits"]
+    out = fn(logits.clone(), inputs["top_p"])
+    return {"filtered": as_tensor(out, f"top_p_filter(logits {fmt_shape(logits.shape)}, top_p={inputs['top_p']})")}
+
+
+def _nucleus(logits: torch.Tensor, top_p: float, *, before: bool = True, ascending: bool = False,
+             of_logits: bool = False) -> torch.Tensor:
+    """Which tokens (B, V) the nucleus keeps: sorted by probability, a token stays while the mass of the tokens
+    *before* it is still below top_p (so the token that reaches top_p stays too)."""
+    ordered, order = logits.sort(dim=-1, descending=not ascending)
+    mass = ordered if of_logits else ordered.softmax(dim=-1)
+    cumulative = mass.cumsum(dim=-1)  # (B, V)
+    keep = (cumulative - mass < top_p) if before else (cumulative <= top_p)
+    return keep.scatter(-1, order, keep)  # back to vocabulary order
+
+
+def _top_p_reference(inputs: Inputs) -> Outputs:
+    logits = inputs["logits"]
+    return {"filtered": logits.masked_fill(~_nucleus(logits, inputs["top_p"]), float("-inf"))}
+
+
+def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    logits, p, filtered = inputs["logits"], inputs["top_p"], got["filtered"]
+    check_shape(filtered, "B V", inputs["sizes"], "top_p_filter output")
+    kept, want = ~torch.isneginf(filtered), ~torch.isneginf(expected["filtered"])
+    if bool(want.logical_not().any()) and bool(kept.all()):
+        raise fail("top_p_filter set no logit to -inf: the tokens outside the nucleus must become -inf (not 0, "
+                   "which exp() turns into probability), so that the softmax gives them nothing")
+    mistakes = {
+        "top-p keeps the tokens *above* the threshold: the smallest set of the most likely tokens whose mass "
+        "reaches p; the token that crosses p stays (keep a token while the mass before it is < p)":
+            _nucleus(logits, p, before=False),
+        "the tokens are sorted least likely first: sort by descending probability, the nucleus is the head":
+            _nucleus(logits, p, ascending=True),
+        "the cumulative sum runs over the logits: take it over the probabilities, softmax(sorted logits)":
+            _nucleus(logits, p, of_logits=True),
+        "each token's own probability was compared with p: top-p adds the probabilities up, most likely first":
+            logits.softmax(dim=-1) >= p,
+    }
+    if not bool(kept.any(dim=-1).all()):
+        known = next((what for what, m in mistakes.items() if torch.equal(m, kept)), None)
+        raise fail("top_p_filter masked every token of a row: the most likely token always stays (its mass alone "
+                   "may already reach top_p)" + (f". {known}" if known else ""))
+    check_close(kept.float(), want.float(), "which tokens are kept (1) and masked to -inf (0)", atol=0, rtol=0,
+                mistakes={what: m.float() for what, m in mistakes.items()})
+    if not torch.equal(filtered[kept], logits[kept]):
+        raise fail("the kept logits changed: top_p_filter only masks the others with -inf and returns logits, not "
+                   "probabilities (the sampler applies the softmax)")
+
+
+_top_p_case = case_family(_top_p_run, _top_p_reference, _top_p_judge)
+
+
+def _top_p_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    return _top_p_inputs(r.randint(2, 6), r.randint(10, 80), round(r.uniform(0.2, 0.95), 2), r.uniform(0.5, 3.0),
+                         seed)
+
+
+register(
+    _top_p_case("11.top_p.visible", "top_p_filter of logits (4, 20) with top_p=0.9",
+                lambda seed: _top_p_inputs(4, 20, 0.9, 1.5, seed)),
+    _top_p_case("11.top_p.skewed", "top_p_filter of a skewed distribution (4, 30) with top_p=0.5",
+                lambda seed: _top_p_inputs(4, 30, 0.5, 4.0, seed)),
+    _top_p_case("11.top_p.hidden_all", "top_p_filter with top_p=1.0 (nothing is filtered)",
+                lambda seed: _top_p_inputs(2, 9, 1.0, 1.0, seed), hidden=True),
+    _top_p_case("11.top_p.hidden_sizes", "top_p_filter with other sizes, spreads and p", _top_p_hidden,
+                hidden=True),
+)
+
+# ---- repeat_kv(x (B, H_kv, T, D), n_rep) -> (B, H_kv * n_rep, T, D)
+
+
+def _repeat_inputs(b: int, h_kv: int, t: int, d: int, n_rep: int, seed: int) -> Inputs:
+    return {"x": torch.randn(b, h_kv, t, d, generator=tensor_rng(seed)), "n_rep": n_rep,
+            "sizes": _sizes(b, h_kv * n_rep, t, d)}
+
+
+def _repeat_run(fn: Any, inputs: Inputs) -> Outputs:
+    x = inputs["x"]
+    what = f"repeat_kv(x {fmt_shape(x.shape)}, n_rep={inputs['n_rep']})"
+    return {"y": as_tensor(fn(x.clone(), inputs["n_rep"]), what)}
+
+
+def _repeat_reference(inputs: Inputs) -> Outputs:
+    x, n = inputs["x"], inputs["n_rep"]
+    b, h_kv, t, d = x.shape
+    return {"y": x[:, :, None].expand(b, h_kv, n, t, d).reshape(b, h_kv * n, t, d)}  # kv head j -> heads jn..jn+n-1
+
+
+def _repeat_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    x, n = inputs["x"], inputs["n_rep"]
+    check_shape(got["y"], "B H T D", inputs["sizes"], "repeat_kv output")
+    mistakes = {"the kv heads are tiled (x.repeat(1, n_rep, 1, 1) gives heads 0, 1, 0, 1, ...): kv head j serves "
+                "the consecutive query heads j * n_rep ... j * n_rep + n_rep - 1, so repeat each head in place, "
+                "x.repeat_interleave(n_rep, dim=1)": x.repeat(1, n, 1, 1)}
+    check_close(got["y"], expected["y"], "repeat_kv output", atol=0, rtol=0, mistakes=mistakes)
+
+
+_repeat_case = case_family(_repeat_run, _repeat_reference, _repeat_judge)
+
+
+def _repeat_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    return _repeat_inputs(r.randint(1, 3), r.choice([2, 3]), r.randint(1, 6), r.choice([2, 4]), r.choice([2, 3, 4]),
+                          seed)
+
+
+register(
+    _repeat_case("11.repeat_kv.visible", "repeat_kv of x (2, 2, 5, 3) with n_rep=3 (2 kv heads for 6 query heads)",
+                 lambda seed: _repeat_inputs(2, 2, 5, 3, 3, seed)),
+    _repeat_case("11.repeat_kv.hidden_mha", "repeat_kv with n_rep=1 (plain multi-head attention: unchanged)",
+                 lambda seed: _repeat_inputs(1, 4, 3, 2, 1, seed), hidden=True),
+    _repeat_case("11.repeat_kv.hidden_sizes", "repeat_kv with other sizes", _repeat_hidden, hidden=True),
+)
+
+# ---- GroupedQueryAttention(d_model, n_heads, n_kv_heads): forward(x, cache=None), x (B, T, C) -> (B, T, C)
+
+
+def _gqa_inputs(b: int, t: int, h: int, h_kv: int, d: int, seed: int, chunks: list[int] | None = None) -> Inputs:
+    gen = tensor_rng(seed)
+    c = h * d
+    shapes = {"q_proj.weight": (c, c), "k_proj.weight": (h_kv * d, c), "v_proj.weight": (h_kv * d, c),
+              "o_proj.weight": (c, c)}
+    weights = {name: 1.5 * torch.randn(shape, generator=gen) / math.sqrt(c) for name, shape in shapes.items()}
+    return {"init": {"d_model": c, "n_heads": h, "n_kv_heads": h_kv}, "weights": weights,
+            "x": torch.randn(b, t, c, generator=gen), "chunks": chunks, "sizes": {"B": b, "T": t, "C": c}}
+
+
+def _gqa_what(inputs: Inputs) -> str:
+    i = inputs["init"]
+    return f"GroupedQueryAttention({i['d_model']}, n_heads={i['n_heads']}, n_kv_heads={i['n_kv_heads']})"
+
+
+def _gqa_run(cls: Any, inputs: Inputs) -> Outputs:
+    module, x = build_module(cls, _gqa_what(inputs), inputs["init"], inputs["weights"]), inputs["x"]
+    what = f"{_gqa_what(inputs)} on x {fmt_shape(x.shape)}"
+    with torch.no_grad():
+        if inputs["chunks"] is None:
+            return {"y": as_tensor(module(x.clone()), what)}
+        cache, outputs, start = LayerCache(x.size(1)), [], 0
+        for t in inputs["chunks"]:  # a prefill, then one token at a time, each reading and extending the cache
+            outputs.append(as_tensor(module(x[:, start : start + t].clone(), cache=cache), f"{what}, cached"))
+            start += t
+    cached_heads = cache.k.size(1) if cache.k is not None else 0
+    return {"y": torch.cat(outputs, dim=1), "cached_heads": cached_heads}
+
+
+def _gqa_reference(inputs: Inputs) -> Outputs:
+    i, w = inputs["init"], inputs["weights"]
+    mha = MultiHeadAttention(i["d_model"], i["n_heads"], bias=False, n_kv_heads=i["n_kv_heads"])
+    mha.load_state_dict({"qkv.weight": torch.cat([w["q_proj.weight"], w["k_proj.weight"], w["v_proj.weight"]]),
+                         "out.weight": w["o_proj.weight"]})
+    with torch.no_grad():
+        y = mha(inputs["x"])
+    return {"y": y} if inputs["chunks"] is None else {"y": y, "cached_heads": i["n_kv_heads"]}
+
+
+def _gqa_variant(inputs: Inputs, *, tiled: bool = False, causal: bool = True, scale: bool = True,
+                 top_left: bool = False) -> torch.Tensor:
+    """The layer's output computed by hand, right or with one of the usual mistakes; `top_left` aligns each
+    chunk's causal mask with the first cached key instead of its own positions."""
+    i, w, x = inputs["init"], inputs["weights"], inputs["x"]
+    b, t, c = x.shape
+    h, h_kv = i["n_heads"], i["n_kv_heads"]
+    d = c // h
+    q = (x @ w["q_proj.weight"].T).view(b, t, h, d).transpose(1, 2)  # (B, H, T, D)
+    k, v = ((x @ w[f"{n}_proj.weight"].T).view(b, t, h_kv, d).transpose(1, 2) for n in "kv")  # (B, H_kv, T, D)
+    k, v = (z.repeat(1, h // h_kv, 1, 1) if tiled else z.repeat_interleave(h // h_kv, dim=1) for z in (k, v))
+    scores = q @ k.transpose(-2, -1) / (math.sqrt(d) if scale else 1.0)  # (B, H, T, T)
+    if causal:
+        chunks = inputs["chunks"] or [t]
+        starts = torch.cat([torch.full((n,), sum(chunks[:j])) for j, n in enumerate(chunks)])  # (T,) chunk start
+        last_seen = torch.arange(t) - (starts if top_left else 0)  # (T,): the last key each query may see
+        scores = scores.masked_fill(torch.arange(t)[None, :] > last_seen[:, None], float("-inf"))
+    y = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, t, c)  # (B, H, T, D) -> (B, T, C)
+    return y @ w["o_proj.weight"].T
+
+
+def _gqa_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    check_shape(got["y"], "B T C", inputs["sizes"], "GroupedQueryAttention output")
+    h, h_kv = inputs["init"]["n_heads"], inputs["init"]["n_kv_heads"]
+    cached = inputs["chunks"] is not None
+    mistakes = {"no causal mask: position t must not see the keys after it": _gqa_variant(inputs, causal=False),
+                "the scores are not divided by sqrt(D)": _gqa_variant(inputs, scale=False)}
+    if h_kv < h:
+        mistakes["the kv heads are tiled (repeat) instead of repeated in place (repeat_interleave): query head i "
+                 f"reads kv head i // (H / H_kv) = i // {h // h_kv}"] = _gqa_variant(inputs, tiled=True)
+    if cached:
+        mistakes["the cached tokens see only the first keys: with keys from the cache the T new queries are the "
+                 "*last* T of T_k positions, so the mask is tril(ones(T, T_k), diagonal=T_k - T) (is_causal=True "
+                 "and tril(ones(T, T_k)) align it top-left)"] = _gqa_variant(inputs, top_left=True)
+    name = "GroupedQueryAttention output" + (" (a prefill, then one token at a time with the cache)" if cached else "")
+    check_close(got["y"], expected["y"], name, mistakes=mistakes)
+    if cached and got["cached_heads"] != h_kv:
+        raise fail(f"the cache holds {got['cached_heads']} heads, expected H_kv = {h_kv}: append k and v *before* "
+                   "repeat_kv, so the cache stores only the kv heads (that is what GQA saves)")
+
+
+_gqa_case = case_family(_gqa_run, _gqa_reference, _gqa_judge)
+
+
+def _gqa_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    h_kv, t = 2, r.randint(3, 9)  # groups of 2 or 3 query heads (one kv head is hidden_mqa's)
+    prefill = r.randint(1, t - 1)
+    return _gqa_inputs(r.randint(1, 3), t, h_kv * r.choice([2, 3]), h_kv, r.choice([2, 4]), seed,
+                       chunks=[prefill] + [1] * (t - prefill) if r.random() < 0.5 else None)
+
+
+register(
+    _gqa_case("11.gqa.visible", "GroupedQueryAttention(24, n_heads=6, n_kv_heads=2) on x (2, 7, 24)",
+              lambda seed: _gqa_inputs(2, 7, 6, 2, 4, seed)),
+    _gqa_case("11.gqa.cached", "GroupedQueryAttention(16, n_heads=4, n_kv_heads=2): a prefill of 3 positions, "
+              "then 4 tokens one at a time with the cache", lambda seed: _gqa_inputs(2, 7, 4, 2, 4, seed,
+                                                                                   chunks=[3, 1, 1, 1, 1])),
+    _gqa_case("11.gqa.hidden_mqa", "multi-query attention (n_kv_heads=1), cached one token at a time",
+              lambda seed: _gqa_inputs(1, 5, 4, 1, 2, seed, chunks=[1] * 5), hidden=True),
+    _gqa_case("11.gqa.hidden_sizes", "GroupedQueryAttention with other sizes", _gqa_hidden, hidden=True),
+)

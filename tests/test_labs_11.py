@@ -1,0 +1,86 @@
+"""Lab 11 graded by real nbgrader: full marks for the solution, 0 for the untouched release, and each known
+mistake loses exactly the points of the tests it should fail."""
+
+from __future__ import annotations
+
+from lab_roundtrip import RoundTrip, Validation
+
+LAB = "11_inference"
+CACHE = '''
+class LayerCache:
+    def __init__(self, capacity):
+        self.capacity, self.length, self.k, self.v = capacity, 0, None, None
+
+    def append(self, k, v):
+        if self.k is None:
+            b, h, _, d = k.shape
+            self.k, self.v = k.new_zeros(b, h, self.capacity, d), v.new_zeros(b, h, self.capacity, d)
+        end = self.length + k.size(2)
+        self.k[:, :, {start}:{start} + k.size(2)] = k
+        self.v[:, :, {start}:{start} + k.size(2)] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+'''
+TOP_P = '''
+def top_p_filter(logits, top_p):
+    ordered, order = logits.sort(dim=-1, descending=True)
+    probs = ordered.softmax(dim=-1)
+    keep = {keep}
+    return logits.masked_fill(~keep.scatter(-1, order, keep), float("-inf"))
+'''
+GQA = '''
+class GroupedQueryAttention(nn.Module):
+    def __init__(self, d_model, n_heads, n_kv_heads):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=False)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.d_head, bias=False)
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, x, cache=None):
+        b, t, c = x.shape
+        n_rep = self.n_heads // self.n_kv_heads
+        q = self.q_proj(x).view(b, t, self.n_heads, self.d_head).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv_heads, self.d_head).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv_heads, self.d_head).transpose(1, 2)
+        {repeat_before}
+        if cache is not None:
+            k, v = cache.append(k, v)
+        {repeat_after}
+        t_k = k.size(2)
+        mask = torch.ones(t, t_k, dtype=torch.bool).tril(diagonal={diagonal})
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, c))
+'''
+REPEAT = "k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)"
+RIGHT_GQA = {"repeat_before": "pass", "repeat_after": REPEAT, "diagonal": "t_k - t"}
+GQA_TESTS = {"test_gqa_cached", "test_gqa_hidden"}
+# student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
+WRONG = {
+    "cache-at-zero": ({"cache": CACHE.format(start=0)}, {"test_cache", "test_cache_hidden"}),
+    # the token that crosses p is dropped: wrong on every row whose top token alone does not reach p
+    "top-p-above-threshold": ({"top_p": TOP_P.format(keep="probs.cumsum(dim=-1) <= top_p")},
+                              {"test_top_p", "test_top_p_skewed", "test_top_p_hidden"}),
+    # one query and a top-left mask: right only when the single key is the token itself (hidden_first)
+    "one-token-causal-mask": ({"one_token": "def attend_new_token(q, k, v):\n"
+                                            "    return F.scaled_dot_product_attention(q, k, v, is_causal=True)"},
+                              {"test_one_token", "test_one_token_hidden"}),
+    # the student's repeat_kv feeds their attention layer, so its tests fail too (one kv head is the same either way)
+    "repeat-tiled": ({"repeat_kv": "def repeat_kv(x, n_rep):\n    return x.repeat(1, n_rep, 1, 1)"},
+                     {"test_repeat_kv", "test_repeat_kv_hidden", "test_gqa", "test_gqa_cached", "test_gqa_hidden"}),
+    "gqa-mask-top-left": ({"gqa": GQA.format(**RIGHT_GQA | {"diagonal": "0"})}, GQA_TESTS),
+    "gqa-caches-repeated-heads": ({"gqa": GQA.format(**RIGHT_GQA | {"repeat_before": REPEAT,
+                                                                     "repeat_after": "pass"})}, GQA_TESTS),
+}
+
+
+class TestLab11(RoundTrip):
+    LAB = LAB
+    WRONG = WRONG
+    TOTAL = 26
+    VALIDATE = Validation("top-p-above-threshold", 2, (
+        'check("11.top_p.visible", top_p_filter)',
+        "the smallest set of the most likely tokens whose mass reaches p",
+        "top_p_filter masked every token of a row: the most likely token always stays",
+    ))
