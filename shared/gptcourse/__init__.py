@@ -27,6 +27,7 @@ WHERE: dict[str, tuple[str, ...]] = {  # module (under gptcourse) -> the public 
     "model.norms": ("LayerNorm", "RMSNorm"),
     "model.params": ("block_breakdown", "count_parameters", "parameter_breakdown"),
     "model.positions": ("LearnedPositions", "RotaryEmbedding", "apply_rope", "rotate_half"),
+    "text.bpe": ("BPETokenizer", "GPT2_PATTERN"),
     "text.char_tokenizer": ("CharTokenizer",),
     "text.corpus": ("get_batch", "load_text", "train_val_split"),
     "training.loop": ("TrainConfig", "default_recipe", "estimate_loss", "lr_at", "train"),
