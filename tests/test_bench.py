@@ -52,6 +52,10 @@ def test_quick_json_has_every_section(quick_report):
     cli = r["command_line"]
     assert cli["help_over_python"] == pytest.approx(cli["help_ms"] / cli["python_ms"])
     assert cli["check_env_over_python"] == pytest.approx(cli["check_env_ms"] / cli["python_ms"])
+    bpe = r["bpe"]
+    assert bpe["vocab_size"] == QUICK["bpe_vocab_size"] and bpe["naive_same_merges"] is True
+    assert bpe["ours_over_naive"] == pytest.approx(bpe["naive_s"] / bpe["ours_s"])
+    assert bpe["rust_over_ours"] == pytest.approx(bpe["rust_s"] / bpe["ours_s"])
 
 
 def test_every_target_is_reported_with_its_verdict(quick_report):

@@ -88,7 +88,7 @@ def _split_special(text: str, specials: Collection[str]) -> list[tuple[str, bool
     return pieces
 
 
-def _word_counts(text: str, specials: Collection[str], pattern: str) -> Counter[bytes]:
+def pretoken_counts(text: str, specials: Collection[str], pattern: str) -> Counter[bytes]:
     """How often each pre-token (as bytes) occurs; special tokens cut the text and never take part."""
     compiled = regex.compile(pattern)
     counts: Counter[str] = Counter()
@@ -224,7 +224,7 @@ class BPETokenizer:
         if not isinstance(vocab_size, int) or vocab_size < 256 + len(special_tokens):
             raise ValueError(f"vocab_size must be an int >= 256 + {len(special_tokens)} (the bytes and the special "
                              f"tokens {list(special_tokens)}), got {vocab_size!r}")
-        words = _word_counts(text, special_tokens, pattern)
+        words = pretoken_counts(text, special_tokens, pattern)
         return cls(train_merges(words, vocab_size - len(special_tokens)), special_tokens, pattern)
 
     # ---- what it is
