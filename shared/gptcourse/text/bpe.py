@@ -147,8 +147,6 @@ def train_merges(words: Counter[bytes], size: int) -> list[tuple[bytes, bytes]]:
         changed: dict[Pair, int] = defaultdict(int)
         for i in where.pop(pair):
             seq, n = seqs[i], freq[i]
-            if len(seq) < 2:
-                continue
             merged, j = [], 0
             while j < len(seq):
                 if j + 1 < len(seq) and seq[j] == a and seq[j + 1] == b:
@@ -351,8 +349,10 @@ class BPETokenizer:
 
     @classmethod
     def from_hf(cls, tokenizer: Any, pattern: str = GPT2_PATTERN) -> BPETokenizer:
-        """A BPETokenizer from a byte-level `tokenizers.Tokenizer` (its merges and special tokens; the
-        pre-tokenizer regex is `pattern`, which a Tokenizer does not expose)."""
+        """A BPETokenizer from a byte-level `tokenizers.Tokenizer`: its merges and special tokens, with the
+        pre-tokenizer regex `pattern` (a Tokenizer does not expose its own). Ids follow this class's layout (bytes,
+        merges, special tokens): for `to_hf()`'s tokenizers they are the same; a tokenizer trained elsewhere gets
+        the same tokens, possibly renumbered."""
         model = json.loads(tokenizer.to_str())["model"]
         if model.get("type") != "BPE":
             raise ValueError(f"expected a byte-level BPE tokenizer, got a {model.get('type')} model")
