@@ -61,6 +61,10 @@ def test_quick_json_has_every_section(quick_report):
     assert gqa["mha_cache_bytes"] == 4 * gqa["gqa_cache_bytes"] > 0
     assert gqa["gqa_over_mha_tokens_per_s"] == pytest.approx(gqa["gqa_tokens_per_s"] / gqa["mha_tokens_per_s"])
     assert gqa["gqa_parameters"] < gqa["mha_parameters"]
+    bpe = r["bpe"]
+    assert bpe["vocab_size"] == QUICK["bpe_vocab_size"] and bpe["naive_same_merges"] is True
+    assert bpe["ours_over_naive"] == pytest.approx(bpe["naive_s"] / bpe["ours_s"])
+    assert bpe["rust_over_ours"] == pytest.approx(bpe["rust_s"] / bpe["ours_s"])
 
 
 def test_every_target_is_reported_with_its_verdict(quick_report):

@@ -28,6 +28,11 @@ clipping, AdamW), in two forms timed in the same rounds:
 - "HF, same network": `GPT.to_hf()`, the very same network and weights (our activation, dropout 0). Both models
   then run the same kernels (transformers 5 uses the same fused attention), so this ratio is about 1.0x: it
   shows that our code adds no overhead of its own, and nothing more.
+
+BPE (issue 15): `BPETokenizer.train` on the default corpus to 1024 tokens, against `naive_train` (the same
+pre-tokens, tie rule and merges, but every merge recounts every pair; timed once, it takes about a minute) and
+against Hugging Face tokenizers' Rust `BpeTrainer` with the same pre-tokenizer; then encoding the corpus with
+ours and with `to_hf()`, both with warm caches.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 from torch import nn
@@ -52,6 +58,8 @@ from .model.causal_attention import attention, fused_attention
 from .model.config import GPTConfig
 from .model.gpt import GPT
 from .model.params import count_parameters, parameter_breakdown
+from .text.bpe import GPT2_PATTERN, BPETokenizer, pretoken_counts
+from .text.corpus import load_text
 from .training.loop import TrainConfig, default_recipe, make_optimizer, train_step
 from .training.optim import AdamW
 
@@ -82,6 +90,9 @@ FULL = {
     "generate_rounds": 3,
     "cli_rounds": 7,
     "gqa_shape": Shape(6, 8, 384, 256, 8),  # the big shape with 8 heads (6 do not split into 4 groups)
+    "bpe_chars": None,  # the whole default corpus
+    "bpe_vocab_size": 1024,
+    "bpe_rounds": 3,
 }
 QUICK = {
     "shapes": (Shape(2, 2, 32, 16, 4), Shape(2, 2, 64, 32, 4)),
@@ -93,6 +104,9 @@ QUICK = {
     "generate_rounds": 2,
     "cli_rounds": 2,
     "gqa_shape": Shape(2, 4, 32, 16, 4),
+    "bpe_chars": 20_000,
+    "bpe_vocab_size": 300,
+    "bpe_rounds": 1,
 }
 TARGETS = {  # issue 3's targets on a 2-core machine
     "mfu_small": 0.60,
@@ -100,6 +114,8 @@ TARGETS = {  # issue 3's targets on a 2-core machine
     "ours_over_hf_small": 1.6,
     "fused_over_explicit_T1024": 5.0,
     "kv_cache_over_recompute": 5.0,
+    "bpe_train_over_naive": 20.0,  # issue 15: BPETokenizer.train against a recount-every-merge loop
+    "bpe_train_rust_over_ours": 0.1,  # within 10x of tokenizers' Rust BpeTrainer
 }
 
 NOTES = (  # measured on the course's 2-core machine, see the report of issue 3
@@ -350,6 +366,74 @@ def bench_gqa_generation(shape: Shape, new_tokens: int, rounds: int) -> dict:
                    f"{name}_parameters": count_parameters(config)}
     result["gqa_over_mha_tokens_per_s"] = s["mha"] / s["gqa"]
     return result
+def naive_train(text: str, vocab_size: int, special: str = "<|endoftext|>") -> list[tuple[bytes, bytes]]:
+    """BPE the slow way: the same pre-tokens and tie rule as BPETokenizer.train, but every merge recounts every
+    pair of every pre-token and rewrites them all."""
+    vocab = [bytes([b]) for b in range(256)]
+    ids = {tok: i for i, tok in enumerate(vocab)}
+    words = {tuple(w): n for w, n in pretoken_counts(text, (special,), GPT2_PATTERN).items()}
+    merges = []
+    while len(vocab) < vocab_size - 1:
+        counts: dict[tuple[int, int], int] = {}
+        for word, n in words.items():
+            for pair in pairwise(word):
+                counts[pair] = counts.get(pair, 0) + n
+        if not counts:
+            break
+        a, b = max(counts, key=lambda p: (counts[p], vocab[p[0]], vocab[p[1]]))
+        new = ids.setdefault(vocab[a] + vocab[b], len(vocab))
+        if new == len(vocab):
+            vocab.append(vocab[a] + vocab[b])
+        merges.append((vocab[a], vocab[b]))
+        rewritten = {}
+        for word, n in words.items():
+            out, i = [], 0
+            while i < len(word):
+                if word[i:i + 2] == (a, b):
+                    out.append(new)
+                    i += 2
+                else:
+                    out.append(word[i])
+                    i += 1
+            rewritten[tuple(out)] = n
+        words = rewritten
+    return merges
+
+
+def rust_train(text: str, vocab_size: int, special: str = "<|endoftext|>") -> object:
+    """Hugging Face tokenizers' BpeTrainer with the same pre-tokenizer, byte alphabet and special token."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(GPT2_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[special], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([text], trainer)
+    return tokenizer
+
+
+def bench_bpe(chars: int | None, vocab_size: int, rounds: int) -> dict:
+    """Training BPE on the default corpus: ours, the naive loop (timed once: it is slow) and the Rust trainer;
+    then encoding the corpus with ours and with `to_hf()` (both with warm caches)."""
+    text = load_text()[:chars]
+    s = median_seconds({"ours": lambda: BPETokenizer.train(text, vocab_size),
+                        "rust": lambda: rust_train(text, vocab_size)}, rounds, warmup=1)
+    ours = BPETokenizer.train(text, vocab_size)
+    start = time.perf_counter()
+    naive = naive_train(text, vocab_size)
+    naive_s = time.perf_counter() - start
+    hf = ours.to_hf()
+    e = median_seconds({"ours": lambda: ours.encode(text), "hf": lambda: hf.encode(text)}, rounds, warmup=1)
+    mb = len(text.encode()) / 1e6
+    return {
+        "corpus_mb": mb, "vocab_size": vocab_size, "merges": len(ours.merges),
+        "naive_same_merges": naive == ours.merges,
+        "ours_s": s["ours"], "naive_s": naive_s, "rust_s": s["rust"],
+        "ours_over_naive": naive_s / s["ours"], "rust_over_ours": s["rust"] / s["ours"],
+        "encode_ours_mb_per_s": mb / e["ours"], "encode_hf_mb_per_s": mb / e["hf"],
+    }
 
 
 KEEP_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}  # glibc's knobs
@@ -395,12 +479,15 @@ def run(quick: bool = False) -> dict:
     cli = bench_command_line(plan["cli_rounds"])
     optimizer = bench_optimizer(plan["shapes"][0], plan["train_rounds"][0])
     gqa = bench_gqa_generation(plan["gqa_shape"], plan["generate_tokens"], plan["generate_rounds"])
+    bpe = bench_bpe(plan["bpe_chars"], plan["bpe_vocab_size"], plan["bpe_rounds"])
     values = {
         "mfu_small": training[0]["ours_mfu"],
         "mfu_big": training[1]["ours_mfu"],
         "ours_over_hf_small": training[0]["ours_over_hf"],
         "fused_over_explicit_T1024": attn[-1]["fused_over_explicit"],
         "kv_cache_over_recompute": gen["cache_over_recompute"],
+        "bpe_train_over_naive": bpe["ours_over_naive"],
+        "bpe_train_rust_over_ours": bpe["rust_over_ours"],
     }
     return {
         "quick": quick,
@@ -414,6 +501,7 @@ def run(quick: bool = False) -> dict:
         "command_line": cli,
         "optimizer": optimizer,
         "generation_gqa": gqa,
+        "bpe": bpe,
         "targets": [{"name": name, "value": values[name], "target": goal, "met": values[name] >= goal}
                     for name, goal in TARGETS.items()],
     }
@@ -486,6 +574,18 @@ def report(result: dict) -> str:
         f"cache {q['gqa_cache_bytes'] / 1e6:.2f} MB | GQA/MHA {q['gqa_over_mha_tokens_per_s']:.2f}x tok/s, "
         f"{q['mha_cache_bytes'] / q['gqa_cache_bytes']:.0f}x less cache"
     )
+    b = result["bpe"]
+    lines.append(
+        f"BPE training to vocab {b['vocab_size']} on {b['corpus_mb']:.2f} MB ({b['merges']} merges): ours "
+        f"{b['ours_s']:.2f} s | naive recount loop {b['naive_s']:.1f} s (same merges: {b['naive_same_merges']}) = "
+        f"{b['ours_over_naive']:.0f}x | tokenizers' Rust BpeTrainer {b['rust_s']:.2f} s = "
+        f"{b['rust_over_ours']:.2f}x ours"
+    )
+    for key, what in (("bpe_train_over_naive", "ours/naive >="), ("bpe_train_rust_over_ours", "Rust time/ours >=")):
+        t = targets[key]
+        lines.append(f"  target {what} {t['target']:g}x: {_met(t['met'])}")
+    lines.append(f"  encoding the corpus: ours {b['encode_ours_mb_per_s']:.2f} MB/s, to_hf() (Rust) "
+                 f"{b['encode_hf_mb_per_s']:.2f} MB/s (warm caches, the same ids)")
     lines.extend(NOTES)
     return "\n".join(lines)
 

@@ -1,0 +1,363 @@
+"""A byte-level BPE tokenizer, trained here, like GPT-2's: 256 byte tokens, then merges, then special tokens.
+
+Training (`BPETokenizer.train`) splits the text at special tokens, cuts each piece into pre-tokens with GPT-2's
+regex (words with their leading space, numbers, punctuation runs, whitespace), and then repeatedly merges the most
+frequent adjacent pair of tokens *within* pre-tokens into a new token. The merge order is fully defined: the most
+frequent pair wins, and a tie goes to the lexicographically greatest pair of byte strings, compared as the tuple
+(bytes of the left token, bytes of the right token) (CS336's rule; `max` over `(count, left, right)`).
+
+Speed: pair counts are kept over the *unique* pre-tokens (each with its frequency) and updated incrementally: a
+merge touches only the pre-tokens that hold the pair (an index pair -> pre-tokens), and the next pair comes from
+a heap with lazy deletion, so no merge recounts the corpus. `python -m gptcourse.bench` times it against a naive
+recount-every-merge loop and against Hugging Face `tokenizers`' Rust `BpeTrainer`.
+
+Encoding applies the merges to each pre-token lowest rank first, which is what the Rust BPE model does, so
+`to_hf()` encodes identically. Decoding joins the tokens' bytes and decodes them once (a character may span
+tokens); bytes that are not valid UTF-8 become U+FFFD, as the bytes say.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections import Counter, defaultdict
+from collections.abc import Collection, Iterable, Sequence
+from functools import lru_cache
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, Literal
+
+import regex
+
+# GPT-2's pre-tokenizer (openai/gpt-2, encoder.py): contractions, letters with one optional leading space, numbers,
+# other symbols, whitespace runs (all but the last space when a word follows, which keeps its space).
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+FORMAT = "gptcourse-bpe"
+Pair = tuple[int, int]
+
+
+@lru_cache(maxsize=1)
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte (how HF vocab files spell tokens: a space is 'Ġ', a newline 'Ċ').
+
+    Printable Latin-1 bytes stand for themselves; the other 68 get the characters 256, 257, ... in byte order.
+    """
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {b: chr(b) for b in keep}
+    for n, b in enumerate(b for b in range(256) if b not in mapping):
+        mapping[b] = chr(256 + n)
+    return mapping
+
+
+def _printable(token: bytes) -> str:
+    table = byte_to_unicode()
+    return "".join(table[b] for b in token)
+
+
+def _from_printable(text: str) -> bytes:
+    table = {ch: b for b, ch in byte_to_unicode().items()}
+    try:
+        return bytes(table[ch] for ch in text)
+    except KeyError as err:
+        raise ValueError(f"{text!r} is not a byte-level token: {err.args[0]!r} stands for no byte") from None
+
+
+def _text_bytes(text: str) -> bytes:
+    # A lone surrogate (not a character, but a Python str may hold one) keeps the 3 bytes it stands for.
+    return text.encode("utf-8", errors="surrogatepass")
+
+
+def _check_text(text: Any, what: str) -> None:
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a str, got {type(text).__name__}; decode bytes first (data.decode('utf-8'))")
+
+
+def _split_special(text: str, specials: Collection[str]) -> list[tuple[str, bool]]:
+    """[(piece, is_special)]: the text cut at every occurrence of a special token (longest first at a tie)."""
+    if not specials:
+        return [(text, False)]
+    pattern = "|".join(regex.escape(s) for s in sorted(specials, key=len, reverse=True))
+    pieces, start = [], 0
+    for match in regex.finditer(pattern, text):
+        if match.start() > start:
+            pieces.append((text[start:match.start()], False))
+        pieces.append((match.group(), True))
+        start = match.end()
+    if start < len(text):
+        pieces.append((text[start:], False))
+    return pieces
+
+
+def pretoken_counts(text: str, specials: Collection[str], pattern: str) -> Counter[bytes]:
+    """How often each pre-token (as bytes) occurs; special tokens cut the text and never take part."""
+    compiled = regex.compile(pattern)
+    counts: Counter[str] = Counter()
+    for piece, special in _split_special(text, specials):
+        if not special:
+            counts.update(compiled.findall(piece))
+    out: Counter[bytes] = Counter()
+    for word, n in counts.items():
+        out[_text_bytes(word)] += n
+    return out
+
+
+class _Greatest:
+    """Heap key that puts the lexicographically greatest pair of byte strings first among equal counts."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple[bytes, bytes]) -> None:
+        self.key = key
+
+    def __lt__(self, other: _Greatest) -> bool:
+        return self.key > other.key
+
+
+def train_merges(words: Counter[bytes], size: int) -> list[tuple[bytes, bytes]]:
+    """Merges over pre-tokens with their counts until there are `size` tokens (or no pair is left).
+
+    Incremental: `counts` holds every adjacent pair's frequency, `where` which pre-tokens may hold it; a merge
+    rewrites only those pre-tokens and adjusts the counts of the pairs it removed and created. The heap holds
+    (-count, tie key, pair) entries; an entry whose count is no longer the pair's is skipped when popped.
+    A merge whose bytes an earlier merge already made (a+bc after ab+c) keeps that token's id, as Hugging Face's
+    trainer does.
+    """
+    vocab = [bytes([b]) for b in range(256)]
+    ids = {tok: i for i, tok in enumerate(vocab)}
+    seqs = [list(w) for w in words]
+    freq = list(words.values())
+    counts: defaultdict[Pair, int] = defaultdict(int)
+    where: defaultdict[Pair, set[int]] = defaultdict(set)
+    for i, seq in enumerate(seqs):
+        for pair in pairwise(seq):
+            counts[pair] += freq[i]
+            where[pair].add(i)
+    heap = [(-n, _Greatest((vocab[a], vocab[b])), (a, b)) for (a, b), n in counts.items()]
+    heapq.heapify(heap)
+    merges: list[tuple[bytes, bytes]] = []
+    while len(vocab) < size and heap:
+        neg, _, pair = heapq.heappop(heap)
+        if counts.get(pair, 0) != -neg or neg == 0:
+            continue  # stale: the pair's count changed after this entry was pushed
+        a, b = pair
+        new = ids.setdefault(vocab[a] + vocab[b], len(vocab))
+        if new == len(vocab):
+            vocab.append(vocab[a] + vocab[b])
+        merges.append((vocab[a], vocab[b]))
+        changed: dict[Pair, int] = defaultdict(int)
+        for i in where.pop(pair):
+            seq, n = seqs[i], freq[i]
+            merged, j = [], 0
+            while j < len(seq):
+                if j + 1 < len(seq) and seq[j] == a and seq[j + 1] == b:
+                    merged.append(new)
+                    j += 2
+                else:
+                    merged.append(seq[j])
+                    j += 1
+            if len(merged) == len(seq):
+                continue  # listed under the pair earlier, no longer holds it
+            for old in pairwise(seq):
+                changed[old] -= n
+            for fresh in pairwise(merged):
+                changed[fresh] += n
+                where[fresh].add(i)
+            seqs[i] = merged
+        for p, delta in changed.items():
+            if delta:
+                counts[p] += delta
+                if counts[p] > 0:
+                    heapq.heappush(heap, (-counts[p], _Greatest((vocab[p[0]], vocab[p[1]])), p))
+                else:
+                    del counts[p]
+        counts.pop(pair, None)
+    return merges
+
+
+class BPETokenizer:
+    """Byte-level BPE: ids 0-255 are the bytes, 256.. the merges in order, then the special tokens.
+
+    Build one with `BPETokenizer.train(text, vocab_size)`, `BPETokenizer.load(path)`, `BPETokenizer.from_hf(t)`
+    or from its parts, `BPETokenizer(merges, special_tokens, pattern)` (a prefix of a trained tokenizer's merges
+    is the tokenizer that training to that smaller size gives).
+    """
+
+    def __init__(self, merges: Sequence[tuple[bytes, bytes]], special_tokens: Sequence[str] = ("<|endoftext|>",),
+                 pattern: str = GPT2_PATTERN) -> None:
+        vocab = [bytes([b]) for b in range(256)]
+        ranks: dict[Pair, tuple[int, int]] = {}  # (left id, right id) -> (rank, id of the merged token)
+        ids = {tok: i for i, tok in enumerate(vocab)}
+        for rank, (left, right) in enumerate(merges):
+            if left not in ids or right not in ids:
+                missing = left if left not in ids else right
+                raise ValueError(f"merge {rank} ({left!r}, {right!r}) uses {missing!r}, which no earlier merge made")
+            if (ids[left], ids[right]) in ranks:
+                raise ValueError(f"merge {rank} ({left!r}, {right!r}) is listed twice")
+            new = ids.setdefault(left + right, len(vocab))
+            if new == len(vocab):
+                vocab.append(left + right)
+            ranks[ids[left], ids[right]] = (rank, new)
+        if len(set(special_tokens)) != len(special_tokens) or not all(special_tokens):
+            raise ValueError(f"special tokens must be distinct non-empty strings, got {list(special_tokens)}")
+        self.pattern = pattern
+        self._compiled = regex.compile(pattern)
+        self._ranks = ranks
+        self._merges = [(bytes(a), bytes(b)) for a, b in merges]
+        self.special_tokens: dict[str, int] = {s: len(vocab) + k for k, s in enumerate(special_tokens)}
+        self._vocab = vocab + [_text_bytes(s) for s in special_tokens]
+        self._cache: dict[bytes, list[int]] = {}
+
+    # ---- building
+
+    @classmethod
+    def train(cls, text: str, vocab_size: int, special_tokens: Sequence[str] = ("<|endoftext|>",),
+              pattern: str = GPT2_PATTERN) -> BPETokenizer:
+        """Merge until there are `vocab_size` tokens, special tokens included (fewer if `text` runs out of pairs).
+
+        Merge order: the most frequent adjacent pair within pre-tokens; a tie goes to the lexicographically
+        greatest (left bytes, right bytes). Special tokens cut the text and are never merged with anything.
+        """
+        _check_text(text, "the training text")
+        special_tokens = tuple(special_tokens)
+        if not isinstance(vocab_size, int) or vocab_size < 256 + len(special_tokens):
+            raise ValueError(f"vocab_size must be an int >= 256 + {len(special_tokens)} (the bytes and the special "
+                             f"tokens {list(special_tokens)}), got {vocab_size!r}")
+        words = pretoken_counts(text, special_tokens, pattern)
+        return cls(train_merges(words, vocab_size - len(special_tokens)), special_tokens, pattern)
+
+    # ---- what it is
+
+    @property
+    def merges(self) -> list[tuple[bytes, bytes]]:
+        """The merges in the order they were learned: merge k made token 256 + k."""
+        return list(self._merges)
+
+    @property
+    def vocab(self) -> dict[int, bytes]:
+        """id -> the bytes it stands for (a special token: its UTF-8 text)."""
+        return dict(enumerate(self._vocab))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._vocab)
+
+    def __repr__(self) -> str:
+        return (f"BPETokenizer(vocab_size={self.vocab_size}: 256 bytes, {len(self._merges)} merges, "
+                f"special tokens {list(self.special_tokens)})")
+
+    # ---- encoding and decoding
+
+    def _encode_word(self, word: bytes) -> list[int]:
+        cached = self._cache.get(word)
+        if cached is not None:
+            return cached
+        ids = list(word)
+        ranks, never = self._ranks, (1 << 62, 0)
+        while len(ids) > 1:
+            best = min(pairwise(ids), key=lambda p: ranks.get(p, never))
+            if best not in ranks:
+                break
+            new, (a, b) = ranks[best][1], best
+            merged, j = [], 0
+            while j < len(ids):
+                if j + 1 < len(ids) and ids[j] == a and ids[j + 1] == b:
+                    merged.append(new)
+                    j += 2
+                else:
+                    merged.append(ids[j])
+                    j += 1
+            ids = merged
+        if len(self._cache) < 200_000:
+            self._cache[word] = ids
+        return ids
+
+    def encode(self, text: str, allowed_special: Literal["all", "none"] | Collection[str] = "all") -> list[int]:
+        """Token ids of `text`. Special tokens in `allowed_special` ("all", "none" or a set of them) become their
+        one id; any other special token's text is encoded as plain text, byte by byte and merge by merge."""
+        _check_text(text, "the text to encode")
+        if allowed_special == "all":
+            allowed: Collection[str] = self.special_tokens
+        elif allowed_special == "none":
+            allowed = ()
+        else:
+            unknown = set(allowed_special) - set(self.special_tokens)
+            if isinstance(allowed_special, str) or unknown:
+                raise ValueError(f"allowed_special must be 'all', 'none' or a set of this tokenizer's special tokens "
+                                 f"{list(self.special_tokens)}, got {allowed_special!r}")
+            allowed = allowed_special
+        out: list[int] = []
+        for piece, special in _split_special(text, allowed):
+            if special:
+                out.append(self.special_tokens[piece])
+                continue
+            for word in self._compiled.findall(piece):
+                out.extend(self._encode_word(_text_bytes(word)))
+        return out
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        out = []
+        for i in ids:
+            i = int(i)
+            if not 0 <= i < len(self._vocab):
+                raise ValueError(f"token id {i} is out of range: expected 0 <= id < {len(self._vocab)}")
+            out.append(self._vocab[i])
+        return b"".join(out)
+
+    def decode(self, ids: Iterable[int], errors: str = "replace") -> str:
+        """The text of `ids`: all the tokens' bytes joined, then decoded once as UTF-8 (a character may span
+        several tokens). Invalid bytes become U+FFFD; errors="surrogatepass" gives a lone surrogate back."""
+        return self.decode_bytes(ids).decode("utf-8", errors=errors)
+
+    # ---- files
+
+    def save(self, path: str | Path) -> None:
+        """A readable JSON file: the pattern, the special tokens, and the merges spelled as in GPT-2's merges.txt
+        (each byte as its printable stand-in: 'Ġ' is a space)."""
+        data = {"format": FORMAT, "version": 1, "pattern": self.pattern,
+                "special_tokens": list(self.special_tokens),
+                "merges": [f"{_printable(a)} {_printable(b)}" for a, b in self.merges]}
+        Path(path).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> BPETokenizer:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a file written by BPETokenizer.save (no \"format\": {FORMAT!r})")
+        merges = []
+        for line in data["merges"]:
+            left, right = line.split(" ")
+            merges.append((_from_printable(left), _from_printable(right)))
+        return cls(merges, data["special_tokens"], data["pattern"])
+
+    # ---- Hugging Face tokenizers
+
+    def to_hf(self) -> Any:
+        """The same tokenizer as a Hugging Face `tokenizers.Tokenizer` (the Rust BPE model): same vocabulary,
+        merges, pre-tokenizer regex and special tokens, so it encodes every text to the same ids."""
+        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+        vocab = {_printable(tok): i for i, tok in enumerate(self._vocab[:len(self._vocab) - len(self.special_tokens)])}
+        merges = [(_printable(a), _printable(b)) for a, b in self.merges]
+        tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(self.pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+        tokenizer.decoder = decoders.ByteLevel()
+        tokenizer.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in self.special_tokens])
+        return tokenizer
+
+    @classmethod
+    def from_hf(cls, tokenizer: Any, pattern: str = GPT2_PATTERN) -> BPETokenizer:
+        """A BPETokenizer from a byte-level `tokenizers.Tokenizer`: its merges and special tokens, with the
+        pre-tokenizer regex `pattern` (a Tokenizer does not expose its own). Ids follow this class's layout (bytes,
+        merges, special tokens): for `to_hf()`'s tokenizers they are the same; a tokenizer trained elsewhere gets
+        the same tokens, possibly renumbered."""
+        model = json.loads(tokenizer.to_str())["model"]
+        if model.get("type") != "BPE":
+            raise ValueError(f"expected a byte-level BPE tokenizer, got a {model.get('type')} model")
+        merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
+        specials = sorted((t for t in tokenizer.get_added_tokens_decoder().items() if t[1].special),
+                          key=lambda t: t[0])
+        return cls([(_from_printable(a), _from_printable(b)) for a, b in merges], [t.content for _, t in specials],
+                   pattern)
