@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbgrader_course import Course
+from nbgrader_course import Course, sandbox_problem
 
 import gptcourse
 
@@ -26,8 +25,8 @@ LAB = "02_causal_attention"
 SECRET = "sandbox-test-secret-5d1f0c"
 MARKER = "gptcourse-sandbox-escaped"  # in every file an attack tries to write, and in its leftover processes
 PACKAGE = Path(gptcourse.__file__).parent
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("bwrap") is None or not sys.platform.startswith(
-    "linux"), reason="the sandbox needs Linux and bubblewrap (apt-get install bubblewrap)")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sandbox_problem() is not None,
+                                                  reason=f"the sandbox cannot start here: {sandbox_problem()}")]
 # Small limits, so that hitting them is quick (an instructor sets them the same way, in nbgrader_config.py).
 LIMITS = "\nc.Sandbox.memory_gb = 2.0\nc.Sandbox.file_size_mb = 20\nc.Sandbox.scratch_mb = 64\n"
 
