@@ -48,7 +48,7 @@ WRONG = {
 class TestLab10(RoundTrip):
     LAB = LAB
     WRONG = WRONG
-    TOTAL = 32
+    TOTAL = 31
     VALIDATE = Validation("pool-position-minus-one", 1, (
         'check("10.pool.visible", last_real_token)',
         "position -1 was read",
