@@ -73,11 +73,12 @@ def test_value_and_reward_heads_share_the_backbone():
     backbone = GPT(preset("seed-tiny"))
     value = ValueHead(backbone)
     reward = RewardModel(backbone)
-    reward.head.load_state_dict(value.head.state_dict())
+    with torch.no_grad():
+        reward.head.weight.copy_(value.head.weight)  # the reward head has no bias (pairwise losses ignore it)
     idx = torch.randint(0, 100, (3, 6))
     values = value(idx)
     assert values.shape == (3, 6)
-    assert torch.allclose(reward(idx), values[:, -1])
+    assert torch.allclose(reward(idx), values[:, -1] - value.head.bias, atol=1e-6)
     expected = backbone.forward_hidden(idx) @ value.head.weight[0] + value.head.bias[0]
     assert torch.allclose(values, expected, atol=1e-6)
 

@@ -16,14 +16,18 @@ from typing import Any
 __version__ = "0.1.0"
 
 WHERE: dict[str, tuple[str, ...]] = {  # module (under gptcourse) -> the public names it defines
+    "finetuning.lora": ("LoRALinear", "add_lora", "lora_parameter_count", "merge_lora"),
+    "finetuning.losses": ("IGNORE_INDEX", "bradley_terry_loss", "masked_lm_loss", "response_labels"),
+    "finetuning.padding": ("pad_batch",),
+    "finetuning.tasks": ("LINE_KINDS", "line_kind_task", "preference_task", "signature_task"),
     "inference.kv_cache": ("KVCache", "LayerCache", "kv_cache_bytes"),
     "inference.sampling": ("decode_layout", "filter_logits", "generate"),
     "model.block": ("DecoderBlock",),
     "model.causal_attention": ("AttentionHead", "MultiHeadAttention", "attention", "causal_mask", "fused_attention",
-                               "repeat_kv"),
+                               "padding_mask", "repeat_kv"),
     "model.config": ("GPTConfig", "PRESETS", "preset"),
     "model.gpt": ("GPT",),
-    "model.heads": ("RewardModel", "ValueHead"),
+    "model.heads": ("RewardModel", "SequenceClassifier", "ValueHead", "last_real_token"),
     "model.mlp": ("MLP", "SwiGLU"),
     "model.norms": ("LayerNorm", "RMSNorm"),
     "model.params": ("block_breakdown", "count_parameters", "parameter_breakdown"),

@@ -32,6 +32,7 @@ class DecoderBlock(nn.Module):
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: LayerCache | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), rope=rope, cache=cache)  # (B, T, C)
+        x = x + self.attn(self.norm1(x), rope=rope, cache=cache, mask=mask)  # (B, T, C)
         return x + self.mlp(self.norm2(x))  # (B, T, C)

@@ -7,7 +7,8 @@ Two paths compute the same thing:
 - `attention` is explicit (scores -> mask -> softmax -> weighted sum) and can return the weights for plots;
 - `fused_attention` calls `torch.nn.functional.scaled_dot_product_attention`, which never materialises the
   (T, T) weights and is the default.
-Neither takes a switch that turns causality off: a decoder never looks ahead.
+Neither takes a switch that turns causality off: a decoder never looks ahead. Both take an optional boolean
+`mask` (from `padding_mask`, for batches of sequences padded to one length) that replaces the causal mask.
 """
 
 from __future__ import annotations
@@ -34,25 +35,45 @@ def causal_mask(t_q: int, t_k: int | None = None, device: torch.device | str | N
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q)
 
 
+def padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) with 1 for real tokens and 0 for pads -> boolean (B, 1, T, T), True where query i may attend to key j.
+
+    Causal, and no query sees a pad key, so pads never influence real tokens, whether the batch is padded on the
+    left or the right. A pad still attends to itself, so that no row is empty (a softmax over nothing but -inf is
+    NaN, which would reach the gradients); what a pad position computes is never read.
+    """
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must have shape (B, T), got {tuple(attention_mask.shape)}")
+    t = attention_mask.size(1)
+    real_key = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): broadcast over heads and queries
+    itself = torch.eye(t, dtype=torch.bool, device=attention_mask.device)  # (T, T)
+    return causal_mask(t, device=attention_mask.device) & (real_key | itself)  # (B, 1, T, T)
+
+
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Explicit causal scaled dot-product attention on (..., T, D) tensors; returns (output, weights)."""
     d_head = q.size(-1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_head)  # (..., T_q, T_k)
-    mask = causal_mask(q.size(-2), k.size(-2), device=q.device)
+    if mask is None:
+        mask = causal_mask(q.size(-2), k.size(-2), device=q.device)
     scores = scores.masked_fill(~mask, float("-inf"))  # exp(-inf) = 0: no weight on the future
     weights = scores.softmax(dim=-1)  # each row sums to 1 over the keys
     return weights @ v, weights  # (..., T_q, D), (..., T_q, T_k)
 
 
-def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def fused_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """The same computation through PyTorch's fused kernel, without the (T_q, T_k) weights.
 
     k and v may have fewer heads than q (grouped-query attention, H_kv dividing H): they are shared, not copied.
     """
-    t_q, t_k = q.size(-2), k.size(-2)
     grouped = q.size(-3) != k.size(-3)  # (B, H, T_q, D) queries against (B, H_kv, T_k, D) keys
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
+    t_q, t_k = q.size(-2), k.size(-2)
     if t_q == t_k:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
     if t_q == 1:  # generating with a KV cache: the newest position sees every cached key, nothing to mask
@@ -125,8 +146,10 @@ class MultiHeadAttention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: LayerCache | None = None,
         return_weights: bool = False,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, C) -> (B, T, C); with `return_weights`, also the (B, H, T, T_k) weights."""
+        """x (B, T, C) -> (B, T, C); with `return_weights`, also the (B, H, T, T_k) weights. `mask`: see
+        `padding_mask`."""
         kv_width = self.n_kv_heads * self.d_head
         q, k, v = self.qkv(x).split([x.size(-1), kv_width, kv_width], dim=-1)  # (B, T, C), 2 x (B, T, H_kv D)
         q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)  # (B, H, T, D), 2 x (B, H_kv, T, D)
@@ -136,8 +159,8 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.append(k, v)  # (B, H_kv, T_past + T, D): the cache holds only the kv heads
         if return_weights or not self.fused:
             n_rep = self.n_heads // self.n_kv_heads
-            y, weights = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep))  # k, v as (B, H, T_k, D)
+            y, weights = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask)  # k, v as (B, H, T_k, D)
         else:
-            y, weights = fused_attention(q, k, v), None  # shares the kv heads without copying them
+            y, weights = fused_attention(q, k, v, mask), None  # shares the kv heads without copying them
         y = self.out(self.merge_heads(y))  # (B, T, C)
         return (y, weights) if return_weights else y

@@ -4,6 +4,10 @@
 
 `forward_hidden` stops before the output projection, so reward and value heads (see `heads.py`) can reuse the
 same backbone. With `tie_weights` the output projection is the embedding table itself (logits = h E^T).
+
+A batch of sequences of different lengths is padded to one length T and passed with `attention_mask` (B, T), 1 for
+real tokens and 0 for pads, on either side: no real token attends to a pad, and positions count real tokens only,
+so each real token's output is the one it has when its sequence runs alone.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from torch import nn
 
 from ..inference.kv_cache import KVCache
 from .block import DecoderBlock
+from .causal_attention import padding_mask
 from .config import GPTConfig
 from .norms import make_norm
 from .positions import LearnedPositions, RotaryEmbedding
@@ -70,22 +75,48 @@ class GPT(nn.Module):
                 bad = lo if lo < 0 else hi
                 raise ValueError(f"token id {bad} is out of range: expected 0 <= id < vocab_size={c.vocab_size}")
 
-    def forward_hidden(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """Token ids (B, T) -> final hidden states (B, T, C), after the final norm."""
+    @staticmethod
+    def _check_attention_mask(attention_mask: torch.Tensor, idx: torch.Tensor, cache: KVCache | None) -> None:
+        if cache is not None:
+            raise ValueError("attention_mask and a KV cache together are not supported: pad and mask a batch for "
+                             "training or scoring, generate each sequence with the cache")
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != idx.shape:
+            shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else attention_mask
+            raise ValueError(f"attention_mask must have the shape of the token ids {tuple(idx.shape)} (1 for real "
+                             f"tokens, 0 for pads), got {shape}")
+        if attention_mask.numel() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+            raise ValueError("attention_mask must hold only 1 (real token) and 0 (pad)")
+
+    def forward_hidden(
+        self, idx: torch.Tensor, cache: KVCache | None = None, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Token ids (B, T) -> final hidden states (B, T, C), after the final norm. Pads (0 in
+        `attention_mask`) are never attended to; their own hidden states are meaningless."""
         past = cache.length if cache is not None else 0
         self._check_idx(idx, past)
-        positions = torch.arange(past, past + idx.size(1), device=idx.device)  # (T,)
+        mask = None
+        if attention_mask is None:
+            positions = torch.arange(past, past + idx.size(1), device=idx.device)  # (T,)
+        else:
+            self._check_attention_mask(attention_mask, idx, cache)
+            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): real tokens count from 0
+            mask = padding_mask(attention_mask)  # (B, 1, T, T)
         x = self.tok_emb(idx)  # (B, T, C)
         if self.pos_emb is not None:
-            x = x + self.pos_emb(positions)  # (B, T, C) + (T, C)
-        rope = self.rope(positions) if self.rope is not None else None
+            x = x + self.pos_emb(positions)  # (B, T, C) + (T, C) or (B, T, C)
+        rope = None
+        if self.rope is not None:
+            cos, sin = self.rope(positions)  # each (T, D) or (B, T, D)
+            rope = (cos, sin) if positions.dim() == 1 else (cos[:, None], sin[:, None])  # (B, 1, T, D) over heads
         for i, block in enumerate(self.blocks):
-            x = block(x, rope=rope, cache=cache.layers[i] if cache is not None else None)
+            x = block(x, rope=rope, cache=cache.layers[i] if cache is not None else None, mask=mask)
         return self.final_norm(x)  # (B, T, C)
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """Token ids (B, T) -> next-token logits (B, T, V)."""
-        return self.lm_head(self.forward_hidden(idx, cache))
+    def forward(
+        self, idx: torch.Tensor, cache: KVCache | None = None, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Token ids (B, T) -> next-token logits (B, T, V); `attention_mask` (B, T) for padded batches."""
+        return self.lm_head(self.forward_hidden(idx, cache, attention_mask))
 
     def new_cache(self) -> KVCache:
         return KVCache.empty(self.config.n_layers, self.config.context_length)

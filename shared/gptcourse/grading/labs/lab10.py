@@ -1,0 +1,460 @@
+"""Lab 10, finetuning and rewards: `padding_mask(attention_mask)`, `last_real_token(hidden, attention_mask)`,
+`response_labels(input_ids, prompt_lengths, attention_mask)`, `bradley_terry_loss(chosen, rejected)` and the class
+`LoRALinear(base, rank, alpha)`.
+
+Every piece works on tensors alone (no model), so the cases are fast. Padded batches are drawn with padding on the
+right, on the left, and (hidden) mixed, with one row unpadded. The references below are written with torch alone
+(tril, argmax over masked positions, cumsum, logsigmoid, matmuls), not with the gptcourse functions of the same
+names, which the lab forbids.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ...checks import check_close, check_dtype, check_shape, fail, fmt_shape
+from ..cases import Inputs, Outputs, case_family, register, sizes_rng, tensor_rng
+from ..student import as_tensor, load_weights
+
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "mask": ("gptcourse.padding_mask", "gptcourse.GPT", "gptcourse.model.gpt"),
+    "pool": ("gptcourse.last_real_token", "gptcourse.model.heads"),
+    "labels": ("gptcourse.response_labels", "gptcourse.finetuning.losses"),
+    "bt": ("gptcourse.bradley_terry_loss", "gptcourse.finetuning.losses"),
+    "lora": ("gptcourse.LoRALinear", "gptcourse.finetuning.lora"),
+}
+IGNORE = -100
+
+
+def _lengths_mask(lengths: list[int], t: int, sides: list[str]) -> torch.Tensor:
+    """(B, T) attention mask, 1 on each row's `lengths[b]` real tokens, padded on `sides[b]`."""
+    mask = torch.zeros(len(lengths), t, dtype=torch.long)
+    for b, (n, side) in enumerate(zip(lengths, sides, strict=True)):
+        mask[b, slice(0, n) if side == "right" else slice(t - n, t)] = 1
+    return mask
+
+
+def _padded_mask(b: int, t: int, side: str, seed: int) -> torch.Tensor:
+    """B rows in a random order: one of full length T, the others shorter (1..T-1 real tokens), padded on `side`;
+    "mixed" pads the shorter rows on the right and on the left in turn, so both kinds are there from B = 3."""
+    r = sizes_rng(seed)
+    rows = [(t, "right")] + [(r.randint(1, t - 1), side if side != "mixed" else ("right", "left")[i % 2])
+                             for i in range(b - 1)]
+    r.shuffle(rows)
+    return _lengths_mask([n for n, _ in rows], t, [s for _, s in rows])
+
+
+def _describe_mask(mask: torch.Tensor) -> str:
+    return f"attention_mask {fmt_shape(mask.shape)} = {mask.tolist()}" if mask.numel() <= 24 else \
+        f"attention_mask {fmt_shape(mask.shape)}"
+
+
+# ---- padding_mask(attention_mask (B, T)) -> (B, 1, T, T) bool
+
+
+def _causal(t: int) -> torch.Tensor:
+    return torch.ones(t, t, dtype=torch.bool).tril()  # (T, T)
+
+
+def _mask_reference_of(mask: torch.Tensor) -> torch.Tensor:
+    t = mask.size(1)
+    real_key = mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+    return _causal(t) & (real_key | torch.eye(t, dtype=torch.bool))  # (B, 1, T, T)
+
+
+def _mask_inputs(b: int, t: int, side: str, seed: int) -> Inputs:
+    return {"mask": _padded_mask(b, t, side, seed), "sizes": {"B": b, "T": t}}
+
+
+def _mask_run(fn: Any, inputs: Inputs) -> Outputs:
+    mask = inputs["mask"]
+    return {"allowed": as_tensor(fn(mask.clone()), f"padding_mask({_describe_mask(mask)})")}
+
+
+def _mask_reference(inputs: Inputs) -> Outputs:
+    return {"allowed": _mask_reference_of(inputs["mask"])}
+
+
+def _mask_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    allowed, mask = got["allowed"], inputs["mask"]
+    check_dtype(allowed, torch.bool, "the mask", "True where query i may attend to key j, the convention of "
+                "F.scaled_dot_product_attention's boolean attn_mask")
+    if allowed.dim() == 3:
+        raise fail(f"the mask has shape {fmt_shape(allowed.shape)}, expected (B, 1, T, T): keep a size-1 axis for "
+                   "the heads, so that it broadcasts against scores (B, H, T, T), e.g. attention_mask[:, None, None, :]")
+    check_shape(allowed, "B 1 T T", inputs["sizes"], "the mask")
+    if torch.equal(allowed, expected["allowed"]):
+        return
+    t = mask.size(1)
+    real_key, real_query = mask.bool()[:, None, None, :], mask.bool()[:, None, :, None]
+    itself = torch.eye(t, dtype=torch.bool)
+    mistakes = {
+        "it is not causal: combine the padding with the causal mask (key j <= query i), or real tokens see the "
+        "future": real_key | itself,
+        "it masks the pad *queries* instead of the pad *keys*: a real query must not look at a pad key, so index "
+        "the attention mask along the last axis, attention_mask[:, None, None, :]":
+            _causal(t) & (real_query | itself),
+        "True and False are swapped for the padding: True marks a real token (attention_mask == 1) that may be "
+        "attended to": _causal(t) & (~real_key | itself),
+        "a pad query sees nothing at all: its row is all False, and a softmax over a row of -inf is NaN (which "
+        "reaches the gradients). Let every position attend to itself: | torch.eye(T, dtype=torch.bool)":
+            _causal(t) & real_key,
+    }
+    for what, wrong in mistakes.items():
+        if torch.equal(allowed, wrong.expand_as(allowed)):
+            raise fail(f"the mask: {what}.")
+    diff = (allowed != expected["allowed"]).nonzero()
+    b, _, i, j = (int(v) for v in diff[0])
+    raise fail(f"the mask: {len(diff)} of {allowed.numel()} entries are wrong, e.g. [{b}, 0, {i}, {j}] is "
+               f"{bool(allowed[b, 0, i, j])}, expected {bool(expected['allowed'][b, 0, i, j])} (row {b} of the "
+               f"attention mask is {mask[b].tolist()}): query i may attend to key j when j <= i and key j is real, "
+               "and every position to itself.")
+
+
+_mask_case = case_family(_mask_run, _mask_reference, _mask_judge)
+
+
+def _mask_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    return _mask_inputs(r.randint(3, 5), r.randint(2, 9), "mixed", seed)
+
+
+register(
+    _mask_case("10.mask.visible", "padding_mask of a right-padded batch (B, T) = (3, 5)",
+               lambda seed: _mask_inputs(3, 5, "right", seed)),
+    _mask_case("10.mask.left", "padding_mask of a left-padded batch (B, T) = (3, 6)",
+               lambda seed: _mask_inputs(3, 6, "left", seed)),
+    _mask_case("10.mask.hidden_single", "padding_mask of one unpadded sequence (B=1): the causal mask",
+               lambda seed: _mask_inputs(1, 4, "right", seed), hidden=True),
+    _mask_case("10.mask.hidden_mixed", "padding_mask with other sizes, rows padded on either side", _mask_hidden,
+               hidden=True),
+)
+
+# ---- last_real_token(hidden (B, T, C), attention_mask (B, T)) -> (B, C)
+
+
+def _gather(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    return hidden[torch.arange(hidden.size(0)), positions]  # (B, C)
+
+
+def _last_real(mask: torch.Tensor) -> torch.Tensor:
+    """(B,): the index of each row's rightmost 1."""
+    return torch.tensor([int(row.nonzero().max()) for row in mask])
+
+
+def _pool_inputs(b: int, t: int, c: int, side: str, seed: int) -> Inputs:
+    return {"hidden": torch.randn(b, t, c, generator=tensor_rng(seed)), "mask": _padded_mask(b, t, side, seed),
+            "sizes": {"B": b, "T": t, "C": c}}
+
+
+def _pool_run(fn: Any, inputs: Inputs) -> Outputs:
+    hidden, mask = inputs["hidden"], inputs["mask"]
+    out = fn(hidden.clone(), mask.clone())
+    return {"pooled": as_tensor(out, f"last_real_token(hidden {fmt_shape(hidden.shape)}, {_describe_mask(mask)})")}
+
+
+def _pool_reference(inputs: Inputs) -> Outputs:
+    return {"pooled": _gather(inputs["hidden"], _last_real(inputs["mask"]))}
+
+
+def _pool_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    hidden, mask = inputs["hidden"], inputs["mask"]
+    check_shape(got["pooled"], "B C", inputs["sizes"], "the pooled states")
+    first_real = torch.tensor([int(row.nonzero().min()) for row in mask])
+    mistakes = {
+        "position -1 was read: in a right-padded batch that is a pad for every sequence but the longest. Read "
+        "each row at its last real token (the rightmost 1 of its attention mask)": hidden[:, -1],
+        "the last real token was taken at attention_mask.sum(-1) - 1: that is right only when the padding is on "
+        "the right. With left padding the last real token is at T - 1; find the rightmost 1 of each row instead, "
+        "e.g. (torch.arange(T) * attention_mask).argmax(-1)": _gather(hidden, (mask.sum(-1) - 1).clamp(min=0)),
+        "the first real token was read: only the last real token has attended to the whole sequence":
+            _gather(hidden, first_real),
+        "the states were averaged: read the one state of the last real token": (hidden * mask[..., None]).sum(1)
+            / mask.sum(1, keepdim=True),
+    }
+    check_close(got["pooled"], expected["pooled"], "the pooled states", atol=1e-6, mistakes=mistakes)
+
+
+_pool_case = case_family(_pool_run, _pool_reference, _pool_judge)
+
+
+def _pool_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    return _pool_inputs(r.randint(3, 5), r.randint(2, 9), r.randint(3, 7), "mixed", seed)
+
+
+register(
+    _pool_case("10.pool.visible", "last_real_token of a right-padded batch, hidden (B, T, C) = (4, 6, 5)",
+               lambda seed: _pool_inputs(4, 6, 5, "right", seed)),
+    _pool_case("10.pool.left", "last_real_token of a left-padded batch, hidden (B, T, C) = (3, 5, 4)",
+               lambda seed: _pool_inputs(3, 5, 4, "left", seed)),
+    _pool_case("10.pool.hidden_mixed", "last_real_token with other sizes, rows padded on either side",
+               _pool_hidden, hidden=True),
+)
+
+# ---- response_labels(input_ids (B, T), prompt_lengths (B,), attention_mask (B, T)) -> labels (B, T)
+
+
+def _labels_inputs(b: int, t: int, side: str, seed: int) -> Inputs:
+    mask = _padded_mask(b, t, side, seed)
+    gen = tensor_rng(seed)
+    ids = torch.randint(1, 50, (b, t), generator=gen).masked_fill(mask == 0, 0)  # pads are id 0
+    lengths = mask.sum(-1)
+    prompt = torch.tensor([int(torch.randint(0, int(n), (1,), generator=gen)) for n in lengths])  # < length
+    return {"ids": ids, "mask": mask, "prompt": prompt, "sizes": {"B": b, "T": t}}
+
+
+def _labels_of(ids: torch.Tensor, mask: torch.Tensor, in_response: torch.Tensor, fill: int = IGNORE) -> torch.Tensor:
+    return ids.masked_fill(~in_response, fill)
+
+
+def _real_index(mask: torch.Tensor) -> torch.Tensor:
+    """(B, T): how many real tokens come before each position."""
+    return torch.tensor([[int(mask[b, :j].sum()) for j in range(mask.size(1))] for b in range(mask.size(0))])
+
+
+def _labels_run(fn: Any, inputs: Inputs) -> Outputs:
+    ids, mask, prompt = inputs["ids"], inputs["mask"], inputs["prompt"]
+    out = fn(ids.clone(), prompt.clone(), mask.clone())
+    what = (f"response_labels(input_ids {fmt_shape(ids.shape)}, prompt_lengths={prompt.tolist()}, "
+            f"{_describe_mask(mask)})")
+    return {"labels": as_tensor(out, what)}
+
+
+def _labels_reference(inputs: Inputs) -> Outputs:
+    mask = inputs["mask"]
+    response = (_real_index(mask) >= inputs["prompt"][:, None]) & mask.bool()
+    return {"labels": _labels_of(inputs["ids"], mask, response)}
+
+
+def _labels_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    ids, mask, prompt = inputs["ids"], inputs["mask"], inputs["prompt"]
+    labels = got["labels"]
+    check_shape(labels, "B T", inputs["sizes"], "the labels")
+    check_dtype(labels, torch.int64, "the labels", "token ids (and -100) for F.cross_entropy")
+    real, index = mask.bool(), _real_index(mask)
+    positions = torch.arange(ids.size(1))[None, :]
+    prompt_part = (index < prompt[:, None]) & real
+    response = (index >= prompt[:, None]) & real
+    mistakes = {
+        "the response is masked instead of the prompt: the model must learn to produce the response, so -100 goes "
+        "on the prompt (and the padding), and the response keeps its token ids": _labels_of(ids, mask, prompt_part),
+        "the padding is not masked: pads are not text to learn, give them -100 too":
+            _labels_of(ids, mask, index >= prompt[:, None]),
+        "the masked positions hold 0: F.cross_entropy skips targets equal to -100 (its ignore_index), 0 is a "
+        "token id it would learn": _labels_of(ids, mask, response, fill=0),
+        "the last prompt token is kept: the first prompt_lengths[b] real tokens of row b are the prompt":
+            _labels_of(ids, mask, (index >= prompt[:, None] - 1) & real),
+        "the first response token is masked: the response starts right after the prompt_lengths[b] prompt tokens":
+            _labels_of(ids, mask, (index > prompt[:, None]) & real),
+        "the prompt was counted from position 0 of the row: with left padding the prompt starts after the pads, "
+        "so count real tokens (attention_mask.cumsum(-1) - 1 is each real token's index in its sequence)":
+            _labels_of(ids, mask, (positions >= prompt[:, None]) & real),
+    }
+    check_close(labels, expected["labels"], "the labels", atol=0, rtol=0, mistakes=mistakes)
+
+
+_labels_case = case_family(_labels_run, _labels_reference, _labels_judge)
+
+
+def _labels_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    return _labels_inputs(r.randint(3, 5), r.randint(3, 10), "mixed", seed)
+
+
+register(
+    _labels_case("10.labels.visible", "response_labels of a right-padded batch (B, T) = (4, 8)",
+                 lambda seed: _labels_inputs(4, 8, "right", seed)),
+    _labels_case("10.labels.left", "response_labels of a left-padded batch (B, T) = (3, 7)",
+                 lambda seed: _labels_inputs(3, 7, "left", seed)),
+    _labels_case("10.labels.hidden_mixed", "response_labels with other sizes, rows padded on either side",
+                 _labels_hidden, hidden=True),
+)
+
+# ---- bradley_terry_loss(chosen (B,), rejected (B,)) -> mean of -log sigmoid(chosen - rejected)
+
+
+def _bt_inputs(b: int, scale: float, seed: int) -> Inputs:
+    gen = tensor_rng(seed)
+    chosen, rejected = torch.randn(b, generator=gen) * scale, torch.randn(b, generator=gen) * scale
+    if scale > 50:  # one pair far the wrong way round: sigmoid(chosen - rejected) underflows to 0
+        rejected[0] = chosen[0] + 2 * scale
+    return {"chosen": chosen, "rejected": rejected}
+
+
+def _bt_run(fn: Any, inputs: Inputs) -> Outputs:
+    chosen = inputs["chosen"].clone().requires_grad_(True)
+    rejected = inputs["rejected"].clone().requires_grad_(True)
+    loss = fn(chosen, rejected)
+    what = f"bradley_terry_loss(chosen {fmt_shape(chosen.shape)}, rejected {fmt_shape(rejected.shape)})"
+    differentiable = isinstance(loss, torch.Tensor) and loss.requires_grad
+    return {"loss": as_tensor(loss, what), "differentiable": differentiable}
+
+
+def _bt_reference(inputs: Inputs) -> Outputs:
+    diff = inputs["chosen"].double() - inputs["rejected"].double()
+    return {"loss": torch.tensor(sum(math.log1p(math.exp(-d)) if d > -30 else -d for d in diff.tolist())
+                                 / len(diff)), "differentiable": True}
+
+
+def _bt_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    loss = got["loss"]
+    if loss.dim() != 0:
+        raise fail(f"the loss has shape {fmt_shape(loss.shape)}, expected a single number (a 0-dim tensor): "
+                   "average over the pairs with .mean()")
+    chosen, rejected = inputs["chosen"], inputs["rejected"]
+    d = chosen - rejected
+    if not bool(torch.isfinite(loss)):
+        raise fail("the loss is inf or NaN: for a large negative difference sigmoid(d) rounds to 0 and log(0) is "
+                   "-inf. Use F.logsigmoid(d), which computes log sigmoid(d) without forming sigmoid(d)")
+    mistakes = {
+        "chosen and rejected are swapped: the loss is small when the chosen answer's reward is the larger, "
+        "-log sigmoid(chosen - rejected)": -F.logsigmoid(rejected - chosen).mean(),
+        "the minus sign is missing: minimise -log sigmoid(chosen - rejected), the negative log-likelihood":
+            F.logsigmoid(d).mean(),
+        "the log is missing: the loss is -log sigmoid(chosen - rejected)": -torch.sigmoid(d).mean(),
+        "the loss is summed over the pairs: average it with .mean()": -F.logsigmoid(d).sum(),
+    }
+    check_close(loss.double(), expected["loss"], "the loss", atol=1e-5, mistakes=mistakes)
+    if not got["differentiable"]:
+        raise fail("the loss does not require grad: return the tensor computed from the rewards (not .item() or a "
+                   "detached copy), so that loss.backward() reaches the reward model")
+
+
+_bt_case = case_family(_bt_run, _bt_reference, _bt_judge)
+
+
+def _bt_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    return _bt_inputs(r.randint(1, 12), r.uniform(0.5, 3.0), seed)
+
+
+register(
+    _bt_case("10.bt.visible", "bradley_terry_loss of 6 pairs of rewards",
+             lambda seed: _bt_inputs(6, 1.5, seed)),
+    _bt_case("10.bt.hidden_large", "bradley_terry_loss with rewards of size 100 (sigmoid rounds to 0 or 1)",
+             lambda seed: _bt_inputs(5, 100.0, seed), hidden=True),
+    _bt_case("10.bt.hidden_sizes", "bradley_terry_loss with other sizes, a single pair among them", _bt_hidden,
+             hidden=True),
+)
+
+# ---- LoRALinear(base: nn.Linear, rank, alpha): base(x) + (alpha / rank) x A^T B^T, base frozen, B = 0 at first
+
+
+def _lora_inputs(d_in: int, d_out: int, rank: int, alpha: float, x_shape: tuple[int, ...], seed: int) -> Inputs:
+    gen = tensor_rng(seed)
+    return {"base": {"weight": torch.randn(d_out, d_in, generator=gen) / math.sqrt(d_in),
+                     "bias": torch.randn(d_out, generator=gen) * 0.1},
+            "A": torch.randn(rank, d_in, generator=gen) / math.sqrt(d_in),
+            "B": torch.randn(d_out, rank, generator=gen) * 0.5,
+            "x": torch.randn(*x_shape, d_in, generator=gen), "rank": rank, "alpha": alpha}
+
+
+def _base_linear(inputs: Inputs) -> nn.Linear:
+    weight = inputs["base"]["weight"]
+    with torch.random.fork_rng(devices=[]):
+        base = nn.Linear(weight.size(1), weight.size(0))
+    with torch.no_grad():
+        base.weight.copy_(weight)
+        base.bias.copy_(inputs["base"]["bias"])
+    return base
+
+
+def _lora_what(inputs: Inputs) -> str:
+    d_out, d_in = inputs["base"]["weight"].shape
+    return f"LoRALinear(nn.Linear({d_in}, {d_out}), rank={inputs['rank']}, alpha={inputs['alpha']})"
+
+
+def _lora_run(cls: Any, inputs: Inputs) -> Outputs:
+    what = _lora_what(inputs)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise fail(f"{what}: expected a class derived from nn.Module, got {type(cls).__name__} {cls!r}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        layer = cls(_base_linear(inputs), inputs["rank"], inputs["alpha"])
+    x = inputs["x"]
+    with torch.no_grad():
+        at_init = as_tensor(layer(x.clone()), f"{what} on x {fmt_shape(x.shape)}")
+    trainable = sorted(name for name, p in layer.named_parameters() if p.requires_grad)
+    params = dict(layer.named_parameters())
+    a_is_zero = "A" in params and not bool(params["A"].detach().any())
+    load_weights(layer, {"base.weight": inputs["base"]["weight"], "base.bias": inputs["base"]["bias"],
+                         "A": inputs["A"], "B": inputs["B"]}, what)
+    out = layer(x.clone())
+    as_tensor(out, what)
+    out.square().sum().backward()
+    grads = {f"grad_{name}": as_tensor(params[name].grad, name) if params[name].grad is not None else torch.zeros(0)
+             for name in ("A", "B")}
+    return {"at_init": at_init, "trainable": " ".join(trainable), "a_is_zero": a_is_zero,
+            "out": as_tensor(out, what), **grads}
+
+
+def _lora_forward(inputs: Inputs, scaling: float, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    base = inputs["base"]
+    return inputs["x"] @ base["weight"].T + base["bias"] + scaling * (inputs["x"] @ a.T @ b.T)
+
+
+def _lora_reference(inputs: Inputs) -> Outputs:
+    scaling = inputs["alpha"] / inputs["rank"]
+    a, b = inputs["A"].clone().requires_grad_(True), inputs["B"].clone().requires_grad_(True)
+    out = _lora_forward(inputs, scaling, a, b)
+    out.square().sum().backward()
+    return {"at_init": _lora_forward(inputs, 0.0, a, b).detach(), "trainable": "A B", "a_is_zero": False,
+            "out": out.detach(), "grad_A": a.grad, "grad_B": b.grad}
+
+
+def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    x_shape = tuple(inputs["x"].shape)
+    d_out = inputs["base"]["weight"].size(0)
+    if tuple(got["at_init"].shape) != (*x_shape[:-1], d_out):
+        raise fail(f"the output has shape {fmt_shape(got['at_init'].shape)}, expected "
+                   f"{fmt_shape((*x_shape[:-1], d_out))}: like the base layer's, (..., out_features)")
+    if "base.weight" in got["trainable"].split():
+        raise fail("the base layer is trainable: freeze it (base.requires_grad_(False)), so that only A and B learn")
+    if got["trainable"] != "A B":
+        raise fail(f"the trainable parameters are [{got['trainable']}], expected [A B]")
+    if got["a_is_zero"]:
+        raise fail("A starts at zero: with A = B = 0 neither ever gets a gradient (each one's gradient is a product "
+                   "with the other). Start A random and only B at zero")
+    if not torch.allclose(got["at_init"], expected["at_init"], atol=1e-5):
+        raise fail("a fresh LoRALinear does not compute what the base layer computes: B must start at zero "
+                   "(torch.zeros(out_features, rank)), so that finetuning starts from the pretrained model exactly")
+    r, alpha = inputs["rank"], inputs["alpha"]
+    a, b = inputs["A"], inputs["B"]
+    mistakes = {
+        f"the update is scaled by alpha = {alpha}: scale it by alpha / rank = {alpha / r:g}":
+            _lora_forward(inputs, alpha, a, b),
+        f"the update is not scaled: multiply it by alpha / rank = {alpha / r:g}": _lora_forward(inputs, 1.0, a, b),
+        f"the update is scaled by rank / alpha: the scale is alpha / rank = {alpha / r:g}":
+            _lora_forward(inputs, r / alpha, a, b),
+        "the base layer's output is missing: y = base(x) + (alpha / rank) x A^T B^T":
+            _lora_forward(inputs, alpha / r, a, b) - _lora_forward(inputs, 0.0, a, b),
+    }
+    check_close(got["out"], expected["out"], "the output with A and B loaded", atol=1e-4, mistakes=mistakes)
+    for name in ("A", "B"):
+        check_close(got[f"grad_{name}"], expected[f"grad_{name}"], f"the gradient of {name}", atol=1e-3)
+
+
+_lora_case = case_family(_lora_run, _lora_reference, _lora_judge)
+
+
+def _lora_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    return _lora_inputs(r.randint(3, 12), r.randint(3, 12), r.randint(1, 3), float(r.choice([1, 4, 16])),
+                        (r.randint(1, 3), r.randint(1, 5)), seed)
+
+
+register(
+    _lora_case("10.lora.visible", "LoRALinear(nn.Linear(6, 5), rank=2, alpha=4) on x (3, 6)",
+               lambda seed: _lora_inputs(6, 5, 2, 4.0, (3,), seed)),
+    _lora_case("10.lora.sequence", "LoRALinear(nn.Linear(8, 12), rank=4, alpha=8) on x (2, 5, 8)",
+               lambda seed: _lora_inputs(8, 12, 4, 8.0, (2, 5), seed)),
+    _lora_case("10.lora.hidden_rank_one", "LoRALinear with rank 1 on a single vector",
+               lambda seed: _lora_inputs(7, 3, 1, 2.0, (1,), seed), hidden=True),
+    _lora_case("10.lora.hidden_sizes", "LoRALinear with other sizes, ranks and alphas", _lora_hidden, hidden=True),
+)
