@@ -4,6 +4,7 @@ kernels it forks from the zygote (fresh per notebook, like a stock kernel, inter
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import shutil
 import sqlite3
@@ -239,7 +240,10 @@ def test_a_kernel_that_ignores_interrupts_is_killed(zygote, tmp_path):
         kc.stop_channels()
         return pid, still_running
 
-    pid, still_running_after_interrupt = asyncio.run(scenario())
+    # in a thread of its own: a test before this one in the same worker (Playwright's sync API) may have left an
+    # event loop running in this one, where asyncio.run refuses to start
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pid, still_running_after_interrupt = pool.submit(asyncio.run, scenario()).result()
     assert still_running_after_interrupt
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)

