@@ -244,6 +244,17 @@ def bwrap_argv(bwrap: str, folders: list[str], ipc_dir: str | None, limits: Limi
     return argv
 
 
+def stop_process(process: subprocess.Popen) -> None:
+    """Close the stdin of a zygote or box, whose end tells it to stop, and wait for it; kill it after 10 s."""
+    if process.stdin and not process.stdin.closed:
+        process.stdin.close()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class Box:
     """A running sandbox: bwrap with the zygote inside, talking over a socket pair (no path a kernel could reach).
 
@@ -307,13 +318,7 @@ class Box:
         """Stop the box (bwrap kills everything in it); safe to call twice."""
         with contextlib.suppress(OSError):
             self.client.close()
-        if self.process.stdin and not self.process.stdin.closed:
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)
         if self._mounted:
             _libc().umount2(self.ipc_dir.encode(), _MNT_DETACH)
             self._mounted = False

@@ -391,13 +391,9 @@ class Zygote:
 
     def close(self) -> None:
         """Stop the zygote (it kills its kernels); safe to call twice."""
-        if self.process.stdin and not self.process.stdin.closed:
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        from .sandbox import stop_process
+
+        stop_process(self.process)
         self._folder.cleanup()
 
     def __enter__(self) -> Zygote:
