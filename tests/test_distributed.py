@@ -14,7 +14,7 @@ import torch
 from gptcourse import GPT, GPTConfig, TrainConfig, train
 from gptcourse.training.checkpoint import load_checkpoint
 from gptcourse.training.distributed import Ranks, rank_rows
-from gptcourse.training.loop import lm_loss, train_step
+from gptcourse.training.loop import lm_loss, main, train_step
 
 CORPUS = "the quick brown fox jumps over the lazy dog. " * 120
 
@@ -26,25 +26,26 @@ def _cli(checkpoint, *more: str) -> list[str]:
 
 
 def test_torchrun_with_two_gloo_processes_ends_with_the_weights_of_one_process(tmp_path):
-    """2 ranks = 1 process with 2 micro-batches, bit for bit, and = 1 plain process within 1e-5."""
+    """The same command with a fixed micro-batch: 2 ranks = 1 plain process, bit for bit (one thread each)."""
     (tmp_path / "corpus.txt").write_text(CORPUS, encoding="utf-8")
     env = os.environ | {"OMP_NUM_THREADS": "1"}
-    one, halves, two = tmp_path / "one.pt", tmp_path / "halves.pt", tmp_path / "two.pt"
-    subprocess.run([sys.executable, *_cli(one)], env=env, check=True, capture_output=True, timeout=300)
-    subprocess.run([sys.executable, *_cli(halves, "--micro-batches", "2")], env=env, check=True, capture_output=True,
+    one, whole, two = tmp_path / "one.pt", tmp_path / "whole.pt", tmp_path / "two.pt"
+    subprocess.run([sys.executable, *_cli(one, "--micro-batch-size", "6")], env=env, check=True, capture_output=True,
                    timeout=300)
+    subprocess.run([sys.executable, *_cli(whole)], env=env, check=True, capture_output=True, timeout=300)
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          *_cli(two)], env=env, capture_output=True, text=True, timeout=300)
+                          *_cli(two, "--micro-batch-size", "6")], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "after 20 iterations" in run.stdout and "2 processes" in run.stdout, run.stdout
     a, b = load_checkpoint(one)["model"], load_checkpoint(two)["model"]
     # Each rank's gradient of its 6 rows, halved and summed by the all-reduce, is exactly what one process
-    # computes from two micro-batches of 6 (halving is exact in floating point): bit for bit the same run.
-    for name, tensor in load_checkpoint(halves)["model"].items():
-        assert torch.equal(tensor, b[name]), f"{name}: 2 ranks differ from 2 micro-batches"
-    # A plain process sums the 12 rows in another order: equal up to rounding, which Adam keeps small here.
-    d = a["tok_emb.weight"].shape[1]  # C: qkv.bias holds the query, key and value parts, C each
+    # computes from its two micro-batches of 6 (halving is exact in floating point): bit for bit the same run.
     for name, tensor in a.items():
+        assert torch.equal(tensor, b[name]), f"{name}: 2 ranks differ from 1 process: {(tensor - b[name]).abs().max()}"
+    # One pass over all 12 rows sums them in another order: equal up to rounding, which Adam keeps small here.
+    c = load_checkpoint(whole)["model"]
+    d = c["tok_emb.weight"].shape[1]  # C: qkv.bias holds the query, key and value parts, C each
+    for name, tensor in c.items():
         other = b[name]
         if name.endswith("attn.qkv.bias"):
             # The key bias's exact gradient is zero (softmax ignores a shift shared by all keys), so both runs
@@ -54,6 +55,18 @@ def test_torchrun_with_two_gloo_processes_ends_with_the_weights_of_one_process(t
             assert (tensor[key] - other[key]).abs().max() < 3e-3 * 3
             tensor, other = torch.cat([tensor[:d], tensor[2 * d:]]), torch.cat([other[:d], other[2 * d:]])
         assert torch.allclose(tensor, other, rtol=0, atol=1e-5), f"{name}: {(tensor - other).abs().max():.2e}"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--micro-batch-size", "5"], "--micro-batch-size 5 does not divide each process's share of the batch: "
+                                  "--batch-size 12 over 1 processes is 12 rows each; choose a divisor of 12"),
+    (["--micro-batch-size", "0"], "--micro-batch-size 0 does not divide"),
+])
+def test_a_micro_batch_that_does_not_divide_the_batch_is_refused_before_training(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--steps", "1", "--no-progress", *argv])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def test_accumulated_micro_batches_give_the_whole_batch_gradient():

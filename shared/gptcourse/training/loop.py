@@ -238,15 +238,36 @@ def default_recipe(vocab_size: int, steps: int = RECIPE_STEPS) -> tuple[GPTConfi
     return model_config, cfg
 
 
+def micro_batches_per_process(batch_size: int, micro_batch_size: int | None, ranks: Ranks) -> int:
+    """How many micro-batches of `micro_batch_size` rows each of W processes runs for its batch_size / W rows.
+
+    nanoGPT's rule: the micro-batch is fixed and the accumulation steps shrink as processes are added, so every
+    step adds up the same pieces of the batch whatever W is (one process runs them in turn, W ranks in parallel).
+    """
+    rows = rank_rows(batch_size, ranks)
+    share = rows.stop - rows.start  # B / W
+    if micro_batch_size is None:
+        return 1
+    if micro_batch_size < 1 or share % micro_batch_size:
+        raise ValueError(f"--micro-batch-size {micro_batch_size} does not divide each process's share of the batch: "
+                         f"--batch-size {batch_size} over {ranks.world_size} processes is {share} rows each; "
+                         f"choose a divisor of {share}")
+    return share // micro_batch_size
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Train a character-level GPT on a text file (`default_recipe`). "
-                                     "Under torchrun, each process trains on its share of every batch.")
+    parser = argparse.ArgumentParser(
+        prog="python -m gptcourse.training",
+        description="Train a character-level GPT on a text file (`default_recipe`). Under torchrun, each process "
+        "trains on its share of every batch.")
     parser.add_argument("--text", help="a UTF-8 text file (default: standard-library source)")
     parser.add_argument("--steps", type=int, default=RECIPE_STEPS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, help="the global batch, split across processes (default 12)")
-    parser.add_argument("--micro-batches", type=int, default=1,
-                        help="gradient accumulation: run each process's rows in this many pieces")
+    parser.add_argument("--micro-batch-size", type=int, metavar="ROWS",
+                        help="rows per forward and backward pass (default: all of a process's rows); the rest is "
+                        "gradient accumulation. Fixed, it makes W processes do the arithmetic of one: same "
+                        "command, same thread count, bitwise the same weights")
     parser.add_argument("--checkpoint", help="write the run's state to this file (at the end, and every "
                         "--checkpoint-every steps)")
     parser.add_argument("--checkpoint-every", type=int, default=0, metavar="N")
@@ -264,10 +285,14 @@ def main(argv: list[str] | None = None) -> None:
     tok = CharTokenizer.from_text(text)
     train_ids, val_ids = train_val_split(torch.tensor(tok.encode(text), dtype=torch.long))
     model_config, cfg = default_recipe(tok.vocab_size, args.steps)
-    cfg = replace(cfg, seed=args.seed, batch_size=args.batch_size or cfg.batch_size, micro_batches=args.micro_batches,
+    cfg = replace(cfg, seed=args.seed, batch_size=args.batch_size or cfg.batch_size,
                   eval_batches=args.eval_batches or cfg.eval_batches)
     ranks = join_process_group()
     try:
+        try:
+            cfg = replace(cfg, micro_batches=micro_batches_per_process(cfg.batch_size, args.micro_batch_size, ranks))
+        except ValueError as error:
+            parser.error(str(error))
         _train_and_report(args, model_config, cfg, train_ids, val_ids, ranks)
     finally:
         leave_process_group()
