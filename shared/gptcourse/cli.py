@@ -10,12 +10,24 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 MIN_PYTHON = (3, 10)
-PACKAGES = ("torch", "jupyterlab", "nbgrader", "ipywidgets", "matplotlib")
+
+
+def required_packages() -> list[str]:
+    """The distributions gptcourse needs at run time, read from its installed metadata (pyproject's list)."""
+    import importlib.metadata
+
+    try:
+        requirements = importlib.metadata.requires("gptcourse") or []
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return ["torch"]
+    names = [re.match(r"[A-Za-z0-9_.\-]+", r).group(0) for r in requirements if "extra ==" not in r]
+    return sorted(names, key=lambda name: (name != "torch", name))  # torch first, the rest alphabetically
 
 
 def _version_of(distribution: str) -> tuple[bool, str]:
@@ -66,10 +78,10 @@ def environment_checks() -> list[tuple[str, bool, str]]:
     """(name, ok, detail) for everything the course needs."""
     checks = [("python", sys.version_info >= MIN_PYTHON,
                f"{platform.python_version()} (need >= {'.'.join(map(str, MIN_PYTHON))})")]
-    for name in PACKAGES:
+    for name in required_packages():
         checks.append((name, *_version_of(name)))
     checks.append(("nbgrader labextension", *_nbgrader_labextension()))
-    if checks[1][1]:
+    if any(name == "torch" and ok for name, ok, _ in checks):
         import torch
 
         detail = f"{torch.get_num_threads()} (cuda available: {torch.cuda.is_available()})"
