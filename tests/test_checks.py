@@ -243,10 +243,10 @@ def _judged(test_id: str, obj) -> str:
     subclass gptcourse.GPT to leave one step out, which a graded `check` refuses to run (it is the reference of
     lab 05); so the case is run and judged here directly, as `check` does for an honest submission."""
     from gptcourse.grading import case_seed, get_case, judge_payload
-    from gptcourse.grading.kernel import _run
+    from gptcourse.grading.kernel import run_case
 
     case = get_case(test_id)
-    passed, message = judge_payload(_run(case, case_seed(case), obj))
+    passed, message = judge_payload(run_case(case, case_seed(case), obj))
     assert not passed, f"{test_id} passed on a known-wrong {obj!r}"
     return " ".join(message.split())  # unwrapped
 

@@ -33,7 +33,7 @@ def check(test_id: str, student_obj: Any) -> None:
     seed = case_seed(case)
     lab, piece = case.id.split(".")[:2]
     reference = reference_behind(student_obj, forbidden_names(lab).get(piece, ()))
-    payload = make_payload(case.id, seed, None, None, reference) if reference else _run(case, seed, student_obj)
+    payload = make_payload(case.id, seed, None, None, reference) if reference else run_case(case, seed, student_obj)
     _emit(payload)
     passed, message = judge_payload(payload)
     if not passed:
@@ -41,7 +41,7 @@ def check(test_id: str, student_obj: Any) -> None:
     print(message)
 
 
-def _run(case: Case, seed: int, student_obj: Any) -> dict[str, Any]:
+def run_case(case: Case, seed: int, student_obj: Any) -> dict[str, Any]:
     """The payload of the case run on the student's object: its outputs, or the error it raised."""
     try:
         with warnings.catch_warnings():  # a warning on stderr would fail the cell under nbgrader
