@@ -4,7 +4,7 @@ Every test process, and every Jupyter kernel it starts for nbval or nbgrader (th
 one torch thread:
 - under pytest-xdist each core already runs a worker, and two threads per worker on a loaded 2-core machine made
   the suite up to 15x slower (measured by `tests/test_train.py`: 317 s against 22 s);
-- the lessons' outputs must reproduce with any thread count (`tests/test_portability.py` checks 2), and one
+- the lessons' outputs must reproduce with any thread count (`tests/test_portability_two_threads.py` checks 2), and one
   thread everywhere keeps the rest of the suite's timings and numbers the same from run to run.
 `GPTCOURSE_TORCH_THREADS=N pytest ...` gives N threads instead, to try a lesson as a multi-core machine runs it.
 
@@ -44,13 +44,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
         report.longrepr = f"skipped, but GPTCOURSE_REQUIRE_ALL=1 requires every test to run: {report.longrepr}"
 
 
-LONGEST_FIRST = ("tests/test_portability.py", "tests/test_grading_sandbox.py", "tests/test_grading_forbidden.py")
+LONGEST_FIRST = ("tests/test_portability_without_avx.py", "tests/test_portability_two_threads.py",
+                 "tests/test_grading_attacks.py", "tests/test_grading_sandbox.py", "tests/test_grading_forbidden.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files that take minutes start first, so that under xdist (`--dist loadfile`: a file runs on one worker)
-    the other worker works through the short ones meanwhile, instead of one worker finishing them alone at the
-    end. The order within a file, and of every other file, is kept."""
+    """The files that take minutes start first, so that under xdist (`--dist loadfile`: a file runs on one worker;
+    `--no-loadscope-reorder`: in this order) the other worker works through the short ones meanwhile, instead of
+    one worker finishing them alone at the end. The order within a file, and of every other file, is kept."""
     def rank(item: pytest.Item) -> int:
         path = item.nodeid.split("::", 1)[0]
         return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)

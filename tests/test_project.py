@@ -85,3 +85,14 @@ def test_check_env_notices_a_disabled_nbgrader_extension(tmp_path, monkeypatch):
     ok, detail = cli._nbgrader_labextension()
     assert not ok
     assert "jupyter labextension enable @jupyter/nbgrader" in detail
+
+
+def test_the_longest_files_named_in_conftest_exist():
+    """conftest.py starts these files first; a renamed one would silently lose its place at the front."""
+    source = (ROOT / "conftest.py").read_text()
+    named = re.findall(r'"(tests/[\w/]+\.py)"', source[source.index("LONGEST_FIRST"):])
+    assert len(named) >= 5, named
+    missing = [path for path in named if not (ROOT / path).is_file()]
+    assert not missing, f"conftest.py's LONGEST_FIRST names files that do not exist: {missing}"
+    assert "--no-loadscope-reorder" in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"][
+        "ini_options"]["addopts"], "without it xdist reorders the files by their number of tests"

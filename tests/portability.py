@@ -1,5 +1,5 @@
-"""The lessons reproduce on another machine: every lesson in lessons/ passes nbval, against the outputs saved
-on the machine that recorded it, when torch computes as a CPU without AVX does, and when it uses two threads.
+"""The lessons reproduce on another machine: every lesson in lessons/ passes nbval, against the outputs saved on
+the machine that recorded it, when torch computes as a CPU without AVX does, and when it uses two threads.
 
 A student's laptop rounds floating-point sums differently from the recording machine: other vector units
 (`ATEN_CPU_CAPABILITY=default` makes torch use its plain C++ kernels, `MKL_ENABLE_INSTRUCTIONS=SSE4_2` keeps MKL's
@@ -7,7 +7,8 @@ matrix products off AVX), or another number of threads (each sums its own share)
 of a matmul, and 200 training steps turn that into a different model, different entropies and different samples.
 So a lesson prints such values for reading (its cell's output is not compared) and asserts what its prose claims
 with a tolerance; this test proves it on the one machine CI has. Each variant runs nbval in a fresh pytest
-process, because torch reads these settings once, when it is imported.
+process, because torch reads these settings once, when it is imported. The variants' tests are in two files,
+tests/test_portability_*.py, so that pytest-xdist (which keeps a file on one worker) runs them side by side.
 """
 
 from __future__ import annotations
@@ -17,19 +18,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "lessons").glob("*.ipynb"))
-
 VARIANTS = {
     "cpu_without_avx": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
                         "GPTCOURSE_TORCH_THREADS": "1"},
     # Passive waiting: on a busy machine (CI's other workers) two spinning threads would crawl, not compute otherwise.
     "two_threads": {"GPTCOURSE_TORCH_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"},
 }
-
-pytestmark = pytest.mark.slow
 
 
 def run_lessons(environment: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -41,8 +37,8 @@ def run_lessons(environment: dict[str, str]) -> subprocess.CompletedProcess[str]
                           timeout=3600)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_lessons_reproduce(variant: str) -> None:
+def check_lessons_reproduce(variant: str) -> None:
+    """Fail, saying what to do, unless every lesson passes nbval under VARIANTS[variant]."""
     assert LESSONS, "no notebooks found in lessons/"  # (and a child pytest without paths would run everything)
     proc = run_lessons(VARIANTS[variant])
     settings = " ".join(f"{k}={v}" for k, v in VARIANTS[variant].items())
@@ -50,11 +46,3 @@ def test_lessons_reproduce(variant: str) -> None:
         f"with {settings} a lesson's saved outputs do not reproduce. A value that depends on floating-point "
         "rounding must be asserted with a tolerance in its cell, and the cell tagged nbval-ignore-output (or "
         f"printed rounded so that it cannot change); then re-run the notebook.\n{proc.stdout[-6000:]}")
-
-
-def test_torch_takes_the_plain_cpu_path() -> None:
-    """Without this the first variant could pass by computing exactly as the recording machine did."""
-    probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
-    proc = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **VARIANTS["cpu_without_avx"]},
-                          capture_output=True, text=True, timeout=120)
-    assert proc.stdout.strip() == "DEFAULT", proc.stdout + proc.stderr
