@@ -366,5 +366,7 @@ def box_environment(environ: Mapping[str, str]) -> dict[str, str]:
     env = {k: v for k, v in environ.items() if k.startswith(KEPT_VARIABLES) and k != "GPTCOURSE_SECRET"}
     env.update(PATH="/usr/local/bin:/usr/bin:/bin", HOME=BOX_TMP, TMPDIR=BOX_TMP, IPYTHONDIR=f"{BOX_TMP}/.ipython",
                MPLCONFIGDIR=f"{BOX_TMP}/matplotlib", JUPYTER_CONFIG_DIR=f"{BOX_TMP}/.jupyter",
-               JUPYTER_DATA_DIR=f"{BOX_TMP}/.local/jupyter", JUPYTER_RUNTIME_DIR=f"{BOX_TMP}/.local/jupyter/runtime")
+               JUPYTER_DATA_DIR=f"{BOX_TMP}/.local/jupyter", JUPYTER_RUNTIME_DIR=f"{BOX_TMP}/.local/jupyter/runtime",
+               # ipykernel's debugger warns on every start about Python 3.11's frozen modules; no one debugs here
+               PYDEVD_DISABLE_FILE_VALIDATION="1")
     return env
