@@ -5,8 +5,10 @@ batch that does not split evenly is refused."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -33,8 +35,8 @@ def test_torchrun_with_two_gloo_processes_ends_with_the_weights_of_one_process(t
     subprocess.run([sys.executable, *_cli(one, "--micro-batch-size", "6")], env=env, check=True, capture_output=True,
                    timeout=300)
     subprocess.run([sys.executable, *_cli(whole)], env=env, check=True, capture_output=True, timeout=300)
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          *_cli(two, "--micro-batch-size", "6")], env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(_torchrun(*_cli(two, "--micro-batch-size", "6")), env=env, capture_output=True, text=True,
+                         timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "after 20 iterations" in run.stdout and "2 processes" in run.stdout, run.stdout
     a, b = load_checkpoint(one)["model"], load_checkpoint(two)["model"]
@@ -55,6 +57,33 @@ def test_torchrun_with_two_gloo_processes_ends_with_the_weights_of_one_process(t
             assert (tensor[key] - other[key]).abs().max() < 3e-3 * 3
             tensor, other = torch.cat([tensor[:d], tensor[2 * d:]]), torch.cat([other[:d], other[2 * d:]])
         assert torch.allclose(tensor, other, rtol=0, atol=1e-5), f"{name}: {(tensor - other).abs().max():.2e}"
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+
+
+def test_a_run_killed_on_one_process_resumes_on_two_ranks_bit_for_bit(tmp_path):
+    """With the micro-batch fixed, a checkpoint does not depend on the number of processes that wrote it."""
+    (tmp_path / "corpus.txt").write_text(CORPUS, encoding="utf-8")
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    straight, killed = tmp_path / "straight.pt", tmp_path / "killed.pt"
+    subprocess.run([sys.executable, *_cli(straight, "--micro-batch-size", "6")], env=env, check=True,
+                   capture_output=True, timeout=300)
+    args = _cli(killed, "--micro-batch-size", "6", "--checkpoint-every", "5", "--resume")
+    proc = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not killed.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert load_checkpoint(killed)["step"] < 20, "the one-process run finished before it could be killed"
+    run = subprocess.run(_torchrun(*args), env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "2 processes" in run.stdout, run.stdout
+    a, b = load_checkpoint(straight)["model"], load_checkpoint(killed)["model"]
+    for name, tensor in a.items():
+        assert torch.equal(tensor, b[name]), f"{name}: resumed on 2 ranks, differs by {(tensor - b[name]).abs().max()}"
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -130,9 +130,15 @@ def data_fingerprint(ids: torch.Tensor) -> str:
     return hashlib.sha256(ids.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
 
 
-def _run_settings(model: GPT, train_ids: torch.Tensor, cfg: TrainConfig) -> dict[str, dict]:
-    """What a checkpoint must agree with to be resumed: the model, the training settings and the data."""
-    return {"model_config": asdict(model.config), "train_config": asdict(cfg),
+def _run_settings(model: GPT, train_ids: torch.Tensor, cfg: TrainConfig, ranks: Ranks) -> dict[str, dict]:
+    """What a checkpoint must agree with to be resumed: the model, the training settings and the data.
+
+    The micro-batch is recorded as its number of rows, not as the number per process: one process running two
+    micro-batches of 6 and two ranks running one each do the same arithmetic, so either may resume the other.
+    """
+    settings = asdict(cfg)
+    settings["micro_batch_rows"] = cfg.batch_size // ranks.world_size // settings.pop("micro_batches")
+    return {"model_config": asdict(model.config), "train_config": settings,
             "data": {"tokens": len(train_ids), "sha256": data_fingerprint(train_ids)}}
 
 
@@ -166,7 +172,7 @@ def train(
     gen = torch.Generator().manual_seed(cfg.seed)
     optimizer = make_optimizer(model, cfg)
     history: list[dict] = []
-    settings = _run_settings(model, train_ids, cfg)
+    settings = _run_settings(model, train_ids, cfg, ranks)
     first_step = 0
     if resume is not None:
         state = load_checkpoint(resume)
