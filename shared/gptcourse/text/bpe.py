@@ -113,6 +113,20 @@ class _Greatest:
         return self.key > other.key
 
 
+def _merge_pair(ids: Sequence[int], a: int, b: int, new: int) -> list[int]:
+    """`ids` with each occurrence of the pair (a, b) replaced by `new`, left to right (so (a, a, a) with (a, a)
+    gives (new, a))."""
+    merged, j = [], 0
+    while j < len(ids):
+        if j + 1 < len(ids) and ids[j] == a and ids[j + 1] == b:
+            merged.append(new)
+            j += 2
+        else:
+            merged.append(ids[j])
+            j += 1
+    return merged
+
+
 def train_merges(words: Counter[bytes], size: int) -> list[tuple[bytes, bytes]]:
     """Merges over pre-tokens with their counts until there are `size` tokens (or no pair is left).
 
@@ -147,14 +161,7 @@ def train_merges(words: Counter[bytes], size: int) -> list[tuple[bytes, bytes]]:
         changed: dict[Pair, int] = defaultdict(int)
         for i in where.pop(pair):
             seq, n = seqs[i], freq[i]
-            merged, j = [], 0
-            while j < len(seq):
-                if j + 1 < len(seq) and seq[j] == a and seq[j + 1] == b:
-                    merged.append(new)
-                    j += 2
-                else:
-                    merged.append(seq[j])
-                    j += 1
+            merged = _merge_pair(seq, a, b, new)
             if len(merged) == len(seq):
                 continue  # listed under the pair earlier, no longer holds it
             for old in pairwise(seq):
@@ -257,16 +264,7 @@ class BPETokenizer:
             best = min(pairwise(ids), key=lambda p: ranks.get(p, never))
             if best not in ranks:
                 break
-            new, (a, b) = ranks[best][1], best
-            merged, j = [], 0
-            while j < len(ids):
-                if j + 1 < len(ids) and ids[j] == a and ids[j + 1] == b:
-                    merged.append(new)
-                    j += 2
-                else:
-                    merged.append(ids[j])
-                    j += 1
-            ids = merged
+            ids = _merge_pair(ids, *best, ranks[best][1])
         if len(self._cache) < 200_000:
             self._cache[word] = ids
         return ids
