@@ -130,14 +130,15 @@ def data_fingerprint(ids: torch.Tensor) -> str:
     return hashlib.sha256(ids.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
 
 
-def _run_settings(model: GPT, train_ids: torch.Tensor, cfg: TrainConfig, ranks: Ranks) -> dict[str, dict]:
+def _run_settings(model: GPT, train_ids: torch.Tensor, cfg: TrainConfig, micro_batch_rows: int) -> dict[str, dict]:
     """What a checkpoint must agree with to be resumed: the model, the training settings and the data.
 
     The micro-batch is recorded as its number of rows, not as the number per process: one process running two
     micro-batches of 6 and two ranks running one each do the same arithmetic, so either may resume the other.
     """
     settings = asdict(cfg)
-    settings["micro_batch_rows"] = cfg.batch_size // ranks.world_size // settings.pop("micro_batches")
+    del settings["micro_batches"]
+    settings["micro_batch_rows"] = micro_batch_rows
     return {"model_config": asdict(model.config), "train_config": settings,
             "data": {"tokens": len(train_ids), "sha256": data_fingerprint(train_ids)}}
 
@@ -166,13 +167,14 @@ def train(
         raise ValueError(f"block_size={cfg.block_size} exceeds context_length={model.config.context_length}")
     ranks = current_ranks()
     rows = rank_rows(cfg.batch_size, ranks)
-    if (rows.stop - rows.start) % cfg.micro_batches:
-        raise ValueError(f"each process's {rows.stop - rows.start} rows (batch_size={cfg.batch_size} over "
+    share = rows.stop - rows.start  # B / W
+    if share % cfg.micro_batches:
+        raise ValueError(f"each process's {share} rows (batch_size={cfg.batch_size} over "
                          f"{ranks.world_size} processes) do not split into micro_batches={cfg.micro_batches}")
     gen = torch.Generator().manual_seed(cfg.seed)
     optimizer = make_optimizer(model, cfg)
     history: list[dict] = []
-    settings = _run_settings(model, train_ids, cfg, ranks)
+    settings = _run_settings(model, train_ids, cfg, share // cfg.micro_batches)
     first_step = 0
     if resume is not None:
         state = load_checkpoint(resume)
