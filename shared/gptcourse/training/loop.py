@@ -86,23 +86,19 @@ def train_step(
     equal size is the mean), while only one piece's activations are held at a time. Under
     DistributedDataParallel only the last piece all-reduces the gradients. Returns the batch's mean loss.
     """
+    if x.size(0) % micro_batches:
+        raise ValueError(f"a batch of {x.size(0)} rows does not split into micro_batches={micro_batches} "
+                         "equal pieces: use a batch size that is a multiple of it")
     optimizer.zero_grad(set_to_none=True)
-    if micro_batches == 1:
-        loss = lm_loss(model, x, y)
-        loss.backward()
-    else:
-        if x.size(0) % micro_batches:
-            raise ValueError(f"a batch of {x.size(0)} rows does not split into micro_batches={micro_batches} "
-                             "equal pieces: use a batch size that is a multiple of it")
-        loss = torch.zeros(())
-        pieces = list(zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True))  # each (B / k, T)
-        for i, (x_piece, y_piece) in enumerate(pieces):
-            last = i == len(pieces) - 1
-            no_sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else None
-            with no_sync or contextlib.nullcontext():
-                piece_loss = lm_loss(model, x_piece, y_piece) / micro_batches
-                piece_loss.backward()
-            loss = loss + piece_loss.detach().cpu()
+    loss = torch.zeros((), device=x.device)
+    pieces = list(zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True))  # each (B / k, T)
+    for i, (x_piece, y_piece) in enumerate(pieces):
+        last = i == len(pieces) - 1
+        no_sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else None
+        with no_sync or contextlib.nullcontext():
+            piece_loss = lm_loss(model, x_piece, y_piece) / micro_batches  # / 1 is exact: k = 1 is a plain step
+            piece_loss.backward()
+        loss += piece_loss.detach()
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     return loss.detach()
