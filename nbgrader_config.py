@@ -16,9 +16,9 @@ at <step>/./<lab>, i.e. exactly solutions/<lab>/ and labs/<lab>/.
 Hidden tests draw their sizes and seeds from the course secret: the environment variable GPTCOURSE_SECRET or,
 if it is unset, the first line of grading/secret.txt (git-ignored, like all of grading/). This file puts it in
 the grader's environment. The student's kernel never gets it: it is started without GPTCOURSE_SECRET and with
-GPTCOURSE_HIDDEN_SEEDS, the seeds of the graded lab's hidden cases, so both sides of a check agree and no cell
-can print the secret. Without either, the PUBLIC default of gptcourse.grading.cases is used: fine for
-self-study and CI, not for a graded class.
+GPTCOURSE_HIDDEN_SEEDS, the seeds of the graded lab's hidden cases for the student graded, so both sides of a
+check agree and no cell can print the secret. Without either, the PUBLIC default of gptcourse.grading.cases is
+used: fine for self-study and CI, not for a graded class.
 
 `nbgrader autograde` runs with the protections of gptcourse.grading (see its docstring): a tolerant reader and
 a cell restorer before execution, a kernel-restarting executor whose kernels run in a bubblewrap sandbox

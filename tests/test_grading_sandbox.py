@@ -27,6 +27,11 @@ MARKER = "gptcourse-sandbox-escaped"  # in every file an attack tries to write, 
 PACKAGE = Path(gptcourse.__file__).parent
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sandbox_problem() is not None,
                                                   reason=f"the sandbox cannot start here: {sandbox_problem()}")]
+# What JupyterHub's spawner puts in an instructor's server, and other credentials a grader's environment holds:
+# no kernel may see any of them (the box keeps variables by exact name).
+GRADER_CREDENTIALS = {"JPY_API_TOKEN": "gptcourse-cred-hub-1", "JUPYTERHUB_API_TOKEN": "gptcourse-cred-hub-2",
+                      "JUPYTERHUB_USER": "gptcourse-cred-user", "PGPASSWORD": "gptcourse-cred-db",
+                      "SOME_SERVICE_TOKEN": "gptcourse-cred-token", "SOME_SECRET": "gptcourse-cred-secret"}
 # Small limits, so that hitting them is quick (an instructor sets them the same way, in nbgrader_config.py).
 LIMITS = "\nc.Sandbox.memory_gb = 2.0\nc.Sandbox.file_size_mb = 20\nc.Sandbox.scratch_mb = 64\n"
 
@@ -193,12 +198,13 @@ def graded(request, tmp_path_factory, listener):
     """(course, attacks, grader output, course files before grading, package files before grading)."""
     course, added = make_course(tmp_path_factory.mktemp(request.param), listener)
     before, package = tree_hashes(course.root, GRADER_OUTPUT), tree_hashes(PACKAGE, ("__pycache__",))
+    env = {**os.environ, **GRADER_CREDENTIALS}  # an instructor grading in a JupyterHub terminal
     if request.param == "nbgrader":
-        output = course.nbgrader("autograde", LAB, "--Execute.timeout=60").stdout
+        output = course.nbgrader("autograde", LAB, "--Execute.timeout=60", env=env).stdout
     else:
         proc = subprocess.run([sys.executable, "-m", "gptcourse.cli", "autograde", LAB, "--workers", "1"],
                               cwd=course.root, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=900)
+                              timeout=900, env=env)
         assert proc.returncode == 0, proc.stdout[-4000:]
         log = course.root / "grading" / "autograded" / ".gptcourse-batch" / f"{LAB}.log"
         output = proc.stdout + log.read_text(errors="replace")
@@ -241,6 +247,7 @@ def test_the_secret_is_in_no_output(graded):
     assert SECRET not in output
     printed = (course.root / "grading" / "autograded" / "steal-secret" / LAB / f"{LAB}.ipynb").read_text()
     assert "GPTCOURSE_HIDDEN_SEEDS" in printed  # the cell did run and print what it found
+    assert not [name for name, value in GRADER_CREDENTIALS.items() if value in printed or name in printed]
     for path in (course.root / "grading").rglob("*"):
         if path.is_file() and path.name != "secret.txt":
             assert SECRET.encode() not in path.read_bytes(), path

@@ -80,16 +80,35 @@ def test_a_grading_kernel_gets_the_hidden_seeds_not_the_secret():
     from gptcourse.grading.cases import kernel_environment
 
     grader = {"GPTCOURSE_SECRET": "an instructor's private value", "PATH": "/usr/bin"}
-    kernel = kernel_environment("02_causal_attention", grader)
+    kernel = kernel_environment("02_causal_attention", "alice", grader)
     assert "GPTCOURSE_SECRET" not in kernel and kernel["PATH"] == "/usr/bin"
     assert "an instructor's private value" not in repr(kernel)
     hidden = [case for case in CASES.values() if case.hidden]
-    for case in hidden:  # the kernel draws every hidden case of its lab exactly as the grader does
+    for case in hidden:  # the kernel draws every hidden case of its lab exactly as the grader does for alice
         if case.id.startswith("02."):
-            assert case_seed(case, kernel) == case_seed(case, grader) != case_seed(case, {})
+            assert case_seed(case, kernel) == case_seed(case, grader, "alice") != case_seed(case, {}, "alice")
     seeds = dict(item.split("=") for item in kernel["GPTCOURSE_HIDDEN_SEEDS"].split())
     assert seeds and all(test_id.startswith("02.") for test_id in seeds)  # other labs' hidden cases stay private
     assert {case.id for case in hidden if case.id.startswith("02.")} == set(seeds)
+
+
+def test_each_student_gets_hidden_cases_of_their_own():
+    """A hidden seed is sha256(secret, student, case id): recomputed here with hashlib, not with the package."""
+    import hashlib
+
+    grader = {"GPTCOURSE_SECRET": "an instructor's private value"}
+    case = get_case("02.attention.hidden_heads")
+    def by_hand(*parts: str) -> int:
+        return int.from_bytes(hashlib.sha256("\0".join(parts).encode()).digest()[:4], "big") & 0x7FFF_FFFF
+    assert case_seed(case, grader, "alice") == by_hand("an instructor's private value", "alice", case.id)
+    assert case_seed(case, grader) == by_hand("an instructor's private value", case.id)  # Validate: no student
+    seeds = {student: case_seed(case, grader, student) for student in ("alice", "bob", "carol", "dave")}
+    assert len(set(seeds.values())) == 4
+    assert case_seed(case, grader, "alice") == seeds["alice"]  # grading again gives the same cases
+    shapes = {tuple(case.make_inputs(seed)["q"].shape) for seed in seeds.values()}
+    assert len(shapes) > 1  # the students' hidden sizes differ, not only their values
+    visible = get_case("02.attention.visible")
+    assert case_seed(visible, grader, "alice") == case_seed(visible, grader, "bob") == case_seed(visible)
 
 
 def _payload_of(test_id: str, obj) -> dict:

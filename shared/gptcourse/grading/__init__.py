@@ -58,9 +58,10 @@ Student code runs only in the student's kernel; the verdict is reached in the gr
 5. Report (`report.WriteGradingReport`, last): grading/reports/<lab>/<student>.txt and a cell atop the notebook.
 `nbgrader generate_feedback` cuts hidden-test regions (`feedback.HideHiddenTests`). The course secret comes from
 env GPTCOURSE_SECRET or grading/secret.txt (nbgrader_config.py); it stays in the grader: a kernel gets only the
-seeds of its lab's hidden cases (`cases.kernel_environment`). A submission without the lab's notebook (only a
-misnamed copy) is graded 0 with a report line naming the file to rename (`sanitize.expect_lab_notebooks`); a
-folder with no notebook, which nbgrader skips, gets a report (`report.report_folders_without_notebook`).
+seeds of its lab's hidden cases for the student graded (`cases.kernel_environment`). A submission without the
+lab's notebook (only a misnamed copy) is graded 0 with a report line naming the file to rename
+(`sanitize.expect_lab_notebooks`); a folder with no notebook, which nbgrader skips, gets a report
+(`report.report_folders_without_notebook`).
 Limits: the sandbox needs Linux, bubblewrap and (for a grader that is not root) user namespaces; where it cannot
 start, `c.Sandbox.allow_unsandboxed = True` grades with kernels that run as the grader's user, with its powers.
 The forbidden-reference scan resolves names as Python does and follows imports, aliases, scopes, subclasses and

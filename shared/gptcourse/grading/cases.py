@@ -6,15 +6,16 @@ by the modules of `gptcourse.grading.labs`, one per lab, which are all imported 
 
 Seeds: a visible case's inputs come from `case_seed(case)` = a hash of a fixed public string and the id, so a
 student sees the same inputs the grader uses. A hidden case hashes the course secret instead, read from the
-environment variable GPTCOURSE_SECRET (default: the public string). An instructor who sets a private secret when
-grading (`GPTCOURSE_SECRET=... nbgrader autograde 02_...`) gets hidden shapes and values that the public
-repository does not reveal.
+environment variable GPTCOURSE_SECRET (default: the public string), and, when a submission is graded, the
+student's id: an instructor who sets a private secret when grading (`GPTCOURSE_SECRET=... nbgrader autograde
+02_...`) gets hidden shapes and values that the public repository does not reveal, different for each student
+(one student's feedback tells a classmate nothing), and the same each time that submission is graded again.
 
 The secret never enters a student's kernel, where a cell could print it into the feedback (and with it every
-hidden case of every lab, this year's and next). The grader starts kernels with `kernel_environment(lab)`: its
-own environment without GPTCOURSE_SECRET, plus GPTCOURSE_HIDDEN_SEEDS, the seeds of that lab's hidden cases only
-(a seed is a hash: it does not give the secret back). `case_seed` in the kernel reads them from there, so both
-sides of a check agree.
+hidden case of every lab, this year's and next). The grader starts kernels with `kernel_environment(lab,
+student)`: without GPTCOURSE_SECRET, plus GPTCOURSE_HIDDEN_SEEDS, the seeds of that lab's hidden cases for that
+student only (a seed is a hash: it does not give the secret back). `case_seed` in the kernel reads them from
+there, so both sides of a check agree.
 """
 
 from __future__ import annotations
@@ -117,34 +118,38 @@ def course_secret(environ: Mapping[str, str] = os.environ) -> str:
     return environ.get(SECRET_ENV) or PUBLIC_SECRET
 
 
-def _seed(secret: str, case_id: str) -> int:
-    digest = hashlib.sha256(f"{secret}\0{case_id}".encode()).digest()
+def _seed(secret: str, case_id: str, student: str | None = None) -> int:
+    key = f"{secret}\0{case_id}" if student is None else f"{secret}\0{student}\0{case_id}"
+    digest = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(digest[:4], "big") & 0x7FFF_FFFF
 
 
-def case_seed(case: Case, environ: Mapping[str, str] = os.environ) -> int:
-    """A 31-bit seed from the case id and, for hidden cases, the course secret (or, in a grading kernel, the seed
-    the grader passed in GPTCOURSE_HIDDEN_SEEDS)."""
+def case_seed(case: Case, environ: Mapping[str, str] = os.environ, student: str | None = None) -> int:
+    """A 31-bit seed from the case id and, for hidden cases, the course secret and the student being graded (or,
+    in a grading kernel, the seed the grader passed in GPTCOURSE_HIDDEN_SEEDS). Without a student (a learner's
+    own Validate) a hidden case hashes the secret and the id alone."""
     if not case.hidden:
         return _seed(PUBLIC_SECRET, case.id)
     passed = dict(item.split("=", 1) for item in environ.get(HIDDEN_SEEDS_ENV, "").split())
-    return int(passed[case.id]) if case.id in passed else _seed(course_secret(environ), case.id)
+    return int(passed[case.id]) if case.id in passed else _seed(course_secret(environ), case.id, student)
 
 
-def hidden_seeds(lab: str, environ: Mapping[str, str] = os.environ) -> dict[str, int]:
-    """The seeds of the hidden cases of `lab` ("02_causal_attention" or "02"), from the course secret."""
+def hidden_seeds(lab: str, student: str | None, environ: Mapping[str, str] = os.environ) -> dict[str, int]:
+    """The seeds of the hidden cases of `lab` ("02_causal_attention" or "02") for `student`, from the course
+    secret: each student is tested on inputs of their own, which a classmate's feedback does not reveal."""
     if not CASES:
         _load_labs()
     prefix = lab.split("_")[0] + "."
-    return {case.id: _seed(course_secret(environ), case.id) for case in CASES.values()
+    return {case.id: _seed(course_secret(environ), case.id, student) for case in CASES.values()
             if case.hidden and case.id.startswith(prefix)}
 
 
-def kernel_environment(lab: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The environment of a kernel that runs a submission of `lab`: the grader's, without the course secret,
-    with the seeds of the lab's hidden cases."""
+def kernel_environment(lab: str, student: str | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment of a kernel that runs `student`'s submission of `lab`: the grader's, without the course
+    secret, with the seeds of the lab's hidden cases for that student (the box keeps only the variables it
+    allows: `sandbox.KERNEL_VARIABLES`)."""
     env = {name: value for name, value in environ.items() if name not in (SECRET_ENV, HIDDEN_SEEDS_ENV)}
-    seeds = sorted(hidden_seeds(lab, environ).items())
+    seeds = sorted(hidden_seeds(lab, student, environ).items())
     env[HIDDEN_SEEDS_ENV] = " ".join(f"{test_id}={seed}" for test_id, seed in seeds)
     return env
 

@@ -15,8 +15,9 @@
   its own; `gptcourse autograde` hands each worker's box in (`with_box`), reset between submissions. If the box
   cannot start, grading stops before anyone is graded (unless `c.Sandbox.allow_unsandboxed`, which runs kernels
   as before: as the grader's user, in a temporary folder);
-- the kernel's environment has no course secret, only the seeds of this lab's hidden cases
-  (`cases.kernel_environment`), so a cell cannot print the secret into its feedback.
+- the kernel's environment holds only the variables `sandbox.KERNEL_VARIABLES` names (no token, password or
+  course secret of the grader's), and the seeds of this lab's hidden cases for this student
+  (`cases.kernel_environment`), so a cell cannot print a credential into its feedback.
 Every event is a line in the grading report: "kernel died in cell 7 ('test_attention')", "cell 9 (...) timed
 out after 60 s", "kernel ran out of memory (limit 3 GB) in cell 7 ('test_attention'); tests before it still
 count".
@@ -42,7 +43,7 @@ from traitlets import Integer
 
 from .cases import kernel_environment
 from .report import add_line, cell_label
-from .sandbox import Box, Limits, Sandbox, course_folders, require_sandbox
+from .sandbox import Box, Limits, Sandbox, course_folders, kernel_variables, require_sandbox
 from .zygote import ZygoteError
 
 # A limit of the box, as a cell's error shows it: (limit, words in the error, what the report says was hit).
@@ -75,7 +76,8 @@ class RobustExecute(Execute):
         self._dropped: dict[int, int] = {}
         self._kept: dict[int, int] = {}
         folder = (resources or {}).get("metadata", {}).get("path") or "."
-        env = kernel_environment(resources["nbgrader"]["assignment"])
+        info = resources["nbgrader"]
+        env = kernel_environment(info["assignment"], info["student"])
         self._box, own = self.box, None
         hidden = course_folders(self.config, folder)
         if self._box is None and require_sandbox(self.config, forbidden=hidden):
@@ -107,6 +109,9 @@ class RobustExecute(Execute):
             raise
 
     def _run_unsandboxed(self, nb: NotebookNode, folder: str, env: dict[str, str]) -> None:
+        """The opt-out: a kernel as the grader's user, in a temporary folder, with the allowed variables and the
+        grader's PATH and HOME (it could read the grader's environment from /proc anyway)."""
+        env = kernel_variables(env) | {name: env[name] for name in ("PATH", "HOME") if name in env}
         scratch = tempfile.mkdtemp(prefix="gptcourse-grading-")
         try:
             shutil.copytree(folder, scratch, dirs_exist_ok=True, symlinks=True,

@@ -80,8 +80,10 @@ def reported_references(cell: NotebookNode, test_ids: list[str]) -> dict[str, tu
     return found
 
 
-def judge_cell(cell: NotebookNode, test_ids: list[str], banned: dict[str, str]) -> tuple[bool, list[str]]:
-    """(all passed, one message per test id) from the cell's recorded payloads; `banned`: piece -> reason."""
+def judge_cell(cell: NotebookNode, test_ids: list[str], banned: dict[str, str],
+               student: str | None = None) -> tuple[bool, list[str]]:
+    """(all passed, one message per test id) from the cell's recorded payloads, hidden cases with `student`'s
+    seeds; `banned`: piece -> reason."""
     payloads = _payloads(cell)
     reason = _stop_reason(cell)
     verdicts = []
@@ -96,7 +98,7 @@ def judge_cell(cell: NotebookNode, test_ids: list[str], banned: dict[str, str]) 
             verdicts.append((False, f"{len(mine)} results recorded for {test_id}, expected one: a test records its "
                                     "result once"))
         else:
-            verdicts.append(judge_payload(mine[0]))
+            verdicts.append(judge_payload(mine[0], student))
     return all(passed for passed, _ in verdicts), [message for _, message in verdicts]
 
 
@@ -126,8 +128,9 @@ class JudgeTestCells(NbGraderPreprocessor):
                     banned[piece] = f"the object that {test_id} checks {text}"
                     add_line(nb, f"{cell_label(cell, i)}: the object that {test_id} checks {text}, the reference for "
                                  f"a piece you must write: 0 points for {prefix}.{piece}.*")
+        student = resources["nbgrader"]["student"]
         for _, cell, ids in tests:
-            passed, messages = judge_cell(cell, ids, banned)
+            passed, messages = judge_cell(cell, ids, banned, student)
             _rewrite(cell, passed, messages)
         return nb, resources
 

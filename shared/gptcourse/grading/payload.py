@@ -118,16 +118,17 @@ def _wrap(message: str) -> str:
                                    subsequent_indent="  ") for line in message.splitlines())
 
 
-def judge_payload(payload: dict[str, Any]) -> tuple[bool, str]:
-    """(passed, message) for one check's payload, judged with the case registry and the reference code.
+def judge_payload(payload: dict[str, Any], student: str | None = None) -> tuple[bool, str]:
+    """(passed, message) for one check's payload, judged with the case registry and the reference code; hidden
+    cases with `student`'s seeds (the grader passes the submission's student; a kernel, none: its seeds).
 
     The message is wrapped to fit `nbgrader validate`'s report.
     """
-    passed, message = _judge(payload)
+    passed, message = _judge(payload, student)
     return passed, _wrap(message)
 
 
-def _judge(payload: Any) -> tuple[bool, str]:
+def _judge(payload: Any, student: str | None) -> tuple[bool, str]:
     if not isinstance(payload, dict):
         return False, f"a recorded result is a {type(payload).__name__}, not an object"
     test_id = str(payload.get("test_id"))
@@ -135,7 +136,7 @@ def _judge(payload: Any) -> tuple[bool, str]:
         case = get_case(test_id)
     except KeyError as err:
         return False, str(err.args[0])
-    seed = case_seed(case)
+    seed = case_seed(case, student=student)
     header = f"{case.id} failed: {case.what}" + (" (hidden test)" if case.hidden else "")
     if payload.get("format") != FORMAT or payload.get("seed") != seed:
         return False, f"{header}\nthe result was computed for other inputs (format {payload.get('format')}, " \

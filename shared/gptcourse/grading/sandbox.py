@@ -52,6 +52,8 @@ from typing import Any, BinaryIO
 from traitlets import Bool, Float, Int, Unicode
 from traitlets.config import LoggingConfigurable
 
+from .cases import HIDDEN_SEEDS_ENV
+
 BOX_SCRATCH = "/scratch"  # the kernel's working folder inside the box
 IPC_BYTES = 4 << 20  # the sockets' folder: a connection file and five sockets per kernel
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MNT_DETACH = 2, 4, 8, 2
@@ -355,15 +357,30 @@ def empty_folder(folder: str) -> None:
                     os.unlink(entry.path)
 
 
-# What a kernel's environment keeps of the grader's: nothing else (no token, no password, no secret reaches it).
-KEPT_VARIABLES = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "ATEN_", "TORCH_", "LANG", "LC_", "TZ", "JPY_",
-                  "NBGRADER_", "GPTCOURSE_HIDDEN_SEEDS")
+# The grader's variables a kernel may see, by exact name (an allowlist: a token, a password or a secret in the
+# grader's environment, such as the JPY_API_TOKEN JupyterHub gives an instructor's server, never reaches a kernel).
+KERNEL_VARIABLES = frozenset({
+    # how Python starts and finds the package (the folders of sys.path are bound read-only in the box)
+    "PYTHONPATH", "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
+    # how torch, OpenMP, MKL and OpenBLAS compute (threads, SIMD level: a portability run sets them)
+    "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS", "MKL_ENABLE_INSTRUCTIONS",
+    "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "ATEN_CPU_CAPABILITY",
+    # locale and time zone
+    "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ",
+    # what nbgrader tells a notebook, and what the grader hands this kernel
+    "NBGRADER_EXECUTION", "NBGRADER_VALIDATING", HIDDEN_SEEDS_ENV,
+})
+
+
+def kernel_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `environ` that a kernel may see (`KERNEL_VARIABLES`); nothing else."""
+    return {name: value for name, value in environ.items() if name in KERNEL_VARIABLES}
 
 
 def box_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment inside a box: the grader's variables that shape Python and torch, HOME and temporary
-    folders in the box's /tmp, and no other variable (nor GPTCOURSE_SECRET)."""
-    env = {k: v for k, v in environ.items() if k.startswith(KEPT_VARIABLES) and k != "GPTCOURSE_SECRET"}
+    """The environment inside a box: the allowed variables of `environ`, and HOME, PATH and the temporary and
+    Jupyter folders inside the box."""
+    env = kernel_variables(environ)
     env.update(PATH="/usr/local/bin:/usr/bin:/bin", HOME=BOX_TMP, TMPDIR=BOX_TMP, IPYTHONDIR=f"{BOX_TMP}/.ipython",
                MPLCONFIGDIR=f"{BOX_TMP}/matplotlib", JUPYTER_CONFIG_DIR=f"{BOX_TMP}/.jupyter",
                JUPYTER_DATA_DIR=f"{BOX_TMP}/.local/jupyter", JUPYTER_RUNTIME_DIR=f"{BOX_TMP}/.local/jupyter/runtime",
