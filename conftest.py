@@ -1,12 +1,12 @@
 """Root pytest configuration, loaded before anything imports torch.
 
-Every test process, and every Jupyter kernel it starts for nbval or nbgrader (they inherit the environment), gets
-one torch thread:
-- under pytest-xdist each core already runs a worker, and two threads per worker on a loaded 2-core machine made
-  the suite up to 15x slower (measured by `tests/test_train.py`: 317 s against 22 s);
-- the lessons' outputs must reproduce with any thread count (`tests/test_portability_two_threads.py` checks 2), and one
-  thread everywhere keeps the rest of the suite's timings and numbers the same from run to run.
-`GPTCOURSE_TORCH_THREADS=N pytest ...` gives N threads instead, to try a lesson as a multi-core machine runs it.
+Every test process, and every Jupyter kernel and subprocess it starts for nbval or nbgrader (they inherit the
+environment), gets a thread budget, `OMP_NUM_THREADS` = cores // pytest-xdist workers (at least 1; so 1 per worker
+on CI's 2 cores with `-n auto`), and torch's threads wait passively (`OMP_WAIT_POLICY=PASSIVE`): threads that
+outnumber the cores, or spin while a neighbour runs, made a loaded machine up to 20x slower
+(`gptcourse/threads.py`). The lessons' outputs must reproduce with any thread count
+(`tests/test_portability_another_cpu.py` checks 2). `GPTCOURSE_TORCH_THREADS=N pytest ...` gives N threads
+instead, to try a lesson as a multi-core machine runs it.
 
 Lessons run under nbval, which compares each output mimetype for equality. The grading payload
 (`application/vnd.gptcourse.result+json`, what a lab's `check(...)` emits) holds tensors as raw float bytes whose
@@ -18,11 +18,15 @@ import os
 import pytest
 from nbval.plugin import IPyNbFile
 
-THREADS = os.environ.get("GPTCOURSE_TORCH_THREADS", "1")
+from gptcourse.threads import cores, wait_passively
+
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set by pytest-xdist in each worker
+THREADS = os.environ.get("GPTCOURSE_TORCH_THREADS", str(max(1, cores() // WORKERS)))
 if not THREADS.isdigit() or int(THREADS) < 1:
     raise pytest.UsageError(f"GPTCOURSE_TORCH_THREADS={THREADS!r}: expected a whole number of threads >= 1")
 os.environ["OMP_NUM_THREADS"] = THREADS
 os.environ["MKL_NUM_THREADS"] = THREADS
+wait_passively()
 
 
 def pytest_collectstart(collector: pytest.Collector) -> None:
@@ -44,8 +48,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
         report.longrepr = f"skipped, but GPTCOURSE_REQUIRE_ALL=1 requires every test to run: {report.longrepr}"
 
 
-LONGEST_FIRST = ("tests/test_portability_without_avx.py", "tests/test_portability_two_threads.py",
-                 "tests/test_grading_attacks.py", "tests/test_grading_sandbox.py", "tests/test_grading_forbidden.py")
+LONGEST_FIRST = ("tests/test_portability_another_cpu.py", "tests/test_grading_attacks.py",
+                 "tests/test_grading_sandbox.py", "tests/test_grading_forbidden.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -5,13 +5,19 @@ The package is grouped by stage, as the course is: `model` (the network), `text`
 shares its name with anything exported here, so `gptcourse.generate` is always the function.
 
 `WHERE` below is the table of contents: which module defines each public name. The names are imported on first
-use (PEP 562), so `import gptcourse` and the `gptcourse` command start without importing torch.
+use (PEP 562), so `import gptcourse` and the `gptcourse` command start without importing torch. Imported before
+torch, it makes torch's threads sleep rather than spin while they wait (`threads.py`): a lesson stays fast
+beside another busy process.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
+
+from .threads import wait_passively
+
+wait_passively()
 
 __version__ = "0.1.0"
 

@@ -55,6 +55,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from ..threads import cores, thread_share
+
 STATE_FOLDER = ".gptcourse-batch"  # inside the autograded folder; nbgrader's "*" globs skip dot-names
 SQLITE_BUSY_TIMEOUT_MS = 300_000
 RETRIES = 3
@@ -314,7 +316,7 @@ def run_workers(lab: str, students: list[str], workers: int, zygote_socket: str 
     sys.stderr.flush()
     context = _process_context()
     workers = min(workers, len(students))
-    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    threads = thread_share(workers)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # Python >= 3.12 warns about fork and BLAS threads
         pool = [_Worker(context, lab, zygote_socket, nbgrader_args, log_path, threads, sandbox_config)
@@ -465,7 +467,7 @@ def _preload_for_workers() -> None:
 def default_workers() -> int:
     """One per core, plus one: a kernel spends part of its life waiting for messages, and the spare worker fills
     those gaps."""
-    return len(os.sched_getaffinity(0)) + 1
+    return cores() + 1
 
 
 def _require_assignment(db_url: str, lab: str) -> None:

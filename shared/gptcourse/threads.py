@@ -1,0 +1,45 @@
+"""How many threads torch may use in this process, and how they wait: a busy neighbour must not make a lesson crawl.
+
+torch runs each large operation on a pool of OpenMP threads, one per core by default, which meet at a barrier
+after every operation. By default a waiting thread spins (burns its core, polling) before it sleeps, so when
+another process keeps a core busy, the thread that the OS has set aside stalls every barrier and the spinning
+ones take the CPU it needs: a training lesson then runs many times slower, not the 2x that sharing a core
+explains. Two remedies, both used here:
+- `OMP_WAIT_POLICY=PASSIVE`: waiting threads sleep at once. OpenMP reads it when torch is imported, so
+  `import gptcourse` sets it (unless you set it yourself) and the lessons import gptcourse before torch.
+- a thread budget: processes that run side by side (pytest's workers, `gptcourse autograde`'s kernels) split
+  the cores between them (`thread_share`) instead of each starting one thread per core. A process that was
+  given OMP_NUM_THREADS keeps that budget and passes it on.
+`python -m gptcourse.bench_lessons` measures each lesson alone and beside another one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+
+WAIT_POLICY = "OMP_WAIT_POLICY"
+THREADS = "OMP_NUM_THREADS"
+
+
+def wait_passively(environ: MutableMapping[str, str] = os.environ) -> None:
+    """OpenMP threads sleep while they wait, unless `environ` says otherwise (effective before torch's import)."""
+    environ.setdefault(WAIT_POLICY, "PASSIVE")
+
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one, e.g. a container's share)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def thread_budget(environ: MutableMapping[str, str] = os.environ) -> int:
+    """The threads this process may use: OMP_NUM_THREADS if its parent set it to a whole number, else its cores."""
+    given = environ.get(THREADS, "")
+    return int(given) if given.isdigit() and int(given) > 0 else cores()
+
+
+def thread_share(workers: int, environ: MutableMapping[str, str] = os.environ) -> int:
+    """Threads for each of `workers` processes that run at once on this process's budget (at least one)."""
+    if workers < 1:
+        raise ValueError(f"workers={workers}: expected at least one process to share the threads between")
+    return max(1, thread_budget(environ) // workers)
