@@ -4,11 +4,17 @@ Every test process, and every Jupyter kernel and subprocess it starts for nbval 
 environment), gets a thread budget, `OMP_NUM_THREADS` = cores // pytest-xdist workers (at least 1; so 1 per worker
 on CI's 2 cores with `-n auto`), and torch's threads wait passively (`OMP_WAIT_POLICY=PASSIVE`): threads that
 outnumber the cores, or spin while a neighbour runs, made a loaded machine up to 20x slower
-(`gptcourse/threads.py`). The lessons' outputs must reproduce with any thread count
-(`tests/test_portability_another_cpu.py` checks 2). `GPTCOURSE_TORCH_THREADS=N pytest ...` gives N threads
-instead, to try a lesson as a multi-core machine runs it.
+(`gptcourse/threads.py`). `GPTCOURSE_TORCH_THREADS=N pytest ...` gives N threads instead.
 
-Lessons run under nbval, which compares each output mimetype for equality. The grading payload
+Lessons run under nbval, and their saved outputs must reproduce on every student's machine, not only on the one
+that recorded them: so their kernels compute as ANOTHER CPU does, without AVX and with two threads
+(`LESSON_KERNELS`; `tests/test_portability.py` says why and checks that torch obeys). One run proves both that
+the committed outputs are what the code computes and that they do not depend on the recording machine's vector
+units or thread count; two threads on one worker's share of the cores is the suite's one deliberate
+oversubscription (they wait passively). `GPTCOURSE_LESSON_CPU=native pytest lessons/...` runs them as this
+machine computes (e.g. right after recording a lesson).
+
+nbval compares each output mimetype for equality. The grading payload
 (`application/vnd.gptcourse.result+json`, what a lab's `check(...)` emits) holds tensors as raw float bytes whose
 last bits depend on the CPU; the verdict line that `check` prints beside it is compared instead.
 """
@@ -27,6 +33,11 @@ if not THREADS.isdigit() or int(THREADS) < 1:
 os.environ["OMP_NUM_THREADS"] = THREADS
 os.environ["MKL_NUM_THREADS"] = THREADS
 wait_passively()
+LESSON_KERNELS = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OMP_NUM_THREADS": "2",
+                  "MKL_NUM_THREADS": "2"}
+if os.environ.get("GPTCOURSE_LESSON_CPU", "another") not in ("another", "native"):
+    raise pytest.UsageError(f"GPTCOURSE_LESSON_CPU={os.environ['GPTCOURSE_LESSON_CPU']!r}: expected 'another' "
+                            "(the default: lessons run as a CPU without AVX, on two threads) or 'native'")
 
 
 def pytest_collectstart(collector: pytest.Collector) -> None:
@@ -35,6 +46,24 @@ def pytest_collectstart(collector: pytest.Collector) -> None:
         from gptcourse.grading.payload import MIME
 
         collector.skip_compare = (*collector.skip_compare, MIME)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> object:
+    """A lesson's kernel starts (in the setup of its first cell) with `LESSON_KERNELS` in its environment; the test
+    process itself keeps its own settings."""
+    if not isinstance(item.parent, IPyNbFile) or os.environ.get("GPTCOURSE_LESSON_CPU") == "native":
+        return (yield)
+    saved = {name: os.environ.get(name) for name in LESSON_KERNELS}
+    os.environ.update(LESSON_KERNELS)
+    try:
+        return (yield)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -48,8 +77,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
         report.longrepr = f"skipped, but GPTCOURSE_REQUIRE_ALL=1 requires every test to run: {report.longrepr}"
 
 
-LONGEST_FIRST = ("tests/test_portability_another_cpu.py", "tests/test_grading_attacks.py",
-                 "tests/test_grading_sandbox.py", "tests/test_grading_forbidden.py")
+LONGEST_FIRST = ("lessons/10_finetuning_and_rewards.ipynb", "tests/test_grading_attacks.py",
+                 "tests/test_grading_sandbox.py", "lessons/08_bpe_tokenizer.ipynb", "tests/test_grading_forbidden.py",
+                 "lessons/07_training_and_generation.ipynb", "lessons/09_training_by_hand.ipynb")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -90,7 +90,7 @@ def test_check_env_notices_a_disabled_nbgrader_extension(tmp_path, monkeypatch):
 def test_the_longest_files_named_in_conftest_exist():
     """conftest.py starts these files first; a renamed one would silently lose its place at the front."""
     source = (ROOT / "conftest.py").read_text()
-    named = re.findall(r'"(tests/[\w/]+\.py)"', source[source.index("LONGEST_FIRST"):])
+    named = re.findall(r'"((?:tests|lessons)/[\w/]+\.(?:py|ipynb))"', source[source.index("LONGEST_FIRST"):])
     assert len(named) >= 4, named
     missing = [path for path in named if not (ROOT / path).is_file()]
     assert not missing, f"conftest.py's LONGEST_FIRST names files that do not exist: {missing}"
