@@ -139,7 +139,7 @@ def _make_box_cgroup(limit_bytes: int) -> tuple[int, str] | str:
         _write(os.path.join(folder, limit), str(limit_bytes))
         if os.path.exists(os.path.join(folder, swap)):  # no swapping past the limit
             _write(os.path.join(folder, swap), str(limit_bytes) if version == 1 else "0")
-        if version == 2:
+        if version == 2 and os.path.exists(os.path.join(folder, "memory.oom.group")):
             _write(os.path.join(folder, "memory.oom.group"), "1")  # the OOM killer takes the kernel whole
     except OSError as err:
         _remove_cgroup(folder)
