@@ -16,8 +16,10 @@ Pieces:
   socket: spawn a kernel, poll one. It exits, killing its kernels, when its stdin closes (its owner is gone).
   `serve(box=...)` (`--box JSON`) is the zygote as the main process of a sandbox (`sandbox.Box`): one connection,
   an inherited socket; each kernel drops to the kernel user and every capability and gets the box's limits; it
-  also signals its kernels (their pids are the box's) and `reset`s the box between submissions. If forking is
-  unsafe there, it forks and execs ordinary kernels, in the box.
+  also signals its kernels (their pids are the box's), `reset`s the box between submissions, and kills a kernel
+  with every process it started when their memory together hits the limit (`memory_limit.MemoryGuard`, looked at
+  from the select loop: a thread would make forking unsafe). If forking is unsafe there, it forks and execs
+  ordinary kernels, in the box.
 - `Zygote`: starts that process; `ZygoteClient`: one connection; `spawn(args, cwd, env)` -> `ForkedKernel`, a
   Popen-like handle (poll, wait, send_signal, kill) of a forked kernel.
 - `ZygoteProvisioner`: jupyter_client's `LocalProvisioner`, except that `python -m ipykernel_launcher ...` is
