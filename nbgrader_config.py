@@ -64,10 +64,12 @@ GRADING = "gptcourse.grading."
 c.Autograde.exporter_class = GRADING + "sanitize.TolerantNotebookExporter"
 
 
-# The sandbox's limits per kernel (these are the defaults): address space, processes and threads, largest file,
-# size of /scratch, /tmp and /dev/shm (each); intra-op threads (0: torch's default; gptcourse autograde: its
-# share of the cores).
+# The sandbox's limits per kernel (these are the defaults): memory for the kernel and every process it starts,
+# together (also each process's address space), and how it is enforced ("auto": a memory cgroup per box where the
+# grader can make one, else a watchdog in the zygote); processes and threads, largest file, size of /scratch,
+# /tmp and /dev/shm (each); intra-op threads (0: torch's default; gptcourse autograde: its share of the cores).
 c.Sandbox.memory_gb = 3.0
+c.Sandbox.memory_bound = "auto"
 c.Sandbox.max_processes = 256
 c.Sandbox.file_size_mb = 256
 c.Sandbox.scratch_mb = 256

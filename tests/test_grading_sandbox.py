@@ -138,8 +138,8 @@ def attacks(course: Course, port: int) -> dict[str, list[str]]:
 REPORTED = {
     "fork-bomb": [r"kernel hit the process limit \(limit 256 processes and threads\) in cell 3 \(added by you\); tests "
                   r"before it still count"],
-    "eat-memory": [r"kernel ran out of memory \(limit 2 GB\) in cell 3 \(added by you\); tests before it still "
-                   r"count"],
+    "eat-memory": [r"kernel ran out of memory \(limit 2 GB for the kernel and every process it starts\) in cell 3 "
+                   r"\(added by you\); tests before it still count"],
     "fill-disk": [r"a file grew past the file-size limit \(limit 20 MB\) in cell 3 \(added by you\)",
                   r"the kernel filled its scratch space \(limit 64 MB\) in cell 4 \(added by you\)"],
 }

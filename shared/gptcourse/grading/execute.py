@@ -19,8 +19,9 @@
   course secret of the grader's), and the seeds of this lab's hidden cases for this student
   (`cases.kernel_environment`), so a cell cannot print a credential into its feedback.
 Every event is a line in the grading report: "kernel died in cell 7 ('test_attention')", "cell 9 (...) timed
-out after 60 s", "kernel ran out of memory (limit 3 GB) in cell 7 ('test_attention'); tests before it still
-count".
+out after 60 s", "kernel ran out of memory (limit 3 GB for the kernel and every process it starts) in cell 7
+('test_attention'); tests before it still count" (a MemoryError, or the box's memory limit killed the kernel and
+what it started: `Box.memory_limit_hit`).
 """
 
 from __future__ import annotations
@@ -169,8 +170,14 @@ class RobustExecute(Execute):
         try:
             self.preprocess_cell(cell, self.resources, index)
         except DeadKernelError:
-            self._fail(nb, cell, "KernelDied", "the kernel died while running this cell",
-                       f"kernel died in {cell_label(cell, index)}")
+            if self._box is not None and self._box.memory_limit_hit():
+                self._fail(nb, cell, "MemoryLimit", f"the kernel and the processes it started used more than "
+                           f"{self._limits.describe('memory')}: they were stopped",
+                           f"{limit_line('memory', self._limits)} in {cell_label(cell, index)}; tests before it "
+                           f"still count")
+            else:
+                self._fail(nb, cell, "KernelDied", "the kernel died while running this cell",
+                           f"kernel died in {cell_label(cell, index)}")
             return True
         except CellTimeoutError:
             self._fail(nb, cell, "CellTimeoutError", f"this cell ran longer than {self.timeout} s and ignored the "
@@ -228,14 +235,20 @@ class RobustExecute(Execute):
         return super().output(outs, msg, display_id, cell_index)
 
 
+def limit_line(kind: str, limits: Limits) -> str:
+    """"kernel ran out of memory (limit 3 GB for the kernel and every process it starts)" for kind "memory"."""
+    what = next(what for k, _, what in LIMIT_SIGNS if k == kind)
+    return f"{what} (limit {limits.describe(kind)})"
+
+
 def limit_hit(outputs: list, limits: Limits) -> str | None:
-    """"kernel ran out of memory (limit 3 GB)" if a cell's errors (or the failure a check recorded) show that it
-    hit a limit of the box; None otherwise."""
+    """The `limit_line` of the limit of the box that a cell's errors (or the failure a check recorded) show it
+    hit; None if none."""
     text = json.dumps([o for o in outputs if o.get("output_type") == "error"
                        or o.get("output_type") == "display_data"])
-    for kind, signs, what in LIMIT_SIGNS:
+    for kind, signs, _ in LIMIT_SIGNS:
         if any(sign in text for sign in signs):
-            return f"{what} (limit {limits.describe(kind)})"
+            return limit_line(kind, limits)
     return None
 
 

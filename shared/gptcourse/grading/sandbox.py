@@ -11,9 +11,10 @@ What a kernel sees and may do (`bwrap_argv`):
   sockets of Jupyter's `ipc` transport (no TCP port, no unencrypted-TCP warning); as root, a 4 MB tmpfs;
 - new pid, network (loopback only), IPC, UTS and mount namespaces, `--die-with-parent`: nothing outlives the box,
   nothing outside it can be seen, signalled, traced or connected to;
-- limits per kernel (`Limits`, set by the zygote with setrlimit): address space (per process), processes
-  (threads count; counted per kernel: each is alone in a user namespace), file size; the tmpfs sizes bound what
-  it can store (in memory: tmpfs).
+- limits per kernel (`Limits`): memory for the kernel and every process it starts, together (a cgroup per box,
+  else a watchdog in the zygote: `memory_limit.py`; the same figure bounds each process's address space with
+  setrlimit), processes (threads count; counted per kernel: each is alone in a user namespace), file size; the
+  tmpfs sizes bound what it can store (in memory: tmpfs).
 
 Identity: run as root (CI, many graders), bwrap makes the namespaces itself and the zygote keeps only the
 capabilities it needs to serve (setuid, kill, file ownership); every kernel it forks drops to the dedicated
@@ -49,10 +50,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from traitlets import Bool, Float, Int, Unicode
+from traitlets import Bool, Enum, Float, Int, Unicode
 from traitlets.config import LoggingConfigurable
 
 from .cases import HIDDEN_SEEDS_ENV
+from .memory_limit import MODES as MEMORY_MODES
+from .memory_limit import BoxMemory
 
 BOX_SCRATCH = "/scratch"  # the kernel's working folder inside the box
 IPC_BYTES = 4 << 20  # the sockets' folder: a connection file and five sockets per kernel
@@ -87,10 +90,12 @@ class Limits:
     threads: int  # intra-op threads (0: torch's default)
 
     def describe(self, kind: str) -> str:
-        """"3 GB" for kind "memory", and so on: how the report names a limit."""
+        """"3 GB for the kernel and every process it starts" for kind "memory", "256 MB" for "file", and so on:
+        how the report names a limit."""
         value = {"memory": self.memory_bytes, "file": self.file_bytes, "scratch": self.scratch_bytes}.get(kind)
-        return f"{value / 1e9:g} GB" if value is not None and value >= 1e9 else \
+        size = f"{value / 1e9:g} GB" if value is not None and value >= 1e9 else \
             f"{value / 1e6:g} MB" if value is not None else f"{self.processes} processes and threads"
+        return f"{size} for the kernel and every process it starts" if kind == "memory" else size
 
 
 class Sandbox(LoggingConfigurable):
@@ -99,7 +104,13 @@ class Sandbox(LoggingConfigurable):
     allow_unsandboxed = Bool(False, help="Grade without the sandbox where it cannot start (kernels then run as the "
                                          "grader's user, with its powers): only inside a throw-away VM or "
                                          "container").tag(config=True)
-    memory_gb = Float(3.0, help="Address space per kernel, in GB").tag(config=True)
+    memory_gb = Float(3.0, help="Memory for the kernel and every process it starts, together, in GB (also the "
+                                "address space of each)").tag(config=True)
+    memory_bound = Enum(MEMORY_MODES, "auto", help="How memory_gb is enforced: 'cgroup' (a memory cgroup per box; "
+                                                   "grading stops where none can be made), 'watchdog' (the zygote "
+                                                   "sums its processes' resident memory every 0.1 s), 'auto' (a "
+                                                   "cgroup where this grader can make one, else the watchdog)"
+                        ).tag(config=True)
     max_processes = Int(256, help="Processes and threads per kernel (its own and those it starts)").tag(config=True)
     file_size_mb = Int(256, help="Largest file a kernel may write, in MB").tag(config=True)
     scratch_mb = Int(256, help="Size of each of the kernel's writable folders (/scratch, /tmp, /dev/shm: memory-"
@@ -117,7 +128,7 @@ class Sandbox(LoggingConfigurable):
     def start_box(self, forbidden: Iterable[str], log: BinaryIO | None = None, threads: int | None = None) -> Box:
         """A running box (bwrap + zygote) whose kernels see nothing of the `forbidden` folders (the course)."""
         return Box(self.bwrap, self.limits(threads), read_only_folders(forbidden), kernel_ids(self.kernel_user),
-                   log)
+                   log, self.memory_bound)
 
 
 def course_folders(config: Any, *more: str) -> list[str]:
@@ -261,31 +272,36 @@ class Box:
     """A running sandbox: bwrap with the zygote inside, talking over a socket pair (no path a kernel could reach).
 
     `client`: the `ZygoteClient`; `scratch`: the kernel's working folder (inside); `host_scratch`: the same
-    folder seen from the grader; `ipc_dir`: connection files and sockets (same path inside and out)."""
+    folder seen from the grader; `ipc_dir`: connection files and sockets (same path inside and out); `memory`: its
+    memory cgroup, if any (`memory_bound`: see `Sandbox.memory_bound`)."""
 
     def __init__(self, bwrap: str, limits: Limits, folders: list[str], ids: tuple[int, int] | None,
-                 log: BinaryIO | None) -> None:
+                 log: BinaryIO | None, memory_bound: str = "auto") -> None:
         from .zygote import ZygoteClient
 
         self.limits, self.ids, self.scratch = limits, ids, BOX_SCRATCH
+        self.memory, self._memory_kills = BoxMemory(limits.memory_bytes, memory_bound), 0
         self.ipc_dir = tempfile.mkdtemp(prefix="gptcourse-ipc-")
         self._mounted = ids is not None and _mount_tmpfs(self.ipc_dir, IPC_BYTES, ids)
         if ids is not None:
             os.chown(self.ipc_dir, *ids)
         ours, theirs = socket.socketpair()
         info_read, info_write = os.pipe()
-        box = {"fd": theirs.fileno(), "limits": asdict(limits), "ids": ids}
+        box = {"fd": theirs.fileno(), "limits": asdict(limits), "ids": ids, "memory": self.memory.settings}
         argv = [*bwrap_argv(bwrap, folders, self.ipc_dir, limits, ids), "--info-fd", str(info_write), "--",
                 sys.executable, "-m", "gptcourse.grading.zygote", "--box", json.dumps(box)]
         env = box_environment(os.environ)
         self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=log, env=env,
-                                        pass_fds=(theirs.fileno(), info_write), start_new_session=True)
+                                        pass_fds=(theirs.fileno(), info_write, *self.memory.fds),
+                                        start_new_session=True)
+        self.memory.started()
         theirs.close()
         os.close(info_write)
         with os.fdopen(info_read, "rb") as info:
             started = info.read()
         if not started:
             self.process.wait()
+            self.memory.close()
             shutil.rmtree(self.ipc_dir, ignore_errors=True)
             raise SandboxUnavailable(f"the sandbox did not start (bwrap exited {self.process.returncode}; see the "
                                      f"grading log).\n{FIX}")
@@ -298,8 +314,19 @@ class Box:
 
     def reset(self) -> None:
         """Kill every process left in the box but the zygote; empty /scratch, /tmp, /dev/shm and the ipc folder."""
-        self.client.request(op="reset")
+        self._memory_kills = self.client.request(op="reset")["memory_kills"]
         empty_folder(self.ipc_dir)
+
+    def memory_limit_hit(self) -> bool:
+        """Whether the box's memory limit killed a kernel's processes since the last reset or call."""
+        from .zygote import ZygoteError
+
+        try:
+            kills = self.client.request(op="memory")["memory_kills"]
+        except ZygoteError:
+            return False
+        hit, self._memory_kills = kills > self._memory_kills, kills
+        return hit
 
     def fill_scratch(self, folder: str) -> None:
         """Copy the submission's files (not its notebooks: the grader runs those) into the empty /scratch."""
@@ -321,6 +348,7 @@ class Box:
         with contextlib.suppress(OSError):
             self.client.close()
         stop_process(self.process)
+        self.memory.close()
         if self._mounted:
             _libc().umount2(self.ipc_dir.encode(), _MNT_DETACH)
             self._mounted = False

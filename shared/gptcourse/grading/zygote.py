@@ -16,8 +16,10 @@ Pieces:
   socket: spawn a kernel, poll one. It exits, killing its kernels, when its stdin closes (its owner is gone).
   `serve(box=...)` (`--box JSON`) is the zygote as the main process of a sandbox (`sandbox.Box`): one connection,
   an inherited socket; each kernel drops to the kernel user and every capability and gets the box's limits; it
-  also signals its kernels (their pids are the box's) and `reset`s the box between submissions. If forking is
-  unsafe there, it forks and execs ordinary kernels, in the box.
+  also signals its kernels (their pids are the box's), `reset`s the box between submissions, and kills a kernel
+  with every process it started when their memory together hits the limit (`memory_limit.MemoryGuard`, looked at
+  from the select loop: a thread would make forking unsafe). If forking is unsafe there, it forks and execs
+  ordinary kernels, in the box.
 - `Zygote`: starts that process; `ZygoteClient`: one connection; `spawn(args, cwd, env)` -> `ForkedKernel`, a
   Popen-like handle (poll, wait, send_signal, kill) of a forked kernel.
 - `ZygoteProvisioner`: jupyter_client's `LocalProvisioner`, except that `python -m ipykernel_launcher ...` is
@@ -56,6 +58,7 @@ from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Instance
 
 from .cases import SECRET_ENV
+from .memory_limit import TICK, MemoryGuard
 
 # What a lab's kernel imports; a name that is not installed is skipped.
 PRELOAD = ("torch", "gptcourse", "gptcourse.grading", "ipykernel.kernelapp", "ipykernel.ipkernel",
@@ -176,11 +179,13 @@ def _clear_capabilities() -> None:
 
 def _become_kernel(request: dict[str, Any], zygote_pid: int, inherited: list[Any],
                    box: dict[str, Any] | None = None, fork_safe: bool = True,
-                   handshake: tuple[int, int] | None = None) -> None:
-    """In a forked child: turn into `python -m ipykernel_launcher ARGS` run in `cwd` with `env` (in a box: with
-    its limits, unprivileged; if forking is unsafe: exec a fresh interpreter). Never returns."""
+                   handshake: tuple[int, int] | None = None, guard: MemoryGuard | None = None) -> None:
+    """In a forked child: turn into `python -m ipykernel_launcher ARGS` run in `cwd` with `env` (in a box: in its
+    memory cgroup, with its limits, unprivileged; if forking is unsafe: exec a fresh interpreter). Never returns."""
     code: Any = 1
     try:
+        if guard is not None:
+            guard.join()  # first: what the kernel allocates from here on counts against the box's limit
         os.setsid()  # own process group: the grader's interrupt and kill reach the kernel and its subprocesses
         die_with_parent()
         if os.getppid() != zygote_pid:
@@ -256,16 +261,28 @@ def _exit_code(status: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
+def _in_box() -> bool:
+    """Whether this is a box's zygote (pid 2, under bwrap's pid 1): kill(-1) outside a pid namespace would hit
+    everything."""
+    return os.getpid() == 2 and os.getppid() == 1
+
+
+def _kill_the_rest() -> None:
+    """In a box: SIGKILL every process but this one and init, atomically (a fork bomb included)."""
+    if _in_box():
+        with contextlib.suppress(OSError):
+            os.kill(-1, signal.SIGKILL)
+
+
 def _reset_box(children: set[int]) -> dict[str, Any]:
-    """In a box (pid 2, under bwrap's pid 1): kill every other process in the box's pid namespace and empty its
-    writable folders, so the next submission finds nothing of the last one."""
+    """In a box: kill every other process in the box's pid namespace and empty its writable folders, so the next
+    submission finds nothing of the last one."""
     from .sandbox import BOX_SCRATCH, BOX_TMP, empty_folder
 
-    if os.getpid() != 2 or os.getppid() != 1:
-        return {"error": "reset outside a box refused"}  # kill(-1) outside a pid namespace would hit everything
+    if not _in_box():
+        return {"error": "reset outside a box refused"}
     for _ in range(100):
-        with contextlib.suppress(OSError):
-            os.kill(-1, signal.SIGKILL)  # every process but this one and init, atomically: a fork bomb included
+        _kill_the_rest()
         for pid in list(children):
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
@@ -284,7 +301,9 @@ def _reset_box(children: set[int]) -> dict[str, Any]:
 def serve(socket_path: str | None = None, box: dict[str, Any] | None = None) -> None:
     """The zygote's loop: preload, then answer {"op": "spawn", "args", "cwd", "env"} -> {"pid"} and
     {"op": "poll", "pid"} -> {"returncode": None or int} until stdin closes (or, in a box, its connection);
-    in a box also {"op": "signal", "pid", "signum"} and {"op": "reset"}."""
+    in a box also {"op": "signal", "pid", "signum"}, {"op": "reset"} -> {"memory_kills"} and {"op": "memory"}
+    -> {"memory_kills"}: how many times the box's memory limit (`memory_limit.py`, checked every TICK while a
+    kernel runs) killed a kernel's processes."""
     baseline = thread_count()  # torch is imported (by gptcourse) but has run nothing: main + OpenBLAS threads
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the grader; it closes our stdin
@@ -302,6 +321,7 @@ def serve(socket_path: str | None = None, box: dict[str, Any] | None = None) -> 
         buffers[conn] = b""
         selector.register(conn, selectors.EVENT_READ)
     fork_safe = True
+    guard = MemoryGuard(box.get("memory") if box else None)
     try:
         preload(baseline)
     except ZygoteError as err:
@@ -311,6 +331,7 @@ def serve(socket_path: str | None = None, box: dict[str, Any] | None = None) -> 
         fork_safe = False
     zygote_pid = os.getpid()
     children: set[int] = set()
+    guard.ready()
     selector.register(sys.stdin, selectors.EVENT_READ)
     print(f"zygote {zygote_pid} ready on {socket_path or 'its box connection'}", flush=True)
 
@@ -321,7 +342,7 @@ def serve(socket_path: str | None = None, box: dict[str, Any] | None = None) -> 
             pid = os.fork()
             if pid == 0:
                 _become_kernel(request, zygote_pid, [s for s in (listener, *buffers) if s is not None], box,
-                               fork_safe, (to_zygote[1], to_kernel[0]) if ids else None)
+                               fork_safe, (to_zygote[1], to_kernel[0]) if ids else None, guard if box else None)
             children.add(pid)
             if ids:
                 try:
@@ -340,13 +361,19 @@ def serve(socket_path: str | None = None, box: dict[str, Any] | None = None) -> 
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(request["pid"], int(request["signum"]))
             return {"signalled": True}
-        if box is not None and request.get("op") == "reset":
-            return _reset_box(children)
+        if box is not None and request.get("op") in ("reset", "memory"):
+            if guard.hit(now=True):  # a kill the loop has not seen yet belongs to the kernel just gone
+                _kill_the_rest()
+            reply = _reset_box(children) if request["op"] == "reset" else {}
+            return {**reply, "memory_kills": guard.kills}
         return {"error": f"bad request {request!r}"}
 
     try:
         while True:
-            for key, _ in selector.select():
+            events = selector.select(timeout=TICK if guard.active and children else None)
+            if children and guard.hit():
+                _kill_the_rest()  # the kernel and every process it started; the grader's poll finds it dead
+            for key, _ in events:
                 if key.fileobj is sys.stdin:
                     if not os.read(sys.stdin.fileno(), 4096):
                         return
