@@ -101,6 +101,7 @@ c.Autograde.autograde_preprocessors = [
     "nbgrader.preprocessors.IgnorePattern",
     "nbgrader.preprocessors.LimitOutput",
     GRADING + "judge.JudgeTestCells",  # re-judges the recorded results here, where no student code ran
+    GRADING + "active_content.SanitizeOutputs",  # outputs and student text as data: no script, no widgets
     "nbgrader.preprocessors.SaveAutoGrades",
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",
