@@ -214,3 +214,19 @@ def test_report_cell_shows_student_text_as_text() -> None:
     assert found.tags <= {"p", "strong", "pre", "code", "div", "span"}, (found.tags, rendered)  # highlighted code
     assert {name for _, name, _ in found.attributes} <= {"class"}, found.attributes
     assert "&lt;img src=x onerror=alert(1)&gt;" in rendered and "[x](javascript:alert(1))" in rendered
+
+
+def test_student_attachments_and_raw_cells_are_cleaned() -> None:
+    """nbconvert's HTML includes a raw cell's source and embeds a markdown cell's attachments."""
+    markdown = new_markdown_cell("![plot](attachment:plot.png) ![page](attachment:page.html)")
+    markdown.attachments = {"plot.png": {"image/png": PNG_1PX},
+                            "page.html": {"text/html": "<script>window.__pwned=1</script>"}}
+    raw = nbformat.v4.new_raw_cell('<img src="x" onerror="window.__pwned=1">raw text')
+    nb = graded(markdown, raw)
+    assert dict(nb.cells[0].attachments) == {"plot.png": {"image/png": PNG_1PX}}
+    assert f'src="data:image/png;base64,{PNG_1PX}"' in nb.cells[0].source
+    assert_inert(nb.cells[0].source, ALLOWED_HTML)
+    assert_inert(nb.cells[1].source, ALLOWED_HTML)
+    assert "raw text" in nb.cells[1].source
+    lines = report_lines(nb)
+    assert any("'page.html' as text/html" in line for line in lines) and any("cell 2" in line for line in lines)

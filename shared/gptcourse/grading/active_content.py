@@ -12,7 +12,8 @@ output, a widget) and a student's markdown cell can hold raw HTML, so before the
 - a student's markdown cell (any cell nbgrader does not lock) that holds `<` or link syntax is rendered to HTML
   by nbconvert's own markdown renderer (math stays text), cleaned, and stored as that HTML; its attachments keep
   only PNG, JPEG and GIF images; a student's raw cell is cleaned as HTML (nbconvert's HTML includes raw cells);
-- MathJax commands that make links or load code (`\\href`, `\\require`, ...) lose their backslash;
+- MathJax commands that make links or load code (`\\href`, `\\require`, ...) get a full-width backslash, which
+  reads the same and is no TeX command;
 - the notebook's widget state is dropped.
 Each cell that lost something gets a report line. The course's payload (`payload.MIME`) and the judge's
 rewritten test outputs are plain data and are left as they are, so no score changes.
@@ -172,10 +173,15 @@ def removed_markup(before: str, after: str) -> list[str]:
     if any(url.startswith("javascript:") for url in urls):
         gone.append("javascript: links")
     if any(not url.startswith("javascript:") for url in urls):
-        gone.append("links or sources that are not http(s), mailto or image data")
+        gone.append("URLs that are not http(s), mailto or image data")
     if MATHJAX_ACTIVE.search(before):
         gone.append("MathJax commands " + ", ".join(sorted({"\\" + m for m in MATHJAX_ACTIVE.findall(before)})))
     return gone
+
+
+def _text(value: object) -> str:
+    """A mimebundle's text: a string, or (as nbformat writes multi-line text) a list of lines."""
+    return "".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def _clean_data(data: NotebookNode, removed: list[str]) -> dict[str, object]:
@@ -183,15 +189,15 @@ def _clean_data(data: NotebookNode, removed: list[str]) -> dict[str, object]:
     kept: dict[str, object] = {}
     for mimetype, value in data.items():
         if mimetype not in OUTPUT_MIMETYPES:
-            removed.append(f"its {mimetype} output")
+            removed.append(f"the {mimetype} data")
         elif mimetype in IMAGE_MIMETYPES and not (isinstance(value, str) and _is_base64(value)):
-            removed.append(f"its {mimetype} output, which is not base64")
+            removed.append(f"the {mimetype} data, which is not base64")
         elif mimetype in ("text/html", "image/svg+xml"):
-            text = "".join(value) if isinstance(value, list) else str(value)
+            text = _text(value)
             kept[mimetype] = (clean_html if mimetype == "text/html" else clean_svg)(text)
             removed.extend(removed_markup(text, str(kept[mimetype])))
         elif mimetype == "text/markdown":
-            kept[mimetype] = _cleaned_markdown(str(value), {}, removed)
+            kept[mimetype] = _cleaned_markdown(_text(value), {}, removed)
         else:
             kept[mimetype] = value
     return kept
@@ -229,16 +235,17 @@ def _clean_outputs(cell: NotebookNode) -> list[str]:
 def _clean_student_text(cell: NotebookNode) -> list[str]:
     """A student's markdown or raw cell: its source cleaned, its attachments only images."""
     removed: list[str] = []
-    attachments = {}
+    attachments, shown = {}, {}
     for name, bundle in cell.get("attachments", {}).items():
         images = {m: v for m, v in bundle.items() if m in IMAGE_MIMETYPES and isinstance(v, str) and _is_base64(v)}
-        removed.extend(f"its attachment {name!r} as {m}" for m in sorted(set(bundle) - set(images)))
+        removed.extend(f"the attachment {name!r} as {m}" for m in sorted(set(bundle) - set(images)))
         if images:
             attachments[name] = images
+        shown[name] = images or {"text/plain": ""}  # rendered as a data: URL that the cleaner drops
     if "attachments" in cell:
         cell.attachments = NotebookNode(attachments)
     if cell.cell_type == "markdown":
-        cell.source = _cleaned_markdown(cell.source, attachments, removed)
+        cell.source = _cleaned_markdown(cell.source, shown, removed)
     elif "<" in cell.source:
         cleaned = clean_html(cell.source)
         removed.extend(removed_markup(cell.source, cleaned))
@@ -270,6 +277,6 @@ class SanitizeOutputs(NbGraderPreprocessor):
                 continue
             if removed:
                 what = ", ".join(dict.fromkeys(removed))
-                add_line(nb, f"{cell_label(cell, index)}: {what} removed from {where} "
+                add_line(nb, f"{cell_label(cell, index)}: removed from {where}: {what} "
                              "(a graded notebook shows outputs and text as data, never runs them)")
         return nb, resources
