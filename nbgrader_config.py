@@ -23,9 +23,10 @@ used: fine for self-study and CI, not for a graded class.
 `nbgrader autograde` runs with the protections of gptcourse.grading (see its docstring): a tolerant reader and
 a cell restorer before execution, a kernel-restarting executor whose kernels run in a bubblewrap sandbox
 (gptcourse.grading.sandbox: only the interpreter and the package in view, an unprivileged user, limits), the
-out-of-kernel judge, a report per submission in grading/reports/<lab>/<student>.txt; `nbgrader
-generate_feedback` hides hidden tests. If the sandbox cannot start, autograde stops before grading anyone and
-says how to fix it; `c.Sandbox.allow_unsandboxed = True` grades without it (only in a throw-away machine).
+out-of-kernel judge, outputs and student text stripped of active content (script, widgets), a report per
+submission in grading/reports/<lab>/<student>.txt; `nbgrader generate_feedback` hides hidden tests. If the
+sandbox cannot start, autograde stops before grading anyone and says how to fix it;
+`c.Sandbox.allow_unsandboxed = True` grades without it (only in a throw-away machine).
 """
 
 import os
@@ -103,6 +104,7 @@ c.Autograde.autograde_preprocessors = [
     "nbgrader.preprocessors.IgnorePattern",
     "nbgrader.preprocessors.LimitOutput",
     GRADING + "judge.JudgeTestCells",  # re-judges the recorded results here, where no student code ran
+    GRADING + "active_content.SanitizeOutputs",  # outputs and student text as data: no script, no widgets
     "nbgrader.preprocessors.SaveAutoGrades",
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",

@@ -1,5 +1,6 @@
 """The course in a real browser: a student in JupyterLab (lesson 01; a lab checked with nbgrader's Validate button)
-and an instructor in the formgrader. A failure names the step it happened in; every scenario leaves a screenshot
+and an instructor in the formgrader, where a graded submission's cells that try to run script must not run it (nor
+in the student's feedback HTML). A failure names the step it happened in; every scenario leaves a screenshot
 of its last state in artifacts/browser/<test name>.png.
 
 All scenarios share one JupyterLab server and one Chromium (session fixtures in conftest.py), so they live in this
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,7 +33,7 @@ from nbgrader.coursedir import CourseDirectory
 from traitlets.config.loader import PyFileConfigLoader
 
 if TYPE_CHECKING:
-    from playwright.sync_api import FrameLocator
+    from playwright.sync_api import FrameLocator, Page
 
 pytestmark = pytest.mark.browser
 
@@ -40,7 +42,34 @@ LAB = "02_causal_attention"
 SOLUTION_MARKER = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*(\n|$)", re.MULTILINE)
 # A mistake the labs' checks recognise: (text of the solution, the wrong text, words of the diagnostic it must get).
 WRONG_ANSWER = ("tril", "triu", "on the wrong triangle")
-STUDENTS = {"ada": ("Ada", "Lovelace"), "alan": ("Alan", "Turing")}
+STUDENTS = {"ada": ("Ada", "Lovelace"), "alan": ("Alan", "Turing"), "mallory": ("Mallory", "Hacker"),
+            "grace": ("Grace", "Hopper")}
+SOLVED = {"ada", "mallory", "grace"}  # alan hands in the untouched release
+# What every hostile payload does if it ever runs: flag the page, retitle it, pop a dialog, and read the Jupyter
+# server's file listing with the viewer's session, reporting the answer to a marker URL the test watches.
+PWN_JS = ("top.__pwned=1;top.document.title='pwned';top.alert('pwned');"
+          "top.fetch('/api/contents').then(r=>top.fetch('/pwned-marker?status='+r.status))")
+PWN_MARKER = "/pwned-marker"
+# mallory: the solved lab plus cells that try to run script every way a notebook can carry it (each markup string
+# goes into the cell's Python source through repr, so its quotes need no care).
+HOSTILE_DISPLAYS = [
+    ("HTML", f'<img src="x" onerror="{PWN_JS}">'),
+    ("HTML", f"<script>{PWN_JS}</script><b>bold</b>"),
+    ("Javascript", PWN_JS),
+    ("SVG", f'<svg xmlns="http://www.w3.org/2000/svg" onload="{PWN_JS}"><script>{PWN_JS}</script>'
+            '<rect width="9" height="9"/></svg>'),
+    ("HTML", f'<iframe srcdoc="<script>{PWN_JS}</script>"></iframe>'),
+    ("Markdown", f'<img src="y" onerror="{PWN_JS}"> [click me](javascript:{PWN_JS})'),
+]
+HOSTILE_CELLS = [
+    ("code", "from IPython.display import HTML, SVG, Javascript, Markdown, display"),
+    *(("code", f"display({kind}({markup!r}))") for kind, markup in HOSTILE_DISPLAYS),
+    ("code", "import ipywidgets\n"
+             "display({'application/vnd.jupyter.widget-view+json': {'model_id': 'x', 'version_major': 2, "
+             "'version_minor': 0}, 'text/plain': 'a widget'}, raw=True)\nipywidgets.IntSlider()"),
+    ("markdown", f'My notes <img src="z" onerror="{PWN_JS}"> and [click me](javascript:{PWN_JS}).'),
+]
+FIGURE_CELL = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('my loss')\nplt.show()"
 
 
 def _lab_notebook(course: Path, folder: str) -> Path:
@@ -64,11 +93,16 @@ def _student_answers(course: Path) -> dict[int, str]:
     return {i: typed[c.metadata.nbgrader.grade_id] for i, c in enumerate(released.cells) if _is_solution(c)}
 
 
+def _new_cell(kind: str, source: str) -> nbformat.NotebookNode:
+    return nbformat.v4.new_code_cell(source) if kind == "code" else nbformat.v4.new_markdown_cell(source)
+
+
 class Instructor:
-    """The instructor's side of the formgrader scenario, as nbgrader commands run from the course root:
-    generate_assignment, a roster of two students, their submissions (ada: the lab solved as a student types it;
-    alan: the untouched release), autograde. It runs in a background thread from the start of this module, so
-    autograde (which executes both notebooks) overlaps with the student scenarios."""
+    """The instructor's side of the formgrader scenarios, as nbgrader commands run from the course root:
+    generate_assignment, a roster of four students, their submissions (ada: the lab solved as a student types it;
+    alan: the untouched release; mallory: solved, plus cells that try to run script in whoever views the graded
+    notebook; grace: solved, plus a matplotlib figure), one autograde. It runs in a background thread from the
+    start of this module, so autograde (which executes the notebooks) overlaps with the student scenarios."""
 
     def __init__(self, server: JupyterServer) -> None:
         self.server = server
@@ -76,7 +110,7 @@ class Instructor:
         self.released = self._pool.submit(self._release)
         self.graded = self._pool.submit(self._collect_and_autograde)
 
-    def _nbgrader(self, *args: str) -> None:
+    def nbgrader(self, *args: str) -> None:
         result = subprocess.run(
             [sys.executable, "-m", "nbgrader", *args],
             cwd=self.server.root, env=self.server.env, capture_output=True, text=True, timeout=600,
@@ -88,7 +122,7 @@ class Instructor:
     def _release(self) -> tuple[dict[int, str], nbformat.NotebookNode]:
         """generate_assignment rewrites labs/<LAB>; read the answers and the release before any student edits it."""
         _lab_notebook(self.server.root, "solutions")  # skips the lab scenarios if the lab is not in the repository
-        self._nbgrader("generate_assignment", LAB, "--force")
+        self.nbgrader("generate_assignment", LAB, "--force")
         return _student_answers(self.server.root), nbformat.read(_lab_notebook(self.server.root, "labs"), as_version=4)
 
     def student_answers(self) -> dict[int, str]:
@@ -103,12 +137,15 @@ class Instructor:
             solved.cells[index].source = answer
         roster = self.server.root / "grading" / "students.csv"
         roster.write_text("id,first_name,last_name\n" + "".join(f"{i},{f},{n}\n" for i, (f, n) in STUDENTS.items()))
-        self._nbgrader("db", "student", "import", str(roster))
-        for student, notebook in (("ada", solved), ("alan", untouched)):
+        self.nbgrader("db", "student", "import", str(roster))
+        hostile, figure = nbformat.from_dict(solved), nbformat.from_dict(solved)
+        hostile.cells += [_new_cell(kind, source) for kind, source in HOSTILE_CELLS]
+        figure.cells.append(nbformat.v4.new_code_cell(FIGURE_CELL))
+        for student, notebook in (("ada", solved), ("alan", untouched), ("mallory", hostile), ("grace", figure)):
             folder = _submission_folder(self.server.root, student)
             folder.mkdir(parents=True)
             nbformat.write(notebook, folder / f"{LAB}.ipynb")
-        self._nbgrader("autograde", LAB)
+        self.nbgrader("autograde", LAB)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -233,14 +270,101 @@ def test_instructor_sees_autograded_scores_in_formgrader(tab: LabPage, instructo
         tab.open_lab("formgrader")
         tab.menu("Nbgrader", "Formgrader")
         formgrader = tab.page.frame_locator("#formgrader iframe")
-    with step(f"Manage Assignments lists {LAB} with 2 submissions"):
+    with step(f"Manage Assignments lists {LAB} with {len(STUDENTS)} submissions"):
         row = _table_row(formgrader, LAB)
-        assert row.get("# Submissions") == "2", f"the formgrader's row for {LAB}: {row}"
-    with step("Manage Students shows both students with their scores"):
+        assert row.get("# Submissions") == str(len(STUDENTS)), f"the formgrader's row for {LAB}: {row}"
+    with step("Manage Students shows every student with their score"):
         formgrader.locator('a:text-is("Manage Students")').click()
         total = _max_score(instructor.server.root)
         for student, (first, last) in STUDENTS.items():
             row = _table_row(formgrader, f"{last}, {first}")
             assert row.get("Student ID") == student, f"the formgrader's row for {first} {last}: {row}"
-            score = f"{total if student == 'ada' else 0:g} / {total:g}"
+            score = f"{total if student in SOLVED else 0:g} / {total:g}"
             assert row.get("Overall Score") == score, f"expected {score} for {student}, the formgrader's row: {row}"
+
+
+@dataclass
+class ScriptWatch:
+    """What a page did that only a student's script would do: dialogs it opened, marker and /api/contents requests
+    it sent (from any frame). Requests to any host but the test's server are refused (the feedback's CDN links)."""
+
+    dialogs: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+
+    def install(self, page: Page) -> None:
+        page.on("dialog", lambda dialog: (self.dialogs.append(dialog.message), dialog.dismiss()))
+        page.on("request", lambda request: self.requests.append(request.url)
+                if PWN_MARKER in request.url or "/api/contents" in request.url else None)
+        page.route(re.compile(r"^https?://(?!127\.0\.0\.1[:/])"), lambda route: route.abort())
+
+    def assert_no_script_ran(self, page: Page, what: str) -> None:
+        """Click every "click me" link (a javascript: URL, if one is left), wait for late fetches, then check."""
+        for link in page.locator("a", has_text="click me").all():
+            link.click()
+        page.wait_for_timeout(2_000)
+        flag, title = page.evaluate("() => [window.__pwned, document.title]")
+        assert flag is None and "pwned" not in title, f"a student's script ran in {what} (title {title!r})"
+        assert not self.dialogs, f"a student's script opened dialogs in {what}: {self.dialogs}"
+        assert not self.requests, f"a student's script sent requests from {what}: {self.requests}"
+
+
+def _submission_page(course: Path, student: str) -> str:
+    """The formgrader's page of a student's graded lab, where Manual Grading > the lab > the submission leads."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'grading' / 'gradebook.db'}") as gradebook:
+        return f"formgrader/submissions/{gradebook.find_submission_notebook(LAB, LAB, student).id}/"
+
+
+def _graded_score(course: Path, student: str) -> float:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'grading' / 'gradebook.db'}") as gradebook:
+        return gradebook.find_submission(LAB, student).score
+
+
+def _figure_shows(page: Page) -> bool:
+    """A PNG figure (a data URL <img>) that has decoded to a non-empty image."""
+    figure = page.locator('img[src^="data:image/png"]').first
+    figure.wait_for(timeout=30_000)
+    figure.scroll_into_view_if_needed()
+    return figure.evaluate("img => img.complete && img.naturalWidth > 0")
+
+
+def test_graded_notebooks_run_no_student_script(tab: LabPage, instructor: Instructor) -> None:
+    """mallory's cells try script every way (img onerror, <script>, a Javascript output, SVG onload, an iframe
+    srcdoc, markdown with raw HTML and a javascript: link, a widget): none runs where the instructor (the
+    formgrader, with their session) or the student (the feedback HTML) look, and mallory still scores full marks;
+    grace's matplotlib figure still shows."""
+    course = instructor.server.root
+    with step("nbgrader: autograde, then generate feedback for mallory and grace"):
+        instructor.graded.result(timeout=900)
+        for student in ("mallory", "grace"):
+            instructor.nbgrader("generate_feedback", LAB, f"--student={student}", "--force")
+    with step("mallory's hostile cells cost no points, and the report names each one that showed active content"):
+        total = _max_score(course)
+        assert _graded_score(course, "mallory") == total
+        report = (course / "grading" / "reports" / LAB / "mallory.txt").read_text()
+        cleaned = [line for line in report.splitlines() if "(added by you):" in line and " removed from " in line]
+        assert len(cleaned) == len(HOSTILE_CELLS) - 1, f"expected a line per hostile cell but the import:\n{report}"
+    shots = tab.screenshot_path
+    for student, where in (("mallory", "formgrader"), ("mallory", "feedback"), ("grace", "formgrader"),
+                           ("grace", "feedback")):
+        page = tab.page.context.new_page()
+        watch = ScriptWatch()
+        watch.install(page)
+        with step(f"open {student}'s {where} page"):
+            if where == "formgrader":
+                page.goto(tab.url(_submission_page(course, student)))
+            else:
+                page.goto((course / "grading" / "feedback" / student / LAB / f"{LAB}.html").as_uri())
+            page.locator("text=Grading report").first.wait_for(timeout=30_000)
+        if student == "mallory":
+            with step(f"no script of mallory's ran in the {where} page"):
+                watch.assert_no_script_ran(page, f"mallory's {where} page")
+                assert page.locator("text=removed from its output").count(), "the report does not say what went"
+        else:
+            with step(f"grace's figure shows in the {where} page"):
+                assert _figure_shows(page), f"grace's figure did not decode in the {where} page"
+        page.screenshot(path=str(shots.with_name(f"{shots.stem}-{student}-{where}.png")), full_page=True)
+        page.close()

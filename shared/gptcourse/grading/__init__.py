@@ -55,7 +55,10 @@ Student code runs only in the student's kernel; the verdict is reached in the gr
    In-kernel monkeypatching, printed text, raised or hidden errors cannot earn points. Pieces whose reference
    the student's cells import or use, or whose tested object the kernel reports as a reference (`FORBIDDEN` in
    labNN.py, `forbidden.py`), score 0.
-5. Report (`report.WriteGradingReport`, last): grading/reports/<lab>/<student>.txt and a cell atop the notebook.
+5. Sanitize (`active_content.SanitizeOutputs`, after the judge): outputs and the student's markdown become data
+   (allowlisted mimetypes, HTML/SVG cleaned with nh3, no script, widgets or javascript: links), since the
+   formgrader shows the notebook in the Jupyter server's origin; each removal is a report line.
+6. Report (`report.WriteGradingReport`, last): grading/reports/<lab>/<student>.txt and a cell atop the notebook.
 `nbgrader generate_feedback` cuts hidden-test regions (`feedback.HideHiddenTests`). The course secret comes from
 env GPTCOURSE_SECRET or grading/secret.txt (nbgrader_config.py); it stays in the grader: a kernel gets only the
 seeds of its lab's hidden cases for the student graded (`cases.kernel_environment`). A submission without the

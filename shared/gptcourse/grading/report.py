@@ -4,11 +4,13 @@ Each step of `nbgrader autograde` adds lines to the notebook's metadata (`add_li
 `WriteGradingReport`, puts them with the score of every test cell in two places:
 
     grading/reports/<lab>/<student>.txt     for the instructor (one file per submission, rewritten each run)
-    a markdown cell at the top of the autograded notebook, so the formgrader and the feedback show it
+    a markdown cell at the top of the autograded notebook, so the formgrader and the feedback show it (the lines
+    in a code block: they quote student-controlled text, which must not become markup)
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from nbconvert.exporters.exporter import ResourcesDict
@@ -28,6 +30,13 @@ def add_line(nb: NotebookNode, line: str) -> None:
 
 def report_lines(nb: NotebookNode) -> list[str]:
     return list(nb.metadata.get(KEY, {}).get("report", []))
+
+
+def as_code_block(text: str) -> str:
+    """`text` as a fenced code block that it cannot close: report lines quote student-controlled text (file names,
+    exception messages), which a markdown cell would otherwise render as markup, links or math."""
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+    return f"{fence}text\n{text}\n{fence}"
 
 
 def cell_label(cell: NotebookNode, index: int) -> str:
@@ -69,7 +78,7 @@ class WriteGradingReport(NbGraderPreprocessor):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         shown = "\n".join(f"- {line}" for line in lines) if lines else "- nothing unusual: every cell ran."
-        cell = new_markdown_cell(f"**Grading report** ({total:g} / {points:g} points)\n\n{shown}")
+        cell = new_markdown_cell(f"**Grading report** ({total:g} / {points:g} points)\n\n{as_code_block(shown)}")
         cell.id = REPORT_CELL_ID
         nb.cells = [c for c in nb.cells if c.get("id") != REPORT_CELL_ID]
         nb.cells.insert(0, cell)
