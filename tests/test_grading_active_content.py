@@ -54,6 +54,12 @@ HOSTILE_SVG = [
     '<svg xmlns="http://www.w3.org/2000/svg"><foreignObject><img src="x" onerror="alert(1)"/></foreignObject>'
     '<animate attributeName="href" to="javascript:alert(1)"/><set attributeName="onclick" to="alert(1)"/>'
     '<use href="data:image/svg+xml;base64,PHN2ZyBvbmxvYWQ9YWxlcnQoMSk+"/></svg>',
+    # no script, but a remote fetch tells the student when and from where the instructor opened the page
+    '<img src="https://tracker.example/pixel.png"><img src="//tracker.example/p.png">',
+    '<span style="color: red; background-color: url(https://tracker.example/p)">x</span>',
+    '<span style="color: \\75rl(https://tracker.example/p)">x</span>',
+    '<svg><rect width="1" height="1" fill="url(https://tracker.example/p.svg#a)" style="stroke: url(//t.example/s)"/>'
+    '</svg>',
 ]
 HOSTILE_MARKDOWN = [
     "Hi <img src=x onerror='window.__pwned=1'>",
@@ -90,6 +96,9 @@ def assert_inert(text: str, allowed_tags: set[str]) -> None:
             assert re.match(r"data:image/(png|jpeg|gif);base64,", url), (tag, name, value)
         if tag != "a" and name in ("href", "xlink:href"):
             assert value.startswith("#"), (tag, name, value)
+        if tag == "img" and name == "src":
+            assert url.startswith("data:image/"), (tag, name, value)  # never a remote image
+        assert "\\" not in value and not re.search(r"url\((?!['\"]?#)", url), (tag, name, value)
     for macro in ("\\href", "\\require", "\\class", "\\cssId", "\\style", "\\url"):
         assert macro not in text, (macro, text)
 

@@ -85,17 +85,24 @@ IMAGE_DATA_URL = re.compile(r"data:image/(png|jpeg|gif);base64,[A-Za-z0-9+/=\s]*
 MATHJAX_ACTIVE = re.compile(r"\\(href|url|require|class|cssId|style|html|data|mmlToken)(?![A-Za-z])")
 FULLWIDTH_BACKSLASH = "\uff3c"  # shows as a backslash, is no TeX command
 LINK_SYNTAX = ("<", "](", "]:")
+CSS_URL_ELSEWHERE = re.compile(r"url\(\s*['\"]?(?!#)", re.IGNORECASE)  # url(...) to anything but an #id here
 # Removed without a report line: a figure's or a table's metadata and style sheet, a document's frame (a tag with
 # a namespace prefix, like matplotlib's <dc:title>, is metadata too).
 INERT_TAGS = frozenset({"metadata", "style", "html", "head", "body"})
 
 
 def _url_filter(tag: str, attribute: str, value: str) -> str | None:
-    """nh3's attribute filter: data: URLs only as PNG/JPEG/GIF images; SVG references only to the same figure."""
+    """nh3's attribute filter: an image's source only as PNG/JPEG/GIF data (a remote image would tell the student
+    when and from where the instructor opened the page), data: URLs nowhere else; SVG references and CSS `url()`
+    only to the same figure (`#id`); no CSS escapes (which could spell `url(` another way)."""
     if attribute in ("href", "xlink:href") and tag != "a":
         return value if value.startswith("#") else None
+    if tag == "img" and attribute == "src":
+        return value if IMAGE_DATA_URL.match(value.strip()) else None
     if value.strip().lower().startswith("data:"):
-        return value if tag == "img" and attribute == "src" and IMAGE_DATA_URL.match(value.strip()) else None
+        return None
+    if "\\" in value or CSS_URL_ELSEWHERE.search(value):
+        return None
     return value
 
 
