@@ -81,9 +81,11 @@ def submissions(course) -> dict[str, tuple[object, set[str], list[str]]]:
                                                 "d_head):\n        super().__init__()\n        self.mha = "
                                                 "nn.MultiheadAttention(d_model, 1)\n"}),
                            {"test_head", "test_head_hidden"}, [r"uses torch.nn.MultiheadAttention.*02.head.\*"]),
+        # the graded kernel's causal_mask is a stub (package_view.py): the attention that calls it fails too
         "importlib": (solved(LAB, {"causal_mask": "import importlib\ncausal_mask = importlib.import_module("
                                                   "'gptcourse.model.causal_attention').causal_mask"}),
-                      CAUSAL_MASK_TESTS, [r"uses importlib, which the grader cannot follow.*02.causal_mask.\*$"]),
+                      CAUSAL_MASK_TESTS | ALL_ATTENTION,
+                      [r"uses importlib, which the grader cannot follow.*02.causal_mask.\*$"]),
         # crashes and hangs cost only the tests they break
         "kernel-dies": (insert_after(solved(LAB), "attention", code(
             "_attention = attention\ndef attention(q, k, v):\n    if q.dim() == 4:\n        import os\n"

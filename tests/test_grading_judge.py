@@ -79,6 +79,20 @@ def test_a_cells_verdict_needs_exactly_one_fresh_payload_per_test():
     assert not passed and text == "02.causal_mask.visible: 0 points: cell 4 imports gptcourse.x"
 
 
+def test_a_graded_kernels_cell_that_ran_on_after_a_failure_is_judged_as_if_it_stopped():
+    """A graded kernel cannot judge, so its cell records the checks after a failing one; they count as not run,
+    exactly as where the failing check raised (same messages, same score)."""
+    ids = ["02.causal_mask.visible", "02.causal_mask.hidden_single"]
+    wrong = _mask_payload(torch.ones(4, 4, dtype=torch.bool))
+    single = _mask_payload(torch.ones(1, 1, dtype=torch.bool), "02.causal_mask.hidden_single")
+    stopped = judge_cell(_cell("", wrong, error=("CheckFailed", "02.causal_mask.visible failed")), ids, {})
+    assert judge_cell(_cell("", wrong, single), ids, {}) == stopped
+    assert not stopped[0] and stopped[1][1] == ("no result recorded for 02.causal_mask.hidden_single: the test cell "
+                                                "did not run to the end (it stopped with an earlier test of this cell "
+                                                "failing)")
+    assert judge_cell(_cell("", GOOD, single), ids, {})[0]
+
+
 def _scan(*student_sources: str, setup: str = "import math\nimport torch\nfrom torch import nn\n") -> set:
     cells = [("setup", setup, False)] + [(f"cell {i}", s, True) for i, s in enumerate(student_sources)]
     return {(f.name, f.pieces, f.how) for f in find_forbidden(cells, forbidden_names("02"))}

@@ -65,11 +65,16 @@ seeds of its lab's hidden cases for the student graded (`cases.kernel_environmen
 lab's notebook (only a misnamed copy) is graded 0 with a report line naming the file to rename
 (`sanitize.expect_lab_notebooks`); a folder with no notebook, which nbgrader skips, gets a report
 (`report.report_folders_without_notebook`).
+In the sandbox the kernel grading lab NN sees a view of the package without that lab's references nor the cases'
+references and judges (`package_view.py`): the grader writes the lab's case inputs into the box
+(`kernel_inputs.py`), `check` there only runs the case and records the payload, and step 4 judges it (a test after
+a failing one in the same cell counts as not run, as where `check` raises).
 Limits: the sandbox needs Linux, bubblewrap and (for a grader that is not root) user namespaces; where it cannot
 start, `c.Sandbox.allow_unsandboxed = True` grades with kernels that run as the grader's user, with its powers.
 The forbidden-reference scan resolves names as Python does and follows imports, aliases, scopes, subclasses and
 `getattr` with a constant, and flags the import machinery; the run-time check in the kernel is a second line
-that a tampered kernel can only blind to its own use. Neither sees source copied from the package.
+that a tampered kernel can only blind to its own use. Neither sees source copied from the package;
+in the sandbox there is none to copy (the view above).
 
 Adding a case (a lab author)
 ----------------------------
@@ -77,6 +82,9 @@ In `gptcourse/grading/labs/labNN.py` (imported automatically), write `make_input
 `reference(inputs)` and `judge(got, expected, inputs)` and `register(Case(id, what, make_inputs, run,
 reference, judge, hidden=...))`; a hidden case draws its sizes with `sizes_rng(seed)` and tensors with
 `tensor_rng(seed)`. Ids are "NN.piece.variant"; hidden ids start their variant with "hidden".
+In a graded kernel only `run` is called, in the view of the package: it may call the student's object and
+helpers, never a reference (a stub there); `make_inputs` runs in the grader and returns plain data (tensors,
+numbers, strings, lists, dicts, `GPTConfig`), which the kernel loads with `torch.load(weights_only=True)`.
 Declare `FORBIDDEN = {piece: ("gptcourse.Name", "gptcourse.some.module", ...)}`: the references a student must
 not use for that piece (a module stands for every function and class it defines). tests/test_grading_forbidden.py
 checks every name resolves, and that each form of importing, subclassing or wrapping it costs the piece.

@@ -227,7 +227,7 @@ def _worker_main(lab: str, zygote_socket: str | None, nbgrader_args: list[str], 
     os.dup2(log, 2)
 
     def start_box() -> Any:  # its zygote preloads while this worker loads nbgrader
-        return Sandbox(config=sandbox_config).start_box(course_folders(sandbox_config), threads=threads)
+        return Sandbox(config=sandbox_config).start_box(course_folders(sandbox_config), threads=threads, lab=lab)
 
     box = start_box() if sandbox_config is not None else None
     _wait_for_sqlite_locks()

@@ -17,7 +17,9 @@
   as before: as the grader's user, in a temporary folder);
 - the kernel's environment holds only the variables `sandbox.KERNEL_VARIABLES` names (no token, password or
   course secret of the grader's), and the seeds of this lab's hidden cases for this student
-  (`cases.kernel_environment`), so a cell cannot print a credential into its feedback.
+  (`cases.kernel_environment`), so a cell cannot print a credential into its feedback;
+- a boxed kernel sees a view of the package without the lab's references (`package_view.py`), and gets the
+  cases' inputs from the grader, as a file in its /scratch (`kernel_inputs.py`).
 Every event is a line in the grading report: "kernel died in cell 7 ('test_attention')", "cell 9 (...) timed
 out after 60 s", "kernel ran out of memory (limit 3 GB for the kernel and every process it starts) in cell 7
 ('test_attention'); tests before it still count" (a MemoryError, or the box's memory limit killed the kernel and
@@ -43,6 +45,7 @@ from nbgrader.preprocessors import Execute
 from traitlets import Integer
 
 from .cases import kernel_environment
+from .kernel_inputs import FILE_NAME, INPUTS_ENV, write_inputs
 from .report import add_line, cell_label
 from .sandbox import Box, Limits, Sandbox, course_folders, kernel_variables, require_sandbox
 from .zygote import ZygoteError
@@ -78,16 +81,18 @@ class RobustExecute(Execute):
         self._kept: dict[int, int] = {}
         folder = (resources or {}).get("metadata", {}).get("path") or "."
         info = resources["nbgrader"]
-        env = kernel_environment(info["assignment"], info["student"])
+        lab = info["assignment"]
+        env = kernel_environment(lab, info["student"])
         self._box, own = self.box, None
         hidden = course_folders(self.config, folder)
         if self._box is None and require_sandbox(self.config, forbidden=hidden):
-            self._box = own = Sandbox(config=self.config).start_box(hidden)
+            self._box = own = Sandbox(config=self.config).start_box(hidden, lab=lab)
         self._limits = self._box.limits if self._box else None
         try:
             if self._box is not None:
                 self._clean_box()
                 self._box.fill_scratch(folder)
+                env[INPUTS_ENV] = self._hand_inputs(lab, env)
                 self._run_in(nb, self._box.scratch, env, self._box.scratch_names)
             else:
                 self._run_unsandboxed(nb, folder, env)
@@ -99,6 +104,15 @@ class RobustExecute(Execute):
                     self._box.reset()
         self.set_widgets_metadata()
         return self.nb, self.resources
+
+    def _hand_inputs(self, lab: str, env: dict[str, str]) -> str:
+        """Write the lab's case inputs, with the kernel's seeds, into the box's /scratch (its kernels cannot make
+        them: `kernel_inputs.py`); their path in the box."""
+        host = os.path.join(self._box.host_scratch, FILE_NAME)
+        write_inputs(host, lab, env)
+        if self._box.ids is not None:
+            os.chown(host, *self._box.ids)
+        return f"{self._box.scratch}/{FILE_NAME}"
 
     def _clean_box(self) -> None:
         """Reset the box before a submission; a box that cannot be reset is closed (its worker starts another)

@@ -24,7 +24,8 @@ reference is matched by identity, so re-exports and aliases are the same object:
    attribute chains in the bytecode of the student's own functions and methods)? The kernel reports what it
    found in the result payload and the grader zeroes the piece. The kernel is the student's: a tampered one can
    hide its own use from this second line, never raise a score, which is why the static scan stays first.
-Neither sees source copied from the package.
+Neither sees source copied from the package; in a graded kernel there is none to copy: the references are stubs
+there (`package_view.py`).
 """
 
 from __future__ import annotations

@@ -80,15 +80,36 @@ def reported_references(cell: NotebookNode, test_ids: list[str]) -> dict[str, tu
     return found
 
 
+def _until_first_failure(payloads: list[object], test_ids: list[str],
+                         student: str | None) -> tuple[list[object], dict[int, tuple[bool, str]]]:
+    """The cell's payloads of `test_ids` up to and including the first that fails, and the verdicts on them (by
+    position).
+
+    Where the student validates, a failing check raises and the rest of its cell never runs; a graded kernel
+    cannot judge (its package has no references), so its cell runs on and records later results. Cutting them
+    here judges both cells alike: a test after a failing one is "not run", exactly as before.
+    """
+    kept: list[object] = []
+    verdicts: dict[int, tuple[bool, str]] = {}
+    for payload in payloads:
+        kept.append(payload)
+        if isinstance(payload, dict) and payload.get("test_id") in test_ids:
+            verdicts[len(kept) - 1] = verdict = judge_payload(payload, student)
+            if not verdict[0]:
+                break
+    return kept, verdicts
+
+
 def judge_cell(cell: NotebookNode, test_ids: list[str], banned: dict[str, str],
                student: str | None = None) -> tuple[bool, list[str]]:
     """(all passed, one message per test id) from the cell's recorded payloads, hidden cases with `student`'s
     seeds; `banned`: piece -> reason."""
-    payloads = _payloads(cell)
-    reason = _stop_reason(cell)
+    recorded = _payloads(cell)
+    payloads, judged = _until_first_failure(recorded, test_ids, student)
+    reason = "an earlier test of this cell failing" if len(payloads) < len(recorded) else _stop_reason(cell)
     verdicts = []
     for test_id in test_ids:
-        mine = [p for p in payloads if isinstance(p, dict) and p.get("test_id") == test_id]
+        mine = [i for i, p in enumerate(payloads) if isinstance(p, dict) and p.get("test_id") == test_id]
         if _piece(test_id) in banned:
             verdicts.append((False, f"{test_id}: 0 points: {banned[_piece(test_id)]}"))
         elif not mine:
@@ -98,7 +119,7 @@ def judge_cell(cell: NotebookNode, test_ids: list[str], banned: dict[str, str],
             verdicts.append((False, f"{len(mine)} results recorded for {test_id}, expected one: a test records its "
                                     "result once"))
         else:
-            verdicts.append(judge_payload(mine[0], student))
+            verdicts.append(judged[mine[0]])
     return all(passed for passed, _ in verdicts), [message for _, message in verdicts]
 
 

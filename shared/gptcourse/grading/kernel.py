@@ -1,13 +1,22 @@
-"""`check(test_id, obj)`: what a lab's test cell calls, inside the student's kernel."""
+"""`check(test_id, obj)`: what a lab's test cell calls, inside the student's kernel.
+
+Where the student validates, `check` makes the inputs, runs the case and judges it on the spot. In a graded
+kernel (the grader set `kernel_inputs.INPUTS_ENV`) the package is a view without the lab's references
+(`package_view.py`): `check` runs the case on the grader's inputs and records the payload, which only the grader
+judges. A payload that fails whatever the expected values (an error, a reference) still fails at once, as it
+does when validating, and a cell's later checks after a failing one are judged as not run (`judge.judge_cell`).
+"""
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
 from ..checks import CheckFailed
 from .cases import Case, case_seed, forbidden_names, get_case
 from .forbidden import reference_behind
+from .kernel_inputs import INPUTS_ENV, graded_inputs
 from .payload import MIME, judge_payload, make_payload
 from .student import describe_error
 
@@ -23,9 +32,10 @@ def _emit(payload: dict[str, Any]) -> None:
 
 
 def check(test_id: str, student_obj: Any) -> None:
-    """Run case `test_id` on the student's function or class, record the result, and judge it.
+    """Run case `test_id` on the student's function or class, record the result, and judge it (in a graded kernel,
+    only a result that fails whatever the expected values: the grader judges the rest).
 
-    Prints a one-line pass message, or raises CheckFailed whose notebook display is only the diagnostic. An
+    Prints a one-line message, or raises CheckFailed whose notebook display is only the diagnostic. An
     object that is, subclasses or wraps a reference the lab forbids for this piece is not run: the payload says
     what it is, and the grader zeroes the piece.
     """
@@ -35,7 +45,10 @@ def check(test_id: str, student_obj: Any) -> None:
     reference = reference_behind(student_obj, forbidden_names(lab).get(piece, ()))
     payload = make_payload(case.id, seed, None, None, reference) if reference else run_case(case, seed, student_obj)
     _emit(payload)
-    passed, message = judge_payload(payload)
+    if INPUTS_ENV in os.environ and payload["error"] is None and payload["reference"] is None:
+        print(f"{case.id} recorded: judged by the grader")
+        return
+    passed, message = judge_payload(payload)  # an error or a reference needs no expected values
     if not passed:
         raise CheckFailed(message) from None
     print(message)
@@ -44,9 +57,13 @@ def check(test_id: str, student_obj: Any) -> None:
 def run_case(case: Case, seed: int, student_obj: Any) -> dict[str, Any]:
     """The payload of the case run on the student's object: its outputs, or the error it raised."""
     try:
+        inputs = graded_inputs(case.id)
+    except Exception as err:  # the file is the grader's: only a notebook that rewrote it can break it
+        return make_payload(case.id, seed, None, f"the grader's inputs of this test are unreadable ({err!r:.200})")
+    try:
         with warnings.catch_warnings():  # a warning on stderr would fail the cell under nbgrader
             warnings.simplefilter("ignore")
-            outputs = case.run(student_obj, case.make_inputs(seed))
+            outputs = case.run(student_obj, case.make_inputs(seed) if inputs is None else inputs)
         return make_payload(case.id, seed, outputs, None)
     except CheckFailed as failure:
         error = str(failure)

@@ -4,7 +4,8 @@ What a kernel sees and may do (`bwrap_argv`):
 - a read-only view of only what it needs: /usr and the system library folders, a few files of /etc (the dynamic
   linker's cache, passwd, group), the interpreter and its site-packages (`sys.prefix`, `sys.base_prefix`), the
   folders of `sys.path` outside the course, and the `gptcourse` package folder itself (bound exactly, never the
-  course folder an editable install may live in);
+  course folder an editable install may live in); grading lab NN, a view of the package without that lab's
+  references is bound over it (`package_view.py`);
 - /scratch, a private size-limited tmpfs that holds only the submission being graded (the grader copies it in
   through `/proc/<box>/root` and empties it afterwards), a private size-limited /tmp (its HOME) and /dev/shm;
 - one folder bound read-write at the same path inside and out, holding the kernel's connection file and the Unix
@@ -54,6 +55,7 @@ from traitlets import Bool, Enum, Float, Int, Unicode
 from traitlets.config import LoggingConfigurable
 
 from .cases import HIDDEN_SEEDS_ENV
+from .kernel_inputs import INPUTS_ENV as CASE_INPUTS_ENV
 from .memory_limit import MODES as MEMORY_MODES
 from .memory_limit import BoxMemory
 
@@ -125,10 +127,16 @@ class Sandbox(LoggingConfigurable):
         return Limits(int(self.memory_gb * 1e9), self.max_processes, self.file_size_mb * 1_000_000,
                       self.scratch_mb * 1_000_000, self.threads or threads or 0)
 
-    def start_box(self, forbidden: Iterable[str], log: BinaryIO | None = None, threads: int | None = None) -> Box:
-        """A running box (bwrap + zygote) whose kernels see nothing of the `forbidden` folders (the course)."""
-        return Box(self.bwrap, self.limits(threads), read_only_folders(forbidden), kernel_ids(self.kernel_user),
-                   log, self.memory_bound)
+    def start_box(self, forbidden: Iterable[str], log: BinaryIO | None = None, threads: int | None = None,
+                  lab: str | None = None) -> Box:
+        """A running box (bwrap + zygote) whose kernels see nothing of the `forbidden` folders (the course) and,
+        grading `lab`, a view of the package without that lab's references (`package_view.py`)."""
+        from .package_view import view_binds
+
+        folders = read_only_folders(forbidden)
+        views = view_binds(lab, folders) if lab is not None else {}
+        return Box(self.bwrap, self.limits(threads), folders, kernel_ids(self.kernel_user), log, self.memory_bound,
+                   views)
 
 
 def course_folders(config: Any, *more: str) -> list[str]:
@@ -219,8 +227,9 @@ def _inside(path: str, folder: str) -> bool:
 
 
 def bwrap_argv(bwrap: str, folders: list[str], ipc_dir: str | None, limits: Limits,
-               ids: tuple[int, int] | None) -> list[str]:
-    """The bwrap command line of a box (without the command)."""
+               ids: tuple[int, int] | None, views: Mapping[str, str] | None = None) -> list[str]:
+    """The bwrap command line of a box (without the command); `views`: folder in the box -> the folder bound
+    read-only over it (a lab's view of the package), after the `folders` it may lie in."""
     # As root no user namespace (the zygote's setuid to the kernel user must be a real one); otherwise bwrap
     # makes one, as an unprivileged user can only do.
     namespaces = ["--unshare-all"] if ids is None else ["--unshare-ipc", "--unshare-pid", "--unshare-net",
@@ -244,6 +253,8 @@ def bwrap_argv(bwrap: str, folders: list[str], ipc_dir: str | None, limits: Limi
             for parent in parents:  # traversable: bwrap would make the folders above a bind 0700
                 argv += ["--dir", parent]
             argv += ["--ro-bind", path, path]
+    for target, source in (views or {}).items():
+        argv += ["--ro-bind", source, target]
     if ipc_dir:
         argv += ["--bind", ipc_dir, ipc_dir]
     argv += ["--chdir", BOX_SCRATCH]
@@ -276,7 +287,7 @@ class Box:
     memory cgroup, if any (`memory_bound`: see `Sandbox.memory_bound`)."""
 
     def __init__(self, bwrap: str, limits: Limits, folders: list[str], ids: tuple[int, int] | None,
-                 log: BinaryIO | None, memory_bound: str = "auto") -> None:
+                 log: BinaryIO | None, memory_bound: str = "auto", views: Mapping[str, str] | None = None) -> None:
         from .zygote import ZygoteClient
 
         self.limits, self.ids, self.scratch = limits, ids, BOX_SCRATCH
@@ -288,7 +299,7 @@ class Box:
         ours, theirs = socket.socketpair()
         info_read, info_write = os.pipe()
         box = {"fd": theirs.fileno(), "limits": asdict(limits), "ids": ids, "memory": self.memory.settings}
-        argv = [*bwrap_argv(bwrap, folders, self.ipc_dir, limits, ids), "--info-fd", str(info_write), "--",
+        argv = [*bwrap_argv(bwrap, folders, self.ipc_dir, limits, ids, views), "--info-fd", str(info_write), "--",
                 sys.executable, "-m", "gptcourse.grading.zygote", "--box", json.dumps(box)]
         env = box_environment(os.environ)
         self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=log, env=env,
@@ -396,7 +407,7 @@ KERNEL_VARIABLES = frozenset({
     # locale and time zone
     "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ",
     # what nbgrader tells a notebook, and what the grader hands this kernel
-    "NBGRADER_EXECUTION", "NBGRADER_VALIDATING", HIDDEN_SEEDS_ENV,
+    "NBGRADER_EXECUTION", "NBGRADER_VALIDATING", HIDDEN_SEEDS_ENV, CASE_INPUTS_ENV,
 })
 
 

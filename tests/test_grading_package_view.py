@@ -1,0 +1,190 @@
+"""A graded kernel of lab NN sees the package without the lab's references (`gptcourse.grading.package_view`).
+
+(a) For every lab, ONE kernel in a box started for that lab tries each route to each reference the lab forbids
+(resolved here, in the real package, by the forbidden-name table) and to the lab's case references and judges:
+import machinery, `sys.modules`, a module's `__dict__`, the installed source (the module's file, every
+`gptcourse` on sys.path, `inspect.getsource`) exec'd afresh, a function rebuilt from its code object, and a
+by-reference pickle. Each must give a stub that raises "not available" when called, or nothing.
+(b) One nbgrader batch per lab (02, 10): submissions whose only filled cells reach the reference through those
+routes earn 0 for those pieces; the solution still earns full marks (its tests/test_labs_NN.py checks every lab).
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+from nbgrader_course import ROOT, sandbox_problem
+
+from gptcourse.grading.cases import CASES, _load_labs, forbidden_names
+from gptcourse.grading.execute import RobustExecute, with_box
+from gptcourse.grading.forbidden import reference_table
+from gptcourse.grading.sandbox import Sandbox
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sandbox_problem() is not None,
+                                                  reason=f"the sandbox cannot start here: {sandbox_problem()}")]
+LAB_FOLDERS = {path.name[:2]: path.name for path in sorted((ROOT / "solutions").iterdir()) if path.is_dir()}
+
+# Run in the graded kernel with TARGETS = [(module, name), ...]; prints {"module.name route": outcome}, where the
+# outcome is "stub" (calling it raised the view's error), "absent" (the route found nothing) or what it found.
+PROBE = r'''
+import ast, importlib, inspect, json, os, pickle, sys, textwrap, types
+
+def outcome(get):
+    try:
+        obj = get()
+    except (AttributeError, ImportError, KeyError, NameError, OSError, TypeError, ValueError):
+        return "absent"
+    own = [n for n, v in vars(obj).items() if isinstance(v, (types.FunctionType, staticmethod, classmethod,
+                                                               property)) and n != "__new__"] \
+        if isinstance(obj, type) else []
+    if own:
+        return f"a class with its methods {own[:3]}"
+    copies = [obj]
+    if isinstance(obj, types.FunctionType):  # the code object, in a function of its own
+        copies.append(types.FunctionType(obj.__code__, obj.__globals__, "copy", obj.__defaults__, obj.__closure__))
+    for candidate in copies:
+        try:
+            candidate()
+        except RuntimeError as err:
+            if "is not available while lab" not in str(err):
+                return f"raised {err!r:.80}"
+        except BaseException as err:
+            return f"the real one (it raised {type(err).__name__})"
+        else:
+            return "the real one (it returned)"
+    return "stub"
+
+def from_source(source, module, name):
+    """The definition of `name` in `source`, exec'd afresh among the module's names."""
+    tree = ast.parse(source)
+    [node] = [n for n in tree.body if getattr(n, "name", None) == name]
+    namespace = dict(vars(importlib.import_module(module)))
+    exec(compile(ast.Module([node], []), "<copy>", "exec"), namespace)
+    return namespace[name]
+
+def copies_on_sys_path(module):
+    relative = module.split(".")[1:]
+    for folder in sys.path:
+        for path in (os.path.join(folder, "gptcourse", *relative) + ".py",
+                     os.path.join(folder, "gptcourse", *relative, "__init__.py")):
+            if os.path.isfile(path):
+                yield path
+
+found = {}
+for module, name in TARGETS:
+    key = f"{module}.{name}"
+    routes = {
+        "import_module": lambda: getattr(importlib.import_module(module), name),
+        "__import__": lambda: getattr(__import__(module, fromlist=[name]), name),
+        "sys.modules": lambda: getattr(sys.modules[module], name),
+        "__dict__": lambda: sys.modules[module].__dict__[name],
+        "getsource": lambda: from_source(textwrap.dedent(inspect.getsource(
+            getattr(sys.modules[module], name))), module, name),
+        "__file__": lambda: from_source(open(sys.modules[module].__file__).read(), module, name),
+        "pickle": lambda: pickle.loads(f"c{module}\n{name}\n.".encode()),
+    }
+    for i, path in enumerate(copies_on_sys_path(module)):
+        routes[f"sys.path copy {i}"] = lambda path=path: from_source(open(path).read(), module, name)
+    for route, get in routes.items():
+        found[f"{key} {route}"] = outcome(get)
+print(json.dumps(found))
+'''
+
+
+def targets(lab: str) -> list[tuple[str, str]]:
+    """(module, name) of each gptcourse function and class lab `lab` forbids, and of its cases' references and
+    judges, found in the real package."""
+    _load_labs()
+    table, _ = reference_table(forbidden_names(lab))
+    objects = [obj for obj, _, _ in table.values() if isinstance(obj, (type, types.FunctionType))]
+    objects += [f for case in CASES.values() if case.id.startswith(lab + ".") for f in (case.reference, case.judge)]
+    found = {(obj.__module__, obj.__qualname__) for obj in objects
+             if obj.__module__.startswith("gptcourse.") and "." not in obj.__qualname__}
+    if lab == "10":
+        found.add(("gptcourse.grading.labs.lab10", "_mask_reference_of"))  # a hand-written reference
+    return sorted(found)
+
+
+def run_in_box(lab_folder: str, source: str, folder: Path) -> str:
+    """The text output of one cell run by the grader's executor in a box started for `lab_folder`."""
+    nb = new_notebook(cells=[new_code_cell(source)],
+                      metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    with Sandbox().start_box([str(folder)], lab=lab_folder) as box:
+        with_box(RobustExecute, box)(timeout=300).preprocess(
+            nb, {"metadata": {"path": str(folder)}, "nbgrader": {"assignment": lab_folder}})
+    return "".join(out.get("text", "") or f"{out.get('ename')}: {out.get('evalue')}" for out in nb.cells[0].outputs)
+
+
+@pytest.mark.parametrize("lab", sorted(LAB_FOLDERS))
+def test_every_route_to_a_reference_gives_a_stub_or_nothing(lab, tmp_path):
+    wanted = targets(lab)
+    assert len(wanted) >= 3
+    output = run_in_box(LAB_FOLDERS[lab], f"TARGETS = {wanted!r}\n{PROBE}", tmp_path)
+    found = json.loads(output.strip().splitlines()[-1])
+    real = {route: what for route, what in found.items() if what not in ("stub", "absent")}
+    assert not real, f"lab {lab}'s kernel reached a reference: {real}"
+    for module, name in wanted:  # the routes that always find the name find its stub
+        assert found[f"{module}.{name} import_module"] == found[f"{module}.{name} pickle"] == "stub"
+
+
+# (b) Submissions whose only filled cell copies the reference through routes that neither the source scan nor the
+# kernel's identity check follows: the package's file found from `check`, run with `exec` or `compile` fetched
+# through pickle's machinery, and a function rebuilt from a code object.
+ROUTE = '''
+import inspect, io, math, os, pickle, types
+import torch
+from torch.nn import functional as F
+from gptcourse.grading import check
+
+_file = os.path.join(os.path.dirname(os.path.dirname(inspect.getfile(check))), *{relative!r}.split("/"))
+_machinery = pickle.Unpickler(io.BytesIO())
+'''
+SOURCE_EXEC = ROUTE + '''
+_names = {{"__name__": "__main__", "__package__": {package!r}}}
+try:
+    _machinery.find_class("builtins", "exec")(open(_file).read(), _names)
+except Exception:  # a lab module registers its cases twice: what it defined before that is there
+    pass
+{student} = _names[{name!r}]
+'''
+CODE_OBJECT = ROUTE + '''
+_module = _machinery.find_class("builtins", "compile")(open(_file).read(), _file, "exec")
+_code = next(c for c in _module.co_consts if getattr(c, "co_name", None) == {name!r})
+_builtins = _machinery.find_class("builtins", "abs").__self__
+{student} = types.FunctionType(_code, {{"__builtins__": _builtins, "math": math, "torch": torch, "F": F, {extra}}},
+                               None, (None,) * _code.co_argcount)
+'''
+ROUTES = {
+    "02_causal_attention": {
+        "head-source-exec": ({"head": SOURCE_EXEC.format(relative="model/causal_attention.py",
+                                                         package="gptcourse.model", name="AttentionHead",
+                                                         student="AttentionHead")},
+                             {"test_head", "test_head_hidden"}),
+        "attention-code-object": ({"attention": CODE_OBJECT.format(
+            relative="model/causal_attention.py", name="attention", student="attention",
+            extra='"causal_mask": lambda t, tk, device: causal_mask(t)')},
+                                  {"test_attention", "test_attention_causal", "test_attention_hidden", "test_head",
+                                   "test_head_hidden"}),
+    },
+    "10_finetuning_and_rewards": {
+        "mask-graders-reference": ({"mask": SOURCE_EXEC.format(relative="grading/labs/lab10.py",
+                                                               package="gptcourse.grading.labs",
+                                                               name="_mask_reference_of", student="padding_mask")},
+                                   {"test_mask", "test_mask_left", "test_mask_hidden"}),
+        "bt-code-object": ({"bt": CODE_OBJECT.format(relative="finetuning/losses.py", name="bradley_terry_loss",
+                                                     student="bradley_terry_loss", extra="")},
+                           {"test_bt", "test_bt_hidden"}),
+    },
+}
+
+
+@pytest.mark.parametrize("lab", sorted(ROUTES))
+def test_a_copied_reference_earns_nothing_and_the_solution_full_marks(lab, course):
+    scores = course.grade_class(lab, ROUTES[lab])
+    assert scores["solution"] == course.expected_scores(lab)
+    assert {student: scores[student] for student in ROUTES[lab]} == \
+        {student: course.expected_scores(lab, fails) for student, (_, fails) in ROUTES[lab].items()}
