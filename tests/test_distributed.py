@@ -44,7 +44,9 @@ def test_torchrun_with_two_gloo_processes_ends_with_the_weights_of_one_process(t
     # computes from its two micro-batches of 6 (halving is exact in floating point): bit for bit the same run.
     for name, tensor in a.items():
         assert torch.equal(tensor, b[name]), f"{name}: 2 ranks differ from 1 process: {(tensor - b[name]).abs().max()}"
-    # One pass over all 12 rows sums them in another order: equal up to rounding, which Adam keeps small here.
+    # One pass over all 12 rows sums them in another order: equal up to rounding, which Adam amplifies where a
+    # gradient is near zero; how much depends on the CPU's kernels (under 1e-5 on one machine, 2.1e-5 on another,
+    # with the same one thread): bounded at 1e-4, a tenth of a single lr-sized step.
     c = load_checkpoint(whole)["model"]
     d = c["tok_emb.weight"].shape[1]  # C: qkv.bias holds the query, key and value parts, C each
     for name, tensor in c.items():
@@ -52,11 +54,11 @@ def test_torchrun_with_two_gloo_processes_ends_with_the_weights_of_one_process(t
         if name.endswith("attn.qkv.bias"):
             # The key bias's exact gradient is zero (softmax ignores a shift shared by all keys), so both runs
             # update it from rounding noise alone, which Adam scales up towards lr: compare the query and value
-            # parts to 1e-5 and bound the key part by a few steps of lr (3e-3).
+            # parts to 1e-4 and bound the key part by a few steps of lr (3e-3).
             key = slice(d, 2 * d)
             assert (tensor[key] - other[key]).abs().max() < 3e-3 * 3
             tensor, other = torch.cat([tensor[:d], tensor[2 * d:]]), torch.cat([other[:d], other[2 * d:]])
-        assert torch.allclose(tensor, other, rtol=0, atol=1e-5), f"{name}: {(tensor - other).abs().max():.2e}"
+        assert torch.allclose(tensor, other, rtol=0, atol=1e-4), f"{name}: {(tensor - other).abs().max():.2e}"
 
 
 def _torchrun(*args: str) -> list[str]:

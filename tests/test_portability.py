@@ -20,7 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # What conftest.py's LESSON_KERNELS must amount to, written out here rather than imported from it.
-ANOTHER_CPU = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OMP_NUM_THREADS": "2"}
+ANOTHER_CPU = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OMP_NUM_THREADS": "2",
+               "MKL_NUM_THREADS": "2"}
 
 
 def test_torch_takes_the_plain_cpu_path_with_two_threads() -> None:

@@ -82,7 +82,7 @@ class RobustExecute(Execute):
         folder = (resources or {}).get("metadata", {}).get("path") or "."
         info = resources["nbgrader"]
         lab = info["assignment"]
-        env = kernel_environment(lab, info["student"])
+        env = kernel_environment(lab, info.get("student"))
         self._box, own = self.box, None
         hidden = course_folders(self.config, folder)
         if self._box is None and require_sandbox(self.config, forbidden=hidden):

@@ -149,7 +149,7 @@ class JudgeTestCells(NbGraderPreprocessor):
                     banned[piece] = f"the object that {test_id} checks {text}"
                     add_line(nb, f"{cell_label(cell, i)}: the object that {test_id} checks {text}, the reference for "
                                  f"a piece you must write: 0 points for {prefix}.{piece}.*")
-        student = resources["nbgrader"]["student"]
+        student = (resources or {}).get("nbgrader", {}).get("student")  # None: not a graded submission
         for _, cell, ids in tests:
             passed, messages = judge_cell(cell, ids, banned, student)
             _rewrite(cell, passed, messages)

@@ -50,7 +50,9 @@ def _head_sizes(b: int, t: int, h: int, d: int) -> dict[str, int]:
 def _hidden_sizes(seed: int, even_d: bool = False) -> tuple[int, int, int, int]:
     """(B, T, H, D) for a hidden case."""
     r = sizes_rng(seed)
-    return r.randint(1, 3), r.randint(4, 9), r.choice([2, 4, 6]), r.choice([2, 6, 10] if even_d else [3, 5, 6])
+    # An even D has at least two pairs: with one (D = 2) pairing (2i, 2i + 1) is pairing the halves, and an
+    # interleaved RoPE would pass (hidden_single keeps that edge case on purpose).
+    return r.randint(1, 3), r.randint(4, 9), r.choice([2, 4, 6]), r.choice([4, 6, 10] if even_d else [3, 5, 6])
 
 
 # ---- split_heads(x, n_heads): (B, T, C) -> (B, H, T, D)

@@ -419,4 +419,8 @@ register(
                  lambda seed: _sample_inputs(SAMPLER, 1, 1, 1.3, None, seed), hidden=True),
     _sample_case("07.sample.hidden_long", "sample_next_token on idx longer than the context (crop to the last "
                  "context_length tokens)", lambda seed: _sample_inputs(SAMPLER, 4, 11, 1.0, 10, seed), hidden=True),
+    # One draw per row can agree with the right one by chance, whatever the probabilities: 64 rows at a high
+    # temperature make a wrong temperature show in every student's draws, not only in some.
+    _sample_case("07.sample.hidden_many", "sample_next_token on 64 sequences at temperature 1.5",
+                 lambda seed: _sample_inputs(SAMPLER, 64, 3, 1.5, None, seed), hidden=True),
 )
