@@ -7,12 +7,11 @@ outnumber the cores, or spin while a neighbour runs, made a loaded machine up to
 (`gptcourse/threads.py`). `GPTCOURSE_TORCH_THREADS=N pytest ...` gives N threads instead.
 
 Lessons run under nbval, and their saved outputs must reproduce on every student's machine, not only on the one
-that recorded them: so their kernels compute as ANOTHER CPU does, without AVX and with two threads
-(`LESSON_KERNELS`; `tests/test_portability.py` says why and checks that torch obeys). One run proves both that
-the committed outputs are what the code computes and that they do not depend on the recording machine's vector
-units or thread count; two threads on one worker's share of the cores is the suite's one deliberate
-oversubscription (they wait passively). `GPTCOURSE_LESSON_CPU=native pytest lessons/...` runs them as this
-machine computes (e.g. right after recording a lesson).
+that recorded them: so their kernels compute as ANOTHER CPU does, without AVX, on one thread (`LESSON_KERNELS`;
+`tests/test_portability.py` says why and checks that torch obeys). One run proves both that the committed
+outputs are what the code computes and that they do not depend on the recording machine's vector units.
+`GPTCOURSE_LESSON_CPU=native pytest lessons/...` runs them as this machine computes (e.g. right after recording
+a lesson).
 
 nbval compares each output mimetype for equality. The grading payload
 (`application/vnd.gptcourse.result+json`, what a lab's `check(...)` emits) holds tensors as raw float bytes whose
@@ -33,11 +32,11 @@ if not THREADS.isdigit() or int(THREADS) < 1:
 os.environ["OMP_NUM_THREADS"] = THREADS
 os.environ["MKL_NUM_THREADS"] = THREADS
 wait_passively()
-LESSON_KERNELS = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OMP_NUM_THREADS": "2",
-                  "MKL_NUM_THREADS": "2"}
+LESSON_KERNELS = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OMP_NUM_THREADS": "1",
+                  "MKL_NUM_THREADS": "1"}
 if os.environ.get("GPTCOURSE_LESSON_CPU", "another") not in ("another", "native"):
     raise pytest.UsageError(f"GPTCOURSE_LESSON_CPU={os.environ['GPTCOURSE_LESSON_CPU']!r}: expected 'another' "
-                            "(the default: lessons run as a CPU without AVX, on two threads) or 'native'")
+                            "(the default: lessons run as a CPU without AVX) or 'native'")
 
 
 def pytest_collectstart(collector: pytest.Collector) -> None:

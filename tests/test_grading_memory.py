@@ -59,8 +59,11 @@ def marked_processes() -> list[str]:
 
 
 def box_cgroups() -> list[str]:
+    """The box cgroups left by graders that are gone (`PREFIX` + the grader's pid + ...): a cgroup of a grader
+    still running belongs to another test (pytest's other worker), not to a leftover of this one."""
     found = own_memory_cgroup()
-    return [] if found is None else [n for n in os.listdir(found[1]) if n.startswith(PREFIX)]
+    names = [] if found is None else [n for n in os.listdir(found[1]) if n.startswith(PREFIX)]
+    return [n for n in names if not os.path.exists(f"/proc/{n[len(PREFIX):].split('-')[0]}")]
 
 
 @pytest.mark.parametrize("bound", [
