@@ -23,6 +23,7 @@ import os
 import pytest
 from nbval.plugin import IPyNbFile
 
+from gptcourse.bench_lessons import SIMD
 from gptcourse.threads import cores, wait_passively
 
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set by pytest-xdist in each worker
@@ -32,8 +33,7 @@ if not THREADS.isdigit() or int(THREADS) < 1:
 os.environ["OMP_NUM_THREADS"] = THREADS
 os.environ["MKL_NUM_THREADS"] = THREADS
 wait_passively()
-LESSON_KERNELS = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OMP_NUM_THREADS": "1",
-                  "MKL_NUM_THREADS": "1"}
+LESSON_KERNELS = {**SIMD["baseline"], "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 if os.environ.get("GPTCOURSE_LESSON_CPU", "another") not in ("another", "native"):
     raise pytest.UsageError(f"GPTCOURSE_LESSON_CPU={os.environ['GPTCOURSE_LESSON_CPU']!r}: expected 'another' "
                             "(the default: lessons run as a CPU without AVX) or 'native'")
