@@ -2,17 +2,23 @@
 
 A lab module subclasses `RoundTrip` as `class TestLabNN(RoundTrip)` and sets LAB (the lab's folder), WRONG
 (student -> ({solution cell grade_id: what they wrote}, the test cells it must fail)), TOTAL (the lab's points)
-and VALIDATE (a mistake, how many cells `nbgrader validate` must report, and what the report must say). One
-autograde batch grades the solution, the untouched release and every mistake; lab-specific tests are methods
-of the subclass and can use the same `scores`.
+and VALIDATE (a mistake, how many cells `nbgrader validate` must report, and what the report must say). The
+release it generates must be the committed labs/LAB; one autograde batch grades the solution, the untouched
+release and every mistake; lab-specific tests are methods of the subclass and can use the same `scores`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
-from nbgrader_course import Course
+from nbgrader_course import ROOT, Course
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    """{path relative to `folder`: contents} of every file under it."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,14 @@ class RoundTrip:
         assert scores["solution"] == course.expected_scores(self.LAB)
         assert sum(scores["solution"].values()) == self.TOTAL
 
+    def test_release_is_exactly_what_nbgrader_generates(self, course: Course, scores: dict) -> None:
+        """labs/LAB as committed is what `nbgrader generate_assignment` made of solutions/LAB in `scores`."""
+        generated, committed = files(course.root / "labs" / self.LAB), files(ROOT / "labs" / self.LAB)
+        drift = sorted(name for name in generated.keys() | committed.keys()
+                       if generated.get(name) != committed.get(name))
+        assert not drift, (f"labs/{self.LAB} differs from what solutions/{self.LAB} generates: {drift}. From the repo "
+                           f"root run `nbgrader generate_assignment {self.LAB} --force` and commit labs/.")
+
     def test_untouched_release_scores_zero(self, course: Course, scores: dict) -> None:
         assert scores["untouched"] == course.expected_scores(self.LAB, set(course.expected_scores(self.LAB)))
 
@@ -47,12 +61,14 @@ class RoundTrip:
         assert got == {student: course.expected_scores(self.LAB, fails) for student, (_, fails) in self.WRONG.items()}
 
     def test_validate_reports_success_and_the_failing_test(self, course: Course) -> None:
-        lab_number = self.LAB[:2]
-        solved = course.validate(f"lab{lab_number}-solved", course.solved(self.LAB))
+        v = self.VALIDATE
+        solved_name, wrong_name = f"{self.LAB}-solved", f"{self.LAB}-{v.student}"
+        reports = course.validate({solved_name: course.solved(self.LAB),
+                                   wrong_name: course.solved(self.LAB, self.WRONG[v.student][0])})
+        solved, report = reports[solved_name], reports[wrong_name]
         assert "Success! Your notebook passes all the tests." in solved
         assert "WARNING" not in solved, f"validate printed a warning a student cannot act on:\n{solved[:2000]}"
-        v = self.VALIDATE
-        report = course.validate(f"lab{lab_number}-{v.student}", course.solved(self.LAB, self.WRONG[v.student][0]))
+        assert "VALIDATION FAILED" not in solved
         assert f"VALIDATION FAILED ON {v.failed_cells} CELL(S)" in report
         for snippet in v.says:
             assert snippet in report

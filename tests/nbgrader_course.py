@@ -9,6 +9,7 @@ import functools
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -28,17 +29,44 @@ def sandbox_problem() -> str | None:
     return None
 
 
+@functools.cache
+def empty_gradebook() -> bytes:
+    """A new SQLite gradebook of this course, as `nbgrader` creates on its first command; made once per test
+    process. (nbgrader creates one by running `alembic` in a subprocess, seconds each time.)"""
+    from nbgrader.api import Gradebook
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "gradebook.db"
+        with Gradebook(f"sqlite:///{path}", course_id=course_id()):
+            pass
+        return path.read_bytes()
+
+
+def course_id() -> str:
+    """c.CourseDirectory.course_id of the committed nbgrader_config.py."""
+    from traitlets.config import Config, PyFileConfigLoader
+
+    config = Config(PyFileConfigLoader("nbgrader_config.py", str(ROOT)).load_config())
+    return config.CourseDirectory.course_id
+
+
 class Course:
     """The course directory (nbgrader_config.py, solutions/, labs/) copied to `root`; nothing touches the repo.
 
     Where the sandbox cannot start (macOS, a Linux without bubblewrap) the copy grades without it, so the round
     trips still test the grading itself there; tests/test_grading_sandbox.py skips, and CI (which has
-    bubblewrap and fails on a skip) runs everything boxed."""
+    bubblewrap and fails on a skip) runs everything boxed.
 
-    def __init__(self, root: Path) -> None:
+    The copy starts with an empty SQLite gradebook (`sqlite_gradebook=False`: without one, for a course whose
+    gradebook is elsewhere)."""
+
+    def __init__(self, root: Path, sqlite_gradebook: bool = True) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / "nbgrader_config.py", root)
+        if sqlite_gradebook:
+            (root / "grading").mkdir()
+            (root / "grading" / "gradebook.db").write_bytes(empty_gradebook())
         if sandbox_problem() is not None:
             with open(root / "nbgrader_config.py", "a", encoding="utf-8") as config:
                 config.write("\nc.Sandbox.allow_unsandboxed = True  # added by tests/nbgrader_course.py\n")
@@ -102,9 +130,15 @@ class Course:
         assert failing <= set(points), f"unknown test cells {failing - set(points)}"
         return {grade_id: 0.0 if grade_id in failing else p for grade_id, p in points.items()}
 
-    def validate(self, name: str, nb: nbformat.NotebookNode) -> str:
-        """`nbgrader validate` on `nb` (saved as validate/NAME.ipynb); its report."""
-        path = self.root / "validate" / f"{name}.ipynb"
-        path.parent.mkdir(exist_ok=True)
-        nbformat.write(nb, path)
-        return self.nbgrader("validate", str(path.relative_to(self.root)), ok=False).stdout
+    def validate(self, notebooks: dict[str, nbformat.NotebookNode]) -> dict[str, str]:
+        """`nbgrader validate` on every notebook (saved as validate/NAME.ipynb), in one call: {NAME: its report}."""
+        folder = self.root / "validate"
+        folder.mkdir(exist_ok=True)
+        paths = {name: folder / f"{name}.ipynb" for name in notebooks}
+        for name, path in paths.items():
+            nbformat.write(notebooks[name], path)
+        output = self.nbgrader("validate", *(str(p.relative_to(self.root)) for p in paths.values()), ok=False).stdout
+        # nbgrader announces each notebook with "[ValidateApp | INFO] Validating '<path>'", then its report
+        starts = sorted((output.index(f"Validating '{path}'"), name) for name, path in paths.items())
+        ends = [start for start, _ in starts[1:]] + [len(output)]
+        return {name: output[start:end] for (start, name), end in zip(starts, ends, strict=True)}

@@ -79,7 +79,7 @@ def test_concurrent_batch_on_postgres_matches_sqlite(postgres_url, tmp_path):
     import psycopg
 
     students = 4
-    on_postgres, on_sqlite = Course(tmp_path / "postgres"), Course(tmp_path / "sqlite")
+    on_postgres, on_sqlite = Course(tmp_path / "postgres", sqlite_gradebook=False), Course(tmp_path / "sqlite")
     for course, db in ((on_postgres, ["--db", postgres_url]), (on_sqlite, [])):
         course.nbgrader("generate_assignment", LAB, "--force", *db)
         for student, nb in build_class(course.root, LAB, students).items():
