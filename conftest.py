@@ -1,9 +1,9 @@
 """Root pytest configuration, loaded before anything imports torch.
 
 Every test process, and every Jupyter kernel and subprocess it starts for nbval or nbgrader (they inherit the
-environment), gets a thread budget, `OMP_NUM_THREADS` = cores // pytest-xdist workers (at least 1; so 1 per worker
-on CI's 2 cores with `-n auto`), and torch's threads wait passively (`OMP_WAIT_POLICY=PASSIVE`): threads that
-outnumber the cores, or spin while a neighbour runs, made a loaded machine up to 20x slower
+environment), gets a thread budget, `OMP_NUM_THREADS` = cores // pytest-xdist workers (at least 1; `-n auto`
+starts cores + 1 workers, so 1 thread each), and torch's threads wait passively (`OMP_WAIT_POLICY=PASSIVE`):
+threads that outnumber the cores, or spin while a neighbour runs, made a loaded machine up to 20x slower
 (`gptcourse/threads.py`). `GPTCOURSE_TORCH_THREADS=N pytest ...` gives N threads instead.
 
 Lessons run under nbval, and their saved outputs must reproduce on every student's machine, not only on the one
@@ -37,6 +37,15 @@ LESSON_KERNELS = {**SIMD["baseline"], "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS":
 if os.environ.get("GPTCOURSE_LESSON_CPU", "another") not in ("another", "native"):
     raise pytest.UsageError(f"GPTCOURSE_LESSON_CPU={os.environ['GPTCOURSE_LESSON_CPU']!r}: expected 'another' "
                             "(the default: lessons run as a CPU without AVX) or 'native'")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (the default addopts): one worker more than the cores. A worker spends about a third of its
+    time waiting (on a kernel starting, on nbgrader's subprocesses), so with one per core the machine idles; each
+    worker, its kernels and its subprocesses use one thread (`THREADS`), so no thread pool outnumbers the cores.
+    PYTEST_XDIST_AUTO_NUM_WORKERS=N gives N workers instead (as pytest-xdist itself reads it)."""
+    given = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "")
+    return int(given) if given.isdigit() and int(given) > 0 else cores() + 1
 
 
 def pytest_collectstart(collector: pytest.Collector) -> None:

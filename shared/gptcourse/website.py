@@ -52,12 +52,14 @@ STATIC_MIMETYPES = ("text/html", "image/svg+xml", "image/png", "image/jpeg", "te
 
 @dataclass(frozen=True)
 class CourseRow:
-    """One row of the course map: the lesson's number and name, its lab's number (or None), what it builds."""
+    """One row of the course map: the lesson's number and name, its lab's number (or None), what it builds, how
+    long the lesson takes to run top to bottom."""
 
     number: str
     lesson: str
     lab: str | None
     builds: str
+    run_time: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ def _table_cells(line: str) -> list[str]:
 
 
 def course_map(readme: str) -> list[CourseRow]:
-    """The README's course map table: | # | lesson | lab | what you build |, one row per lesson."""
+    """The README's course map table: | # | lesson | lab | what you build | run time |, one row per lesson."""
     sections = markdown_sections(readme)
     if COURSE_MAP not in sections:
         raise ValueError(f"README.md has no '## {COURSE_MAP}' section: the website's landing page is built from it")
@@ -120,7 +122,8 @@ def course_map(readme: str) -> list[CourseRow]:
         cells = _table_cells(line) if line.lstrip().startswith("|") else []
         if len(cells) >= 4 and re.fullmatch(r"\d\d", cells[0]):
             lab = cells[2] if re.fullmatch(r"\d\d", cells[2]) else None
-            rows.append(CourseRow(number=cells[0], lesson=cells[1], lab=lab, builds=" | ".join(cells[3:])))
+            rows.append(CourseRow(number=cells[0], lesson=cells[1], lab=lab, builds=cells[3],
+                                  run_time=cells[4] if len(cells) > 4 else ""))
     if not rows:
         raise ValueError(f"README.md's '{COURSE_MAP}' section has no table rows like | 01 | lesson | 01 | what |")
     return rows
@@ -268,13 +271,13 @@ def _course_map_table(rows: list[CourseRow], lessons: list[Notebook], labs: list
     listed = {row.number for row in rows}
     rows = rows + [CourseRow(n.number, re.sub(r"^Lesson \d+\W*", "", n.title), n.number if n.number in lab_by_number
                              else None, "") for n in lessons if n.number not in listed]
-    table = ["| # | lesson | lab | what you build |", "|---|---|---|---|"]
+    table = ["| # | lesson | lab | what you build | run time |", "|---|---|---|---|---|"]
     for row in sorted(rows, key=lambda r: r.number):
         lesson = lesson_by_number.get(row.number)
         lab = lab_by_number.get(row.lab) if row.lab else None
         lesson_cell = f"[{row.lesson}](lessons/{lesson.name}.ipynb)" if lesson else row.lesson
         lab_cell = f"[{lab.number}](labs/{lab.name}.md)" if lab else (row.lab or "—")
-        table.append(f"| {row.number} | {lesson_cell} | {lab_cell} | {row.builds} |")
+        table.append(f"| {row.number} | {lesson_cell} | {lab_cell} | {row.builds} | {row.run_time} |")
     return "\n".join(table)
 
 
