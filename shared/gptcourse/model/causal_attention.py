@@ -68,7 +68,9 @@ def fused_attention(
 ) -> torch.Tensor:
     """The same computation through PyTorch's fused kernel, without the (T_q, T_k) weights.
 
-    k and v may have fewer heads than q (grouped-query attention, H_kv dividing H): they are shared, not copied.
+    k and v may have fewer heads than q (grouped-query attention, H_kv dividing H) and are never repeated here: a
+    decode step reshapes the queries into groups instead, and the other paths pass `enable_gqa`, where whether the
+    kernel copies k and v depends on the backend PyTorch picks.
     """
     grouped = q.size(-3) != k.size(-3)  # (B, H, T_q, D) queries against (B, H_kv, T_k, D) keys
     if mask is not None:
@@ -161,6 +163,6 @@ class MultiHeadAttention(nn.Module):
             n_rep = self.n_heads // self.n_kv_heads
             y, weights = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask)  # k, v as (B, H, T_k, D)
         else:
-            y, weights = fused_attention(q, k, v, mask), None  # shares the kv heads without copying them
+            y, weights = fused_attention(q, k, v, mask), None  # the kv heads go in unrepeated (see fused_attention)
         y = self.out(self.merge_heads(y))  # (B, T, C)
         return (y, weights) if return_weights else y

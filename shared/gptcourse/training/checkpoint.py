@@ -1,8 +1,9 @@
 """Checkpoints that a run can be killed around: written atomically, read back with clear errors.
 
 `save_checkpoint` writes to a temporary file in the same folder, flushes it to disk and renames it over the old
-one (`os.replace` is atomic on POSIX and Windows), so at every moment PATH is either the previous checkpoint or
-the new one, never half of one: a run killed while saving resumes from the previous save. `load_checkpoint`
+one (`os.replace`: atomic on POSIX, which Python documents; on Windows it replaces too, but atomicity is not
+promised), so PATH is the previous checkpoint or the new one, never half of one: a run killed while writing
+resumes from the previous save. `load_checkpoint`
 reads only tensors and plain Python values (`weights_only=True`, so a checkpoint cannot run code) and says
 what is wrong with a file that is missing, truncated, or from another run.
 """
