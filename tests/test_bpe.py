@@ -11,7 +11,7 @@ from itertools import pairwise
 
 import pytest
 import regex
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from gptcourse import GPT2_PATTERN, BPETokenizer, load_text
 
@@ -279,6 +279,11 @@ def test_from_hf_refuses_what_it_would_encode_differently(pretrained):
     spec["pre_tokenizer"]["add_prefix_space"] = True
     with pytest.raises(ValueError, match="expected a ByteLevel pre-tokenizer without a prefix space"):
         BPETokenizer.from_hf(Tokenizer.from_str(json.dumps(spec)))
+    with_bos = Tokenizer.from_str(pretrained["trainer"].to_str())
+    with_bos.post_processor = processors.TemplateProcessing(single=f"{EOT} $A", special_tokens=[(EOT, 0)])
+    assert with_bos.encode("x").ids[0] == 0  # EOT before every text, as Llama's post-processor puts a BOS
+    with pytest.raises(ValueError, match="TemplateProcessing post-processor would encode differently"):
+        BPETokenizer.from_hf(with_bos)
     no_alphabet = _byte_level(models.BPE())  # trained without the 256 bytes: most bytes have no token
     no_alphabet.train_from_iterator(["some text " * 50], trainers.BpeTrainer(vocab_size=280, show_progress=False))
     with pytest.raises(ValueError, match="ids must number exactly the 256 bytes"):

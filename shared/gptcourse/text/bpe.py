@@ -396,16 +396,22 @@ class BPETokenizer:
         with its own ids: the same merges, vocabulary and special tokens, so it encodes every text to the ids
         `tokenizer` gives. The pre-tokenizer regex is read from `tokenizer` (GPT-2's for a plain ByteLevel one)
         unless `pattern` is given. What this class cannot reproduce (a normalizer, a prefix space, dropout, an
-        unknown token, added tokens that are not special) is refused rather than encoded differently."""
+        unknown token, a post-processor that adds tokens, added tokens that are not special) is refused rather than
+        encoded differently."""
         spec = json.loads(tokenizer.to_str())
         model = spec["model"]
         if model.get("type") != "BPE":
             raise ValueError(f"expected a byte-level BPE tokenizer, got a {model.get('type')} model")
         options = [k for k in ("dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
                                "byte_fallback", "ignore_merges") if model.get(k)]
-        if options or spec.get("normalizer"):
-            raise ValueError(f"this tokenizer's {options or 'normalizer'} would encode differently from BPETokenizer "
-                             f"(a plain byte-level BPE with no normalizer): not supported")
+        post = spec.get("post_processor")
+        if post is not None and post.get("type") != "ByteLevel":
+            options.append(f"{post.get('type')} post-processor")  # it may add tokens, as Llama's adds a BOS
+        if spec.get("normalizer"):
+            options.append("normalizer")
+        if options:
+            raise ValueError(f"this tokenizer's {', '.join(options)} would encode differently from BPETokenizer "
+                             f"(a plain byte-level BPE): not supported")
         added = spec.get("added_tokens") or []
         plain = [t["content"] for t in added if not t["special"]]
         if plain:
@@ -420,15 +426,21 @@ class BPETokenizer:
                    pattern if pattern is not None else _hf_pattern(spec.get("pre_tokenizer")), ids)
 
 
+def _is_byte_level(step: Any, use_regex: bool) -> bool:
+    return (isinstance(step, dict) and step.get("type") == "ByteLevel" and not step.get("add_prefix_space")
+            and step.get("use_regex", True) == use_regex)
+
+
 def _hf_pattern(pre: Any) -> str:
-    """The regex of a byte-level pre-tokenizer as `to_hf()` writes it, or of GPT-2's plain ByteLevel one."""
-    if isinstance(pre, dict) and pre.get("type") == "ByteLevel" and pre.get("use_regex", True) \
-            and not pre.get("add_prefix_space"):
-        return GPT2_PATTERN  # tokenizers' ByteLevel regex is GPT-2's
+    """The pre-tokenizer regex of a `tokenizers` pre-tokenizer: GPT-2's for a plain ByteLevel one (its built-in
+    regex is GPT-2's), the Split's for a regex Split then a ByteLevel without its regex (as `to_hf()` writes)."""
+    if _is_byte_level(pre, use_regex=True):
+        return GPT2_PATTERN
     steps = pre.get("pretokenizers", []) if isinstance(pre, dict) and pre.get("type") == "Sequence" else []
-    if len(steps) == 2 and steps[0].get("type") == "Split" and "Regex" in steps[0].get("pattern", {}) \
-            and steps[0].get("behavior") == "Isolated" and not steps[0].get("invert") \
-            and steps[1] == {**steps[1], "type": "ByteLevel", "add_prefix_space": False, "use_regex": False}:
-        return steps[0]["pattern"]["Regex"]
+    if len(steps) == 2 and _is_byte_level(steps[1], use_regex=False):
+        split = steps[0]
+        if split.get("type") == "Split" and split.get("behavior") == "Isolated" and not split.get("invert") \
+                and "Regex" in split.get("pattern", {}):
+            return split["pattern"]["Regex"]
     raise ValueError(f"expected a ByteLevel pre-tokenizer without a prefix space (or a regex Split then ByteLevel, "
                      f"as to_hf() writes), got {json.dumps(pre)[:200]}; pass pattern= to say which regex it uses")
