@@ -167,6 +167,8 @@ def test_bad_input_is_refused_with_what_was_expected():
         tok.decode([104, 999])
     with pytest.raises(ValueError, match="no earlier merge made"):
         BPETokenizer([(b"he", b"l")])
+    with pytest.raises(ValueError, match=r"special tokens \['he'\] are spelled like merged tokens"):
+        BPETokenizer([(b"h", b"e")], special_tokens=["he"]).to_hf()
 
 
 def test_from_hf_of_to_hf_is_the_same_tokenizer(trained):

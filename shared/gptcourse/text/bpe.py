@@ -380,8 +380,13 @@ class BPETokenizer:
         `tokenizers.Tokenizer` always encodes special tokens: `encode(text, allowed_special="all")`)."""
         from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+        vocab = self._printable_ids()
+        clash = sorted(set(vocab) & set(self.special_tokens))
+        if clash:
+            raise ValueError(f"special tokens {clash} are spelled like merged tokens: a tokenizers vocabulary cannot "
+                             f"hold both")
         merges = [(_printable(a), _printable(b)) for a, b in self.merges]
-        tokenizer = Tokenizer(models.BPE(vocab=self._printable_ids() | self.special_tokens, merges=merges))
+        tokenizer = Tokenizer(models.BPE(vocab=vocab | self.special_tokens, merges=merges))
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(self.pattern), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
@@ -427,6 +432,7 @@ class BPETokenizer:
 
 
 def _is_byte_level(step: Any, use_regex: bool) -> bool:
+    """Whether `step` (a pre-tokenizer's JSON) is ByteLevel without a prefix space, using its regex or not."""
     return (isinstance(step, dict) and step.get("type") == "ByteLevel" and not step.get("add_prefix_space")
             and step.get("use_regex", True) == use_regex)
 
