@@ -3,13 +3,15 @@ tie rule), Hugging Face `tokenizers` (its Rust BPE model encodes, its BpeTrainer
 
 from __future__ import annotations
 
+import json
+import random
 import re
 from collections import Counter
 from itertools import pairwise
 
 import pytest
 import regex
-from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from gptcourse import GPT2_PATTERN, BPETokenizer, load_text
 
@@ -98,13 +100,13 @@ def test_encoding_equals_the_rust_bpe_model(trained, corpus):
     ids = trained.encode(corpus)
     assert ids == hf.encode(corpus).ids
     for text in ADVERSARIAL:
-        assert trained.encode(text) == hf.encode(text).ids, repr(text)
+        assert trained.encode(text, allowed_special="all") == hf.encode(text).ids, repr(text)
 
 
 def test_decode_inverts_encode_on_any_unicode(trained, corpus):
     assert trained.decode(trained.encode(corpus)) == corpus
     for text in ADVERSARIAL:
-        assert trained.decode(trained.encode(text)) == text
+        assert trained.decode(trained.encode(text, allowed_special="all")) == text
         assert trained.decode(trained.encode(text, allowed_special="none")) == text
     lone = "a\ud800b \udfff"  # lone surrogates: not characters; their 3 bytes each are kept and are invalid UTF-8
     ids = trained.encode(lone)
@@ -123,19 +125,34 @@ def test_special_tokens_are_one_id_only_when_allowed(trained):
     eot = trained.special_tokens[EOT]
     assert eot == trained.vocab_size - 1 and trained.vocab[eot] == EOT.encode()
     text = f"x = 1{EOT}y = 2"
-    ids = trained.encode(text)
+    ids = trained.encode(text, allowed_special="all")
     assert ids.count(eot) == 1 and ids == [*trained.encode("x = 1"), eot, *trained.encode("y = 2")]
-    for plain in (trained.encode(text, allowed_special="none"), trained.encode(text, allowed_special=set())):
-        assert eot not in plain and trained.decode(plain) == text
+    plain = trained.encode(text, allowed_special="none")
+    assert eot not in plain and trained.decode(plain) == text
     assert trained.encode(text, allowed_special={EOT}) == ids
     with pytest.raises(ValueError, match="allowed_special must be"):
         trained.encode(text, allowed_special={"<|unknown|>"})
 
 
+def test_a_special_tokens_text_is_refused_unless_allowed(trained):
+    text = f"x = 1{EOT}y = 2"
+    refusal = rf"contains the special token '<\|endoftext\|>': pass allowed_special={{'<\|endoftext\|>'}} " \
+              rf"\(or 'all'\) to encode it as its id {trained.special_tokens[EOT]}, or allowed_special='none'"
+    for allowed in ((), set()):
+        with pytest.raises(ValueError, match=refusal):
+            trained.encode(text, allowed_special=allowed)
+    with pytest.raises(ValueError, match=refusal):
+        trained.encode(text)  # the default is the safe choice, as in tiktoken
+    assert trained.encode("x <|endo ftext|>") == trained.encode("x <|endo ftext|>", allowed_special="none")
+
+
 def test_two_special_tokens_one_inside_the_other():
     tok = BPETokenizer.train("some text " * 20, 300, special_tokens=("<|a|>", "<|a|><|b|>"))
     a, ab = tok.special_tokens["<|a|>"], tok.special_tokens["<|a|><|b|>"]
-    assert tok.encode("x<|a|><|b|>y<|a|>") == [*tok.encode("x"), ab, *tok.encode("y"), a]
+    assert tok.encode("x<|a|><|b|>y<|a|>", allowed_special="all") == [*tok.encode("x"), ab, *tok.encode("y"), a]
+    assert tok.encode("x<|a|><|b|>y", allowed_special={"<|a|><|b|>"}) == [*tok.encode("x"), ab, *tok.encode("y")]
+    with pytest.raises(ValueError, match=r"special token '<\|a\|>'"):
+        tok.encode("x<|a|><|b|>y<|a|>", allowed_special={"<|a|><|b|>"})
 
 
 def test_bad_input_is_refused_with_what_was_expected():
@@ -150,6 +167,8 @@ def test_bad_input_is_refused_with_what_was_expected():
         tok.decode([104, 999])
     with pytest.raises(ValueError, match="no earlier merge made"):
         BPETokenizer([(b"he", b"l")])
+    with pytest.raises(ValueError, match=r"special tokens \['he'\] are spelled like merged tokens"):
+        BPETokenizer([(b"h", b"e")], special_tokens=["he"]).to_hf()
 
 
 def test_from_hf_of_to_hf_is_the_same_tokenizer(trained):
@@ -188,3 +207,89 @@ def test_the_rust_trainer_learns_the_same_vocabulary_where_no_ties_occur(corpus)
     ours = BPETokenizer.train(corpus, size)
     rust = BPETokenizer.from_hf(_rust_trained(corpus, size))
     assert set(ours.vocab.values()) == set(rust.vocab.values())
+
+
+
+# ---- a pretrained vocabulary keeps its own ids
+
+def _gpt2_bytes_to_unicode() -> dict[int, str]:
+    """openai/gpt-2 encoder.py's bytes_to_unicode, written out here: printable bytes stand for themselves, the others
+    get chr(256), chr(257), ...; the dict's order (printable first) is the order of ids 0-255 in encoder.json."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {b: chr(b) for b in printable} | {b: chr(256 + n) for n, b in enumerate(others)}
+
+
+def _byte_level(model: models.BPE) -> Tokenizer:
+    """A tokenizer laid out as GPT-2's tokenizer.json: a plain ByteLevel pre-tokenizer (GPT-2's regex) and decoder."""
+    hf = Tokenizer(model)
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    return hf
+
+
+@pytest.fixture(scope="module")
+def pretrained() -> dict[str, Tokenizer]:
+    """A byte-level BPE trained by `tokenizers` on generated text, numbered as its trainer numbers it (the special
+    token first, then the bytes by character, then the merges), and the same merges numbered as GPT-2's
+    vocabulary is (the bytes in bytes_to_unicode's order, each merge's new token in merge order, the special token
+    last)."""
+    words = ["def", "return", "self", "naïve", "日本語", "😀", "x", "  ", "1234", "café", "\n", "don't", "\t"]
+    rng = random.Random(0)
+    text = " ".join(rng.choice(words) + rng.choice(["", " ", "\n", "   "]) for _ in range(20_000))
+    trained = _byte_level(models.BPE())
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=[EOT], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trained.train_from_iterator([text], trainer)
+    merges = [tuple(m) for m in json.loads(trained.to_str())["model"]["merges"]]
+    vocab = {ch: i for i, ch in enumerate(_gpt2_bytes_to_unicode().values())}
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    vocab[EOT] = len(vocab)
+    gpt2 = _byte_level(models.BPE(vocab=vocab, merges=merges))
+    gpt2.add_special_tokens([AddedToken(EOT, special=True, normalized=False)])
+    return {"trainer": trained, "gpt2": gpt2}
+
+
+VARIED = [*ADVERSARIAL, "    def f(self):\n        return 1234\n\n\n", "naïve café 日本語😀 don't\t\tx", " \n \n  ",
+          f"{EOT}def{EOT} x\n{EOT}"]
+
+
+@pytest.mark.parametrize("layout", ["trainer", "gpt2"])
+def test_from_hf_keeps_the_tokenizers_own_ids(pretrained, layout, corpus):
+    hf = pretrained[layout]
+    ours = BPETokenizer.from_hf(hf)
+    assert ours.vocab_size == hf.get_vocab_size() == 600
+    assert ours.special_tokens == {EOT: hf.token_to_id(EOT)} == {EOT: 0 if layout == "trainer" else 599}
+    for text in [*VARIED, corpus[:20_000]]:
+        ids = ours.encode(text, allowed_special="all")
+        assert ids == hf.encode(text).ids, repr(text[:40])
+        assert ours.decode(ids) == text == hf.decode(ids, skip_special_tokens=False)
+    assert ours.to_hf().encode(corpus[:5000]).ids == hf.encode(corpus[:5000]).ids
+
+
+def test_a_pretrained_vocabulary_saves_and_loads_with_its_ids(pretrained, tmp_path):
+    ours = BPETokenizer.from_hf(pretrained["trainer"])
+    ours.save(tmp_path / "bpe.json")
+    back = BPETokenizer.load(tmp_path / "bpe.json")
+    assert back.vocab == ours.vocab and back.special_tokens == ours.special_tokens
+    assert back.encode(VARIED[-2]) == ours.encode(VARIED[-2])
+
+
+def test_from_hf_refuses_what_it_would_encode_differently(pretrained):
+    spec = json.loads(pretrained["trainer"].to_str())
+    spec["pre_tokenizer"]["add_prefix_space"] = True
+    with pytest.raises(ValueError, match="expected a ByteLevel pre-tokenizer without a prefix space"):
+        BPETokenizer.from_hf(Tokenizer.from_str(json.dumps(spec)))
+    with_bos = Tokenizer.from_str(pretrained["trainer"].to_str())
+    with_bos.post_processor = processors.TemplateProcessing(single=f"{EOT} $A", special_tokens=[(EOT, 0)])
+    assert with_bos.encode("x").ids[0] == 0  # EOT before every text, as Llama's post-processor puts a BOS
+    with pytest.raises(ValueError, match="TemplateProcessing post-processor would encode differently"):
+        BPETokenizer.from_hf(with_bos)
+    no_alphabet = _byte_level(models.BPE())  # trained without the 256 bytes: most bytes have no token
+    no_alphabet.train_from_iterator(["some text " * 50], trainers.BpeTrainer(vocab_size=280, show_progress=False))
+    with pytest.raises(ValueError, match="ids must number exactly the 256 bytes"):
+        BPETokenizer.from_hf(no_alphabet)
+    wordpiece = Tokenizer(models.WordPiece({"[UNK]": 0}, unk_token="[UNK]"))
+    with pytest.raises(ValueError, match="expected a byte-level BPE tokenizer, got a WordPiece model"):
+        BPETokenizer.from_hf(wordpiece)

@@ -101,3 +101,30 @@ def test_mismatched_models_are_refused():
         GPT(GPTConfig(position="rope", norm="rmsnorm", mlp="swiglu")).to_hf(family="mistral")
     with pytest.raises(ValueError, match=r"family must be None .* or .mistral., got .qwen."):
         GPT(GPTConfig()).to_hf(family="qwen")
+
+
+def test_a_pretrained_byte_level_vocabulary_and_gpt2_weights_run_on_the_course_code():
+    """GPT-2 end to end without a download: a byte-level BPE trained by `tokenizers` (GPT-2's pre-tokenizer and byte
+    alphabet) read by BPETokenizer.from_hf, and a random GPT-2 of that vocabulary read by GPT.from_hf, give the
+    ids and then the greedy continuation that `tokenizers` and `transformers` give."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    hf_tok = Tokenizer(models.BPE())
+    hf_tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf_tok.decoder = decoders.ByteLevel()
+    text = gptcourse.load_text()[:50_000]
+    hf_tok.train_from_iterator([text], trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tok = gptcourse.BPETokenizer.from_hf(hf_tok)
+    prompt = "<|endoftext|>def parse(self, naïve=None):\n    return"
+    ids = tok.encode(prompt, allowed_special="all")
+    assert ids == hf_tok.encode(prompt).ids and ids[0] == 0  # the trainer's layout: the special token is id 0
+    hf = tiny_gpt2(vocab_size=hf_tok.get_vocab_size(), n_positions=64)
+    randomise(hf)
+    idx = torch.tensor([ids])
+    with torch.no_grad():
+        expected = hf.generate(idx, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        got = gptcourse.generate(GPT.from_hf(hf).eval(), idx, 8, temperature=0)
+    assert torch.equal(got, expected)
+    assert tok.decode(got[0].tolist()) == hf_tok.decode(expected[0].tolist(), skip_special_tokens=False)

@@ -12,7 +12,10 @@ a heap with lazy deletion, so no merge recounts the corpus. `python -m gptcourse
 recount-every-merge loop and against Hugging Face `tokenizers`' Rust `BpeTrainer`.
 
 Encoding applies the merges to each pre-token lowest rank first, which is what the Rust BPE model does, so
-`to_hf()` encodes identically. Decoding joins the tokens' bytes and decodes them once (a character may span
+`to_hf()` encodes identically. Text that holds a special token's string is refused unless `allowed_special` says
+what to do with it (as tiktoken does): such text may come from a user, and silently turning it into a control token
+lets a prompt end a document or fake a turn. A pretrained vocabulary (`from_hf`, GPT-2's 50,257 tokens) keeps its
+own ids, whatever order they come in. Decoding joins the tokens' bytes and decodes them once (a character may span
 tokens); bytes that are not valid UTF-8 become U+FFFD, as the bytes say.
 """
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 import heapq
 import json
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import lru_cache
 from itertools import pairwise
 from pathlib import Path
@@ -181,37 +184,61 @@ def train_merges(words: Counter[bytes], size: int) -> list[tuple[bytes, bytes]]:
     return merges
 
 
+def _numbering(keys: Sequence[bytes | str], ids: Mapping[bytes | str, int]) -> list[int]:
+    """The id `ids` gives each of `keys` (the tokens in the course's order), checking that `ids` numbers exactly
+    those tokens, 0 .. n-1, each id once."""
+    missing = [k for k in keys if k not in ids]
+    extra = set(ids) - set(keys)
+    if missing or extra:
+        raise ValueError(f"ids must number exactly the 256 bytes, the merged tokens and the special tokens: "
+                         f"{len(missing)} have no id (first {missing[:3]}), {len(extra)} are none of them "
+                         f"(first {sorted(extra, key=repr)[:3]})")
+    numbers = [ids[k] for k in keys]
+    if sorted(numbers) != list(range(len(keys))):
+        raise ValueError(f"ids must be 0 .. {len(keys) - 1}, each once, got {len(set(numbers))} distinct ids "
+                         f"from {min(numbers)} to {max(numbers)}")
+    return numbers
+
+
 class BPETokenizer:
-    """Byte-level BPE: ids 0-255 are the bytes, 256.. the merges in order, then the special tokens.
+    """Byte-level BPE: by default ids 0-255 are the bytes, 256.. the merges in order, then the special tokens.
 
     Build one with `BPETokenizer.train(text, vocab_size)`, `BPETokenizer.load(path)`, `BPETokenizer.from_hf(t)`
     or from its parts, `BPETokenizer(merges, special_tokens, pattern)` (a prefix of a trained tokenizer's merges
-    is the tokenizer that training to that smaller size gives).
+    is the tokenizer that training to that smaller size gives). `ids` numbers the tokens another way, as a
+    pretrained vocabulary does: each byte or merged token (its bytes) and each special token (its str) -> its id.
     """
 
     def __init__(self, merges: Sequence[tuple[bytes, bytes]], special_tokens: Sequence[str] = ("<|endoftext|>",),
-                 pattern: str = GPT2_PATTERN) -> None:
+                 pattern: str = GPT2_PATTERN, ids: Mapping[bytes | str, int] | None = None) -> None:
         vocab = [bytes([b]) for b in range(256)]
-        ranks: dict[Pair, tuple[int, int]] = {}  # (left id, right id) -> (rank, id of the merged token)
-        ids = {tok: i for i, tok in enumerate(vocab)}
+        ranks: dict[Pair, tuple[int, int]] = {}  # (left, right) -> (rank, merged token), in the course's order
+        order = {tok: i for i, tok in enumerate(vocab)}
         for rank, (left, right) in enumerate(merges):
-            if left not in ids or right not in ids:
-                missing = left if left not in ids else right
+            if left not in order or right not in order:
+                missing = left if left not in order else right
                 raise ValueError(f"merge {rank} ({left!r}, {right!r}) uses {missing!r}, which no earlier merge made")
-            if (ids[left], ids[right]) in ranks:
+            if (order[left], order[right]) in ranks:
                 raise ValueError(f"merge {rank} ({left!r}, {right!r}) is listed twice")
-            new = ids.setdefault(left + right, len(vocab))
+            new = order.setdefault(left + right, len(vocab))
             if new == len(vocab):
                 vocab.append(left + right)
-            ranks[ids[left], ids[right]] = (rank, new)
+            ranks[order[left], order[right]] = (rank, new)
+        special_tokens = list(special_tokens)
         if len(set(special_tokens)) != len(special_tokens) or not all(special_tokens):
-            raise ValueError(f"special tokens must be distinct non-empty strings, got {list(special_tokens)}")
+            raise ValueError(f"special tokens must be distinct non-empty strings, got {special_tokens}")
+        keys: list[bytes | str] = [*vocab, *special_tokens]
+        number = list(range(len(keys))) if ids is None else _numbering(keys, ids)
         self.pattern = pattern
         self._compiled = regex.compile(pattern)
-        self._ranks = ranks
+        self._ranks = {(number[a], number[b]): (rank, number[new]) for (a, b), (rank, new) in ranks.items()}
+        self._byte_ids = number[:256]
         self._merges = [(bytes(a), bytes(b)) for a, b in merges]
-        self.special_tokens: dict[str, int] = {s: len(vocab) + k for k, s in enumerate(special_tokens)}
-        self._vocab = vocab + [_text_bytes(s) for s in special_tokens]
+        self.special_tokens: dict[str, int] = {s: number[len(vocab) + k] for k, s in enumerate(special_tokens)}
+        self._vocab = [b""] * len(keys)  # id -> bytes
+        for key, i in zip(keys, number, strict=True):
+            self._vocab[i] = _text_bytes(key) if isinstance(key, str) else key
+        self._renumbered = number != sorted(number)
         self._cache: dict[bytes, list[int]] = {}
 
     # ---- building
@@ -236,7 +263,7 @@ class BPETokenizer:
 
     @property
     def merges(self) -> list[tuple[bytes, bytes]]:
-        """The merges in the order they were learned: merge k made token 256 + k."""
+        """The merges in the order they were learned (in the default layout merge k made token 256 + k)."""
         return list(self._merges)
 
     @property
@@ -258,7 +285,7 @@ class BPETokenizer:
         cached = self._cache.get(word)
         if cached is not None:
             return cached
-        ids = list(word)
+        ids = [self._byte_ids[b] for b in word]
         ranks, never = self._ranks, (1 << 62, 0)
         while len(ids) > 1:
             best = min(pairwise(ids), key=lambda p: ranks.get(p, never))
@@ -269,9 +296,10 @@ class BPETokenizer:
             self._cache[word] = ids
         return ids
 
-    def encode(self, text: str, allowed_special: Literal["all", "none"] | Collection[str] = "all") -> list[int]:
-        """Token ids of `text`. Special tokens in `allowed_special` ("all", "none" or a set of them) become their
-        one id; any other special token's text is encoded as plain text, byte by byte and merge by merge."""
+    def encode(self, text: str, allowed_special: Literal["all", "none"] | Collection[str] = frozenset()) -> list[int]:
+        """Token ids of `text`. The string of a special token in `allowed_special` ("all" or a set of them) becomes
+        its one id. By default, as in tiktoken, text holding any other special token's string is refused with a
+        ValueError (it may come from a user); "none" encodes every such string as plain text, byte by byte."""
         _check_text(text, "the text to encode")
         if allowed_special == "all":
             allowed: Collection[str] = self.special_tokens
@@ -283,11 +311,17 @@ class BPETokenizer:
                 raise ValueError(f"allowed_special must be 'all', 'none' or a set of this tokenizer's special tokens "
                                  f"{list(self.special_tokens)}, got {allowed_special!r}")
             allowed = allowed_special
+        refused = () if allowed_special == "none" else set(self.special_tokens) - set(allowed)
         out: list[int] = []
         for piece, special in _split_special(text, allowed):
             if special:
                 out.append(self.special_tokens[piece])
                 continue
+            found = next((p for p, s in _split_special(piece, refused) if s), None)
+            if found is not None:
+                raise ValueError(f"the text contains the special token {found!r}: pass allowed_special={{{found!r}}} "
+                                 f"(or 'all') to encode it as its id {self.special_tokens[found]}, or "
+                                 f"allowed_special='none' to encode it as plain text")
             for word in self._compiled.findall(piece):
                 out.extend(self._encode_word(_text_bytes(word)))
         return out
@@ -310,10 +344,13 @@ class BPETokenizer:
 
     def save(self, path: str | Path) -> None:
         """A readable JSON file: the pattern, the special tokens, and the merges spelled as in GPT-2's merges.txt
-        (each byte as its printable stand-in: 'Ġ' is a space)."""
-        data = {"format": FORMAT, "version": 1, "pattern": self.pattern,
-                "special_tokens": list(self.special_tokens),
-                "merges": [f"{_printable(a)} {_printable(b)}" for a, b in self.merges]}
+        (each byte as its printable stand-in: 'Ġ' is a space); and every token's id where they are not the
+        default layout's (a pretrained vocabulary's)."""
+        data: dict[str, Any] = {"format": FORMAT, "version": 1, "pattern": self.pattern,
+                                "special_tokens": list(self.special_tokens),
+                                "merges": [f"{_printable(a)} {_printable(b)}" for a, b in self.merges]}
+        if self._renumbered:
+            data["ids"] = {"tokens": self._printable_ids(), "special_tokens": self.special_tokens}
         Path(path).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
     @classmethod
@@ -325,18 +362,31 @@ class BPETokenizer:
         for line in data["merges"]:
             left, right = line.split(" ")
             merges.append((_from_printable(left), _from_printable(right)))
-        return cls(merges, data["special_tokens"], data["pattern"])
+        ids = None
+        if "ids" in data:
+            ids = {_from_printable(t): i for t, i in data["ids"]["tokens"].items()} | data["ids"]["special_tokens"]
+        return cls(merges, data["special_tokens"], data["pattern"], ids)
 
     # ---- Hugging Face tokenizers
 
+    def _printable_ids(self) -> dict[str, int]:
+        """Each byte or merged token, spelled as in GPT-2's vocab.json, -> its id."""
+        specials = set(self.special_tokens.values())
+        return {_printable(tok): i for i, tok in enumerate(self._vocab) if i not in specials}
+
     def to_hf(self) -> Any:
-        """The same tokenizer as a Hugging Face `tokenizers.Tokenizer` (the Rust BPE model): same vocabulary,
-        merges, pre-tokenizer regex and special tokens, so it encodes every text to the same ids."""
+        """The same tokenizer as a Hugging Face `tokenizers.Tokenizer` (the Rust BPE model): same vocabulary and
+        ids, merges, pre-tokenizer regex and special tokens, so it encodes every text to the same ids (a
+        `tokenizers.Tokenizer` always encodes special tokens: `encode(text, allowed_special="all")`)."""
         from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-        vocab = {_printable(tok): i for i, tok in enumerate(self._vocab[:len(self._vocab) - len(self.special_tokens)])}
+        vocab = self._printable_ids()
+        clash = sorted(set(vocab) & set(self.special_tokens))
+        if clash:
+            raise ValueError(f"special tokens {clash} are spelled like merged tokens: a tokenizers vocabulary cannot "
+                             f"hold both")
         merges = [(_printable(a), _printable(b)) for a, b in self.merges]
-        tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+        tokenizer = Tokenizer(models.BPE(vocab=vocab | self.special_tokens, merges=merges))
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(self.pattern), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
@@ -346,16 +396,57 @@ class BPETokenizer:
         return tokenizer
 
     @classmethod
-    def from_hf(cls, tokenizer: Any, pattern: str = GPT2_PATTERN) -> BPETokenizer:
-        """A BPETokenizer from a byte-level `tokenizers.Tokenizer`: its merges and special tokens, with the
-        pre-tokenizer regex `pattern` (a Tokenizer does not expose its own). Ids follow this class's layout (bytes,
-        merges, special tokens): for `to_hf()`'s tokenizers they are the same; a tokenizer trained elsewhere gets
-        the same tokens, possibly renumbered."""
-        model = json.loads(tokenizer.to_str())["model"]
+    def from_hf(cls, tokenizer: Any, pattern: str | None = None) -> BPETokenizer:
+        """A BPETokenizer from a byte-level `tokenizers.Tokenizer` (GPT-2's, or one trained with `tokenizers`),
+        with its own ids: the same merges, vocabulary and special tokens, so it encodes every text to the ids
+        `tokenizer` gives. The pre-tokenizer regex is read from `tokenizer` (GPT-2's for a plain ByteLevel one)
+        unless `pattern` is given. What this class cannot reproduce (a normalizer, a prefix space, dropout, an
+        unknown token, a post-processor that adds tokens, added tokens that are not special) is refused rather than
+        encoded differently."""
+        spec = json.loads(tokenizer.to_str())
+        model = spec["model"]
         if model.get("type") != "BPE":
             raise ValueError(f"expected a byte-level BPE tokenizer, got a {model.get('type')} model")
+        options = [k for k in ("dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
+                               "byte_fallback", "ignore_merges") if model.get(k)]
+        post = spec.get("post_processor")
+        if post is not None and post.get("type") != "ByteLevel":
+            options.append(f"{post.get('type')} post-processor")  # it may add tokens, as Llama's adds a BOS
+        if spec.get("normalizer"):
+            options.append("normalizer")
+        if options:
+            raise ValueError(f"this tokenizer's {', '.join(options)} would encode differently from BPETokenizer "
+                             f"(a plain byte-level BPE): not supported")
+        added = spec.get("added_tokens") or []
+        plain = [t["content"] for t in added if not t["special"]]
+        if plain:
+            raise ValueError(f"added tokens that are not special ({plain[:3]}) are not supported")
+        specials = {t["content"]: t["id"] for t in sorted(added, key=lambda t: t["id"])}
+        ids: dict[bytes | str, int] = dict(specials)
+        for token, i in model["vocab"].items():
+            if token not in specials:
+                ids[_from_printable(token)] = i
         merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
-        specials = sorted((t for t in tokenizer.get_added_tokens_decoder().items() if t[1].special),
-                          key=lambda t: t[0])
-        return cls([(_from_printable(a), _from_printable(b)) for a, b in merges], [t.content for _, t in specials],
-                   pattern)
+        return cls([(_from_printable(a), _from_printable(b)) for a, b in merges], list(specials),
+                   pattern if pattern is not None else _hf_pattern(spec.get("pre_tokenizer")), ids)
+
+
+def _is_byte_level(step: Any, use_regex: bool) -> bool:
+    """Whether `step` (a pre-tokenizer's JSON) is ByteLevel without a prefix space, using its regex or not."""
+    return (isinstance(step, dict) and step.get("type") == "ByteLevel" and not step.get("add_prefix_space")
+            and step.get("use_regex", True) == use_regex)
+
+
+def _hf_pattern(pre: Any) -> str:
+    """The pre-tokenizer regex of a `tokenizers` pre-tokenizer: GPT-2's for a plain ByteLevel one (its built-in
+    regex is GPT-2's), the Split's for a regex Split then a ByteLevel without its regex (as `to_hf()` writes)."""
+    if _is_byte_level(pre, use_regex=True):
+        return GPT2_PATTERN
+    steps = pre.get("pretokenizers", []) if isinstance(pre, dict) and pre.get("type") == "Sequence" else []
+    if len(steps) == 2 and _is_byte_level(steps[1], use_regex=False):
+        split = steps[0]
+        if split.get("type") == "Split" and split.get("behavior") == "Isolated" and not split.get("invert") \
+                and "Regex" in split.get("pattern", {}):
+            return split["pattern"]["Regex"]
+    raise ValueError(f"expected a ByteLevel pre-tokenizer without a prefix space (or a regex Split then ByteLevel, "
+                     f"as to_hf() writes), got {json.dumps(pre)[:200]}; pass pattern= to say which regex it uses")
