@@ -142,10 +142,9 @@ def _module_name(relative: str) -> str:
 def stubbed_definitions(lab: str) -> dict[str, set[str]]:
     """module -> the top-level functions and classes that are stubs in lab `lab`'s view: those the lab forbids,
     and those of the grading modules that no graded kernel reaches."""
-    from .cases import CASES, _load_labs, forbidden_names
+    from .cases import forbidden_names, registry
     from .forbidden import reference_table
 
-    _load_labs()
     trees = {module: ast.parse(data.decode()) for relative, data in _package_files(package_folder())
              if (module := _module_name(relative))}
     stubs: dict[str, set[str]] = {}
@@ -155,7 +154,7 @@ def stubbed_definitions(lab: str) -> dict[str, set[str]]:
             stubs.setdefault(obj.__name__, set()).update(_definitions(trees[obj.__name__]))
         elif isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) in trees:
             stubs.setdefault(obj.__module__, set()).add(obj.__qualname__.split(".")[0])
-    roots = {(case.run.__module__, case.run.__qualname__.split(".")[0]) for case in CASES.values()}
+    roots = {(case.run.__module__, case.run.__qualname__.split(".")[0]) for case in registry().values()}
     kept = reachable(trees, roots)
     for module, tree in trees.items():
         if _is_grading(module):
