@@ -116,7 +116,7 @@ def submissions(course) -> dict[str, tuple[object, set[str], list[str]]]:
     del nb.cells[index_of(nb, "test_attention")]
     del nb.cells[index_of(nb, "intro")]
     subs["deleted-cells"] = (nb, {"test_AttentionHead", "test_AttentionHead_hidden"}, [
-        "solution cell 'head' is missing from the submission: graded as unanswered",
+        "solution cell 'AttentionHead' is missing from the submission: graded as unanswered",
         "cell 'test_attention' was deleted: restored from the course", "cell 'intro' was deleted"])
     nb = solved(LAB)
     wrong = nbformat.from_dict(json.loads(json.dumps(nb.cells[index_of(nb, "attention")])))

@@ -19,7 +19,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 from nbgrader_course import ROOT, sandbox_problem
 
-from gptcourse.grading.cases import CASES, _load_labs, forbidden_names
+from gptcourse.grading.cases import forbidden_names, lab_cases
 from gptcourse.grading.execute import RobustExecute, with_box
 from gptcourse.grading.forbidden import reference_table
 from gptcourse.grading.sandbox import Sandbox
@@ -98,10 +98,9 @@ print(json.dumps(found))
 def targets(lab: str) -> list[tuple[str, str]]:
     """(module, name) of each gptcourse function and class lab `lab` forbids, and of its cases' references and
     judges, found in the real package."""
-    _load_labs()
     table, _ = reference_table(forbidden_names(lab))
     objects = [obj for obj, _, _ in table.values() if isinstance(obj, (type, types.FunctionType))]
-    objects += [f for case in CASES.values() if case.id.startswith(lab + ".") for f in (case.reference, case.judge)]
+    objects += [f for case in lab_cases(lab) for f in (case.reference, case.judge)]
     found = {(obj.__module__, obj.__qualname__) for obj in objects
              if obj.__module__.startswith("gptcourse.") and "." not in obj.__qualname__}
     return sorted(found)

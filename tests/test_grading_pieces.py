@@ -69,3 +69,12 @@ def test_the_add_a_piece_example_of_the_package_runs():
 
     result = doctest.testmod(gptcourse.grading)
     assert result.failed == 0 and result.attempted >= 8
+
+
+def test_no_lab_module_imports_another_lab():
+    """What labs share lives in grading/fixtures.py or grading/piece.py: a lab reads as itself."""
+    for path in sorted((ROOT / "shared/gptcourse/grading/labs").glob("lab*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                source = "." * node.level + (node.module or "")
+                assert not re.match(r"(\.|gptcourse\.grading\.labs\.)lab\d", source), f"{path.name} imports {source}"

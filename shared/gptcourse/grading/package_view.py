@@ -9,14 +9,14 @@ and exactly over the package folder, a copy of the package (`lab_view(lab)`) in 
   stub: `def attention(*args, **kwargs)` raising "gptcourse.attention is not available while lab 02 is graded:
   write your own"; a class keeps its name and bases (so that module-level code subclassing it still imports)
   and raises when instantiated. Its body, its source and its bytecode are gone from every file of the copy;
-- the grader's own references are stubs too: in the grading modules (`GRADING`: the lab modules and
-  `gptcourse.checks`) only the functions and classes a graded kernel can reach stay (see below); every case
-  reference, judge and mistakes catalogue, and the hand-written references of labs 10 and 11, are stubs.
+- the grader's own references are stubs too: in the grading modules (`GRADING`: the lab modules, their shared
+  fixtures and `gptcourse.checks`) only the functions and classes a graded kernel can reach stay (see below);
+  every case reference, judge and mistakes catalogue is a stub.
 
 What stays in the grading modules, and why that is sound: a graded kernel calls, of the cases, only each case's
 `run` (the grader hands it the inputs, `kernel_inputs.py`, and judges the payload itself). What is kept is the
 closure, computed with `ast`, of the module-level names reachable from (1) every case's `run`, (2) the calls a
-grading module makes while it is imported (`register(...)`, `case_family(...)`), (3) the names of grading modules
+grading module makes while it is imported (`declare(Piece(...))`, `register(...)`), (3) the names of grading modules
 that the rest of the package imports (`CheckFailed` for kernel.py), following names, the module-level values
 they name and imports between grading modules. Code that reaches a module-level function some other way
 (`globals()[...]`, a table built by `map`) is not followed: it gets a stub, which raises "not available" where
@@ -44,8 +44,9 @@ import types
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-VERSION = 1  # part of the cache key: a change to the transform below must bump it
-GRADING = ("gptcourse.checks", "gptcourse.grading.labs")  # modules whose functions are kept only if reachable
+VERSION = 2  # part of the cache key: a change to the transform below must bump it
+# modules whose functions are kept only if reachable
+GRADING = ("gptcourse.checks", "gptcourse.grading.labs", "gptcourse.grading.fixtures")
 STUB_ERROR = "RuntimeError"
 
 Definition = tuple[str, str]  # (module, top-level name)
