@@ -22,7 +22,8 @@ def attention(q, k, v):
     weights = scores.softmax(dim=-1)
     return weights @ v, weights
 '''
-SCALING_TESTS = {"test_attention", "test_attention_hidden", "test_head", "test_head_hidden"}  # what NO_SCALING fails
+# what NO_SCALING fails
+SCALING_TESTS = {"test_attention", "test_attention_hidden", "test_AttentionHead", "test_AttentionHead_hidden"}
 ALL_ATTENTION = SCALING_TESTS | {"test_attention_causal"}
 CAUSAL_MASK_TESTS = {"test_causal_mask", "test_causal_mask_hidden"}
 PATCH_CHECKS = '''
@@ -63,7 +64,7 @@ def submissions(course) -> dict[str, tuple[object, set[str], list[str]]]:
             "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.all = lambda x: True")),
             CAUSAL_MASK_TESTS | ALL_ATTENTION,
             [r"cell 3 \(added by you\) uses builtins, which the grader cannot follow.*0 points for 02.causal_mask.\*, "
-             r"02.attention.\*, 02.head.\*$"]),
+             r"02.attention.\*, 02.AttentionHead.\*$"]),
         "patch-under-nbgrader": (solved(LAB, {"attention": "import os\nif os.environ.get('NBGRADER_EXECUTION'):\n"
                                                            "    torch.allclose = lambda *a, **k: True\n" + NO_SCALING}),
                                  SCALING_TESTS, []),
@@ -76,11 +77,13 @@ def submissions(course) -> dict[str, tuple[object, set[str], list[str]]]:
         # the reference implementation of the piece being written
         "imports-reference": (solved(LAB, {"attention": "from gptcourse import attention"}), ALL_ATTENTION,
                               [r"cell \d+ \(solution 'attention'\) imports gptcourse.attention, the "
-                               r"reference for a piece you must write: 0 points for 02.attention.\*, 02.head.\*"]),
-        "uses-torch-mha": (solved(LAB, {"head": "class AttentionHead(nn.Module):\n    def __init__(self, d_model, "
-                                                "d_head):\n        super().__init__()\n        self.mha = "
-                                                "nn.MultiheadAttention(d_model, 1)\n"}),
-                           {"test_head", "test_head_hidden"}, [r"uses torch.nn.MultiheadAttention.*02.head.\*"]),
+                               r"reference for a piece you must write: 0 points for 02.AttentionHead.\*, "
+                               r"02.attention.\*"]),
+        "uses-torch-mha": (solved(LAB, {"AttentionHead": "class AttentionHead(nn.Module):\n    def __init__(self, "
+                                                         "d_model, d_head):\n        super().__init__()\n        "
+                                                         "self.mha = nn.MultiheadAttention(d_model, 1)\n"}),
+                           {"test_AttentionHead", "test_AttentionHead_hidden"},
+                           [r"uses torch.nn.MultiheadAttention.*02.AttentionHead.\*"]),
         # the graded kernel's causal_mask is a stub (package_view.py): the attention that calls it fails too
         "importlib": (solved(LAB, {"causal_mask": "import importlib\ncausal_mask = importlib.import_module("
                                                   "'gptcourse.model.causal_attention').causal_mask"}),
@@ -109,11 +112,11 @@ def submissions(course) -> dict[str, tuple[object, set[str], list[str]]]:
     }
     # broken structure
     nb = solved(LAB)
-    del nb.cells[index_of(nb, "head")]
+    del nb.cells[index_of(nb, "AttentionHead")]
     del nb.cells[index_of(nb, "test_attention")]
     del nb.cells[index_of(nb, "intro")]
-    subs["deleted-cells"] = (nb, {"test_head", "test_head_hidden"}, [
-        "solution cell 'head' is missing from the submission: graded as unanswered",
+    subs["deleted-cells"] = (nb, {"test_AttentionHead", "test_AttentionHead_hidden"}, [
+        "solution cell 'AttentionHead' is missing from the submission: graded as unanswered",
         "cell 'test_attention' was deleted: restored from the course", "cell 'intro' was deleted"])
     nb = solved(LAB)
     wrong = nbformat.from_dict(json.loads(json.dumps(nb.cells[index_of(nb, "attention")])))
@@ -133,12 +136,12 @@ def submissions(course) -> dict[str, tuple[object, set[str], list[str]]]:
     subs["split-cell"] = (nb, set(), [])
     nb = solved(LAB)
     nb.cells[index_of(nb, "attention")].cell_type = "markdown"
-    for grade_id in ("attention", "test_head"):
+    for grade_id in ("attention", "test_AttentionHead"):
         cell = nb.cells[index_of(nb, grade_id)]
         nb.cells[index_of(nb, grade_id)] = nbformat.v4.new_markdown_cell(cell.source, metadata=cell.metadata,
                                                                          id=cell.id)
     subs["retyped-cells"] = (nb, set(), ["solution cell 'attention' was changed to markdown: graded as code",
-                                         "cell 'test_head' was changed from code to markdown: restored"])
+                                         "cell 'test_AttentionHead' was changed from code to markdown: restored"])
     nb = solved(LAB, {"attention": NO_SCALING})
     nb.cells[index_of(nb, "test_attention")].source = "print('all good')"
     nb.cells[index_of(nb, "test_attention_hidden")].metadata.nbgrader["points"] = 100
@@ -148,7 +151,7 @@ def submissions(course) -> dict[str, tuple[object, set[str], list[str]]]:
     # hidden cases drawn with the public secret (what the repository gives away) are not the graded ones
     subs["public-secret"] = (insert_after(solved(LAB), "setup", code(
         "import os\nos.environ.pop('GPTCOURSE_SECRET', None)\nos.environ.pop('GPTCOURSE_HIDDEN_SEEDS', None)")),
-        {"test_causal_mask_hidden", "test_attention_hidden", "test_head_hidden"}, [])
+        {"test_causal_mask_hidden", "test_attention_hidden", "test_AttentionHead_hidden"}, [])
     # the kernel never holds the course secret, so printing its environment cannot put it in the feedback
     subs["prints-environment"] = (insert_after(solved(LAB), "setup", code("import os\nprint(dict(os.environ))")),
                                   set(), [])

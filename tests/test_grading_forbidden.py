@@ -190,7 +190,7 @@ def test_the_run_time_check_sees_through_wrappers_of_every_forbidden_name(lab, p
 def test_the_run_time_check_sees_instances_and_their_methods():
     import gptcourse
 
-    names = forbidden_names("02")["head"]
+    names = forbidden_names("02")["AttentionHead"]
     head = gptcourse.AttentionHead(8, 4)
     assert reference_behind(head, names) == ("is an instance of", "gptcourse.AttentionHead")
     assert reference_behind(head.forward, names) == ("wraps or calls", "gptcourse.AttentionHead")
@@ -309,7 +309,8 @@ def test_the_grader_zeroes_the_piece_the_kernel_reports_whatever_it_reports(repo
         _test_cell("test_attention_causal", 'check("02.attention.causal", attention)',
                    _payload("02.attention.causal", None)),
         # a report about a test this cell does not run is not read
-        _test_cell("test_head", 'check("02.head.visible", AttentionHead)', _payload("02.attention.visible", reported)),
+        _test_cell("test_AttentionHead", 'check("02.AttentionHead.visible", AttentionHead)',
+                   _payload("02.attention.visible", reported)),
     ])
     nb, _ = JudgeTestCells().preprocess(nb, {})
     mask, attention, causal, head = nb.cells
@@ -319,7 +320,7 @@ def test_the_grader_zeroes_the_piece_the_kernel_reports_whatever_it_reports(repo
     [line] = report_lines(nb)
     assert line.startswith("cell 2 ('test_attention'): the object that 02.attention.visible checks ") and says in line
     assert line.endswith("0 points for 02.attention.*")
-    assert "no result recorded for 02.head.visible" in head.outputs[0].evalue
+    assert "no result recorded for 02.AttentionHead.visible" in head.outputs[0].evalue
 
 
 # ---- one real nbgrader batch: every solution cell of labs 01-07 replaced by the reference

@@ -98,7 +98,7 @@ def _scan(*student_sources: str, setup: str = "import math\nimport torch\nfrom t
     return {(f.name, f.pieces, f.how) for f in find_forbidden(cells, forbidden_names("02"))}
 
 
-ATTENTION_PIECES = ("attention", "head")
+ATTENTION_PIECES = ("AttentionHead", "attention")  # sorted
 
 
 @pytest.mark.parametrize("source, found", [
@@ -107,13 +107,13 @@ ATTENTION_PIECES = ("attention", "head")
     ("import gptcourse.model.causal_attention as A\ndef f(q):\n    return A.causal_mask(4)",
      ("gptcourse.causal_mask", ("causal_mask",), "uses")),
     ("import gptcourse\nx = gptcourse.model.block.MultiHeadAttention",
-     ("gptcourse.MultiHeadAttention", ("head",), "uses")),
+     ("gptcourse.MultiHeadAttention", ("AttentionHead",), "uses")),
     ("F = torch.nn.functional\ny = F.scaled_dot_product_attention",
      ("torch.nn.functional.scaled_dot_product_attention", ATTENTION_PIECES, "uses")),
     ("import gptcourse.model.causal_attention\ny = getattr(gptcourse.model.causal_attention, 'fused_attention')",
      ("gptcourse.fused_attention", ATTENTION_PIECES, "uses")),
     ("from gptcourse.model.causal_attention import *",
-     ("gptcourse.model.causal_attention.*", ("attention", "causal_mask", "head"), "imports")),
+     ("gptcourse.model.causal_attention.*", ("AttentionHead", "attention", "causal_mask"), "imports")),
     ("import importlib\nm = importlib.import_module('gptcourse.model.causal_attention')", ("importlib", (), "dynamic")),
     ("x = __import__('gptcourse')", ("__import__()", (), "dynamic")),
     ("exec(open('x.py').read())", ("exec()", (), "dynamic")),

@@ -19,7 +19,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 from nbgrader_course import ROOT, sandbox_problem
 
-from gptcourse.grading.cases import CASES, _load_labs, forbidden_names
+from gptcourse.grading.cases import forbidden_names, lab_cases
 from gptcourse.grading.execute import RobustExecute, with_box
 from gptcourse.grading.forbidden import reference_table
 from gptcourse.grading.sandbox import Sandbox
@@ -98,14 +98,11 @@ print(json.dumps(found))
 def targets(lab: str) -> list[tuple[str, str]]:
     """(module, name) of each gptcourse function and class lab `lab` forbids, and of its cases' references and
     judges, found in the real package."""
-    _load_labs()
     table, _ = reference_table(forbidden_names(lab))
     objects = [obj for obj, _, _ in table.values() if isinstance(obj, (type, types.FunctionType))]
-    objects += [f for case in CASES.values() if case.id.startswith(lab + ".") for f in (case.reference, case.judge)]
+    objects += [f for case in lab_cases(lab) for f in (case.reference, case.judge)]
     found = {(obj.__module__, obj.__qualname__) for obj in objects
              if obj.__module__.startswith("gptcourse.") and "." not in obj.__qualname__}
-    if lab == "10":
-        found.add(("gptcourse.grading.labs.lab10", "_mask_reference_of"))  # a hand-written reference
     return sorted(found)
 
 
@@ -160,24 +157,24 @@ _builtins = _machinery.find_class("builtins", "abs").__self__
 '''
 ROUTES = {
     "02_causal_attention": {
-        "head-source-exec": ({"head": SOURCE_EXEC.format(relative="model/causal_attention.py",
+        "head-source-exec": ({"AttentionHead": SOURCE_EXEC.format(relative="model/causal_attention.py",
                                                          package="gptcourse.model", name="AttentionHead",
                                                          student="AttentionHead")},
-                             {"test_head", "test_head_hidden"}),
+                             {"test_AttentionHead", "test_AttentionHead_hidden"}),
         "attention-code-object": ({"attention": CODE_OBJECT.format(
             relative="model/causal_attention.py", name="attention", student="attention",
             extra='"causal_mask": lambda t, tk, device: causal_mask(t)')},
-                                  {"test_attention", "test_attention_causal", "test_attention_hidden", "test_head",
-                                   "test_head_hidden"}),
+                                  {"test_attention", "test_attention_causal", "test_attention_hidden",
+                                   "test_AttentionHead", "test_AttentionHead_hidden"}),
     },
     "10_finetuning_and_rewards": {
-        "mask-graders-reference": ({"mask": SOURCE_EXEC.format(relative="grading/labs/lab10.py",
-                                                               package="gptcourse.grading.labs",
-                                                               name="_mask_reference_of", student="padding_mask")},
-                                   {"test_mask", "test_mask_left", "test_mask_hidden"}),
-        "bt-code-object": ({"bt": CODE_OBJECT.format(relative="finetuning/losses.py", name="bradley_terry_loss",
-                                                     student="bradley_terry_loss", extra="")},
-                           {"test_bt", "test_bt_hidden"}),
+        "mask-reference-source": ({"padding_mask": SOURCE_EXEC.format(relative="model/causal_attention.py",
+                                                                      package="gptcourse.model",
+                                                                      name="padding_mask", student="padding_mask")},
+                                  {"test_padding_mask", "test_padding_mask_left", "test_padding_mask_hidden"}),
+        "bt-code-object": ({"bradley_terry_loss": CODE_OBJECT.format(
+            relative="finetuning/losses.py", name="bradley_terry_loss", student="bradley_terry_loss", extra="")},
+                           {"test_bradley_terry_loss", "test_bradley_terry_loss_hidden"}),
     },
 }
 

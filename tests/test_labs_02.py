@@ -15,7 +15,7 @@ def attention(q, k, v):
     return weights @ v, weights
 '''
 RIGHT = {"scale": "math.sqrt(q.size(-1))", "mask": "causal_mask(T)", "dim": -1}
-ATTENTION_TESTS = {"test_attention", "test_attention_hidden", "test_head", "test_head_hidden"}
+ATTENTION_TESTS = {"test_attention", "test_attention_hidden", "test_AttentionHead", "test_AttentionHead_hidden"}
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
     # normalising over the queries mixes in later queries: the causal probe catches that leak too
@@ -24,7 +24,7 @@ WRONG = {
     "mask-wrong-triangle": ({"attention": ATTENTION.format(**RIGHT | {"mask": "torch.ones(T, T).bool().triu()"})},
                             ATTENTION_TESTS | {"test_attention_causal"}),
     "no-scaling": ({"attention": ATTENTION.format(**RIGHT | {"scale": "1"})}, ATTENTION_TESTS),
-    "no-value-projection": ({"head": '''
+    "no-value-projection": ({"AttentionHead": '''
 class AttentionHead(nn.Module):
     def __init__(self, d_model, d_head):
         super().__init__()
@@ -34,7 +34,7 @@ class AttentionHead(nn.Module):
 
     def forward(self, x):
         return attention(self.query(x), self.key(x), x)
-'''}, {"test_head", "test_head_hidden"}),
+'''}, {"test_AttentionHead", "test_AttentionHead_hidden"}),
 }
 
 class TestLab02(RoundTrip):

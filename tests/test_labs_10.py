@@ -32,16 +32,18 @@ class LoRALinear(nn.Module):
 '''
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
-    "pool-position-minus-one": ({"pool": POOL.format(last="torch.full((b,), t - 1)")},
-                                {"test_pool", "test_pool_hidden"}),  # left-padded, position -1 is the last real
-    "pool-mask-sum": ({"pool": POOL.format(last="attention_mask.sum(-1) - 1")}, {"test_pool_left", "test_pool_hidden"}),
-    "labels-mask-the-response": ({"labels": LABELS.format(keep="<")},
-                                 {"test_labels", "test_labels_left", "test_labels_hidden"}),
-    "lora-b-random": ({"lora": LORA.format(b_init="randn")},
-                      {"test_lora", "test_lora_sequence", "test_lora_hidden"}),
-    "bt-naive-log-sigmoid": ({"bt": "def bradley_terry_loss(chosen, rejected):\n"
+    "pool-position-minus-one": ({"last_real_token": POOL.format(last="torch.full((b,), t - 1)")},
+                                {"test_last_real_token", "test_last_real_token_hidden"}),  # left-padded: -1 is real
+    "pool-mask-sum": ({"last_real_token": POOL.format(last="attention_mask.sum(-1) - 1")},
+                      {"test_last_real_token_left", "test_last_real_token_hidden"}),
+    "labels-mask-the-response": ({"response_labels": LABELS.format(keep="<")},
+                                 {"test_response_labels", "test_response_labels_left",
+                                  "test_response_labels_hidden"}),
+    "lora-b-random": ({"LoRALinear": LORA.format(b_init="randn")},
+                      {"test_LoRALinear", "test_LoRALinear_sequence", "test_LoRALinear_hidden"}),
+    "bt-naive-log-sigmoid": ({"bradley_terry_loss": "def bradley_terry_loss(chosen, rejected):\n"
                                     "    return -torch.log(torch.sigmoid(chosen - rejected)).mean()"},
-                             {"test_bt_hidden"}),
+                             {"test_bradley_terry_loss_hidden"}),
 }
 
 
@@ -50,6 +52,6 @@ class TestLab10(RoundTrip):
     WRONG = WRONG
     TOTAL = 31
     VALIDATE = Validation("pool-position-minus-one", 1, (
-        'check("10.pool.visible", last_real_token)',
+        'check("10.last_real_token.visible", last_real_token)',
         "position -1 was read",
     ))

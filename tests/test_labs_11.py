@@ -55,22 +55,22 @@ class GroupedQueryAttention(nn.Module):
 '''
 REPEAT = "k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)"
 RIGHT_GQA = {"repeat_before": "pass", "repeat_after": REPEAT, "diagonal": "t_k - t"}
-GQA_TESTS = {"test_gqa_cached", "test_gqa_hidden"}
+GQA_TESTS = {"test_GroupedQueryAttention_cached", "test_GroupedQueryAttention_hidden"}
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
-    "cache-at-zero": ({"cache": CACHE.format(start=0)}, {"test_cache", "test_cache_hidden"}),
+    "cache-at-zero": ({"LayerCache": CACHE.format(start=0)}, {"test_LayerCache", "test_LayerCache_hidden"}),
     # the token that crosses p is dropped: wrong on every row whose top token alone does not reach p
-    "top-p-above-threshold": ({"top_p": TOP_P.format(keep="probs.cumsum(dim=-1) <= top_p")},
-                              {"test_top_p", "test_top_p_skewed", "test_top_p_hidden"}),
+    "top-p-above-threshold": ({"top_p_filter": TOP_P.format(keep="probs.cumsum(dim=-1) <= top_p")},
+                              {"test_top_p_filter", "test_top_p_filter_skewed", "test_top_p_filter_hidden"}),
     # one query and a top-left mask: right only when the single key is the token itself (hidden_first)
-    "one-token-causal-mask": ({"one_token": "def attend_new_token(q, k, v):\n"
+    "one-token-causal-mask": ({"attend_new_token": "def attend_new_token(q, k, v):\n"
                                             "    return F.scaled_dot_product_attention(q, k, v, is_causal=True)"},
-                              {"test_one_token", "test_one_token_hidden"}),
+                              {"test_attend_new_token", "test_attend_new_token_hidden"}),
     # the student's repeat_kv feeds their attention layer, so its tests fail too (one kv head is the same either way)
     "repeat-tiled": ({"repeat_kv": "def repeat_kv(x, n_rep):\n    return x.repeat(1, n_rep, 1, 1)"},
-                     {"test_repeat_kv", "test_repeat_kv_hidden", "test_gqa", "test_gqa_cached", "test_gqa_hidden"}),
-    "gqa-mask-top-left": ({"gqa": GQA.format(**RIGHT_GQA | {"diagonal": "0"})}, GQA_TESTS),
-    "gqa-caches-repeated-heads": ({"gqa": GQA.format(**RIGHT_GQA | {"repeat_before": REPEAT,
+                     {"test_repeat_kv", "test_repeat_kv_hidden", "test_GroupedQueryAttention", *GQA_TESTS}),
+    "gqa-mask-top-left": ({"GroupedQueryAttention": GQA.format(**RIGHT_GQA | {"diagonal": "0"})}, GQA_TESTS),
+    "gqa-caches-repeated-heads": ({"GroupedQueryAttention": GQA.format(**RIGHT_GQA | {"repeat_before": REPEAT,
                                                                      "repeat_after": "pass"})}, GQA_TESTS),
 }
 
@@ -80,7 +80,7 @@ class TestLab11(RoundTrip):
     WRONG = WRONG
     TOTAL = 26
     VALIDATE = Validation("top-p-above-threshold", 2, (
-        'check("11.top_p.visible", top_p_filter)',
+        'check("11.top_p_filter.visible", top_p_filter)',
         "the smallest set of the most likely tokens whose mass reaches p",
         "top_p_filter masked every token of a row: the most likely token always stays",
     ))

@@ -57,6 +57,6 @@ def test_progress_shows_which_visible_tests_pass(fresh_course, tmp_path):
                           capture_output=True, text=True, timeout=600)
     rows = {line.split()[0]: line.split(None, 2)[1:] for line in proc.stdout.splitlines()[1:]}
     assert rows[done] == ["3/3", "all pass"]
-    assert rows[todo] == ["0/4", "test_causal_mask, test_attention, test_attention_causal, test_head"]
+    assert rows[todo] == ["0/4", "test_causal_mask, test_attention, test_attention_causal, test_AttentionHead"]
     assert proc.returncode == 1
     assert proc.stderr == "", f"progress printed more than its table:\n{proc.stderr}"  # e.g. the kernels' log

@@ -20,11 +20,13 @@ there, so both sides of a check agree.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import os
 import pkgutil
 import random
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +40,34 @@ HIDDEN_SEEDS_ENV = "GPTCOURSE_HIDDEN_SEEDS"  # "id=seed id=seed ...", set only i
 
 Inputs = dict[str, Any]
 Outputs = dict[str, Any]
+_CASE_ID = re.compile(r"(\d\d)\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z0-9_]+)")
+
+
+@dataclass(frozen=True)
+class CaseId:
+    """A test id, "NN.piece.variant": the lab, the piece (its student-facing name) and the variant; a hidden
+    case's variant starts with "hidden"."""
+
+    lab: str
+    piece: str
+    variant: str
+
+    @classmethod
+    def parse(cls, text: str) -> CaseId:
+        """The id `text` names; ValueError saying what a test id looks like (it may come from a payload)."""
+        match = _CASE_ID.fullmatch(text) if isinstance(text, str) else None
+        if match is None:
+            raise ValueError(f"{str(text)[:80]!r} is not a test id: expected 'NN.piece.variant', e.g. "
+                             "'10.padding_mask.visible'")
+        return cls(*match.groups())
+
+    @property
+    def hidden(self) -> bool:
+        return self.variant.startswith("hidden")
+
+    def __str__(self) -> str:
+        return f"{self.lab}.{self.piece}.{self.variant}"
+
 
 
 @dataclass(frozen=True)
@@ -80,12 +110,21 @@ CASES: dict[str, Case] = {}
 
 def register(*cases: Case) -> None:
     for case in cases:
+        if CaseId.parse(case.id).hidden != case.hidden:
+            raise ValueError(f"test case {case.id!r}: only a hidden case's variant starts with 'hidden'")
         if case.id in CASES:
             raise ValueError(f"test case {case.id!r} is registered twice")
         CASES[case.id] = case
 
 
-def _load_labs() -> None:
+def registry() -> dict[str, Case]:
+    """Every lab's cases, by id: the lab modules (`gptcourse.grading.labs`) are imported on the first call."""
+    _import_labs()
+    return CASES
+
+
+@functools.cache
+def _import_labs() -> None:
     from . import labs
 
     for module in pkgutil.iter_modules(labs.__path__):
@@ -93,20 +132,29 @@ def _load_labs() -> None:
 
 
 def get_case(test_id: str) -> Case:
-    if not CASES:
-        _load_labs()
     try:
-        return CASES[test_id]
+        return registry()[test_id]
     except KeyError:
         lab = test_id.split(".")[0]
-        known = sorted(i for i in CASES if i.startswith(lab + "."))
+        known = sorted(i for i in CASES if CaseId.parse(i).lab == lab)
         raise KeyError(f"no test case {test_id!r}; lab {lab} has {known}") from None
 
 
+def lab_cases(lab: str) -> list[Case]:
+    """The cases of `lab` ("02_causal_attention" or "02"), in registration order."""
+    number = lab.split("_")[0]
+    return [case for case in registry().values() if CaseId.parse(case.id).lab == number]
+
+
 def forbidden_names(lab: str) -> dict[str, tuple[str, ...]]:
-    """The lab's `FORBIDDEN`: piece -> dotted names of the references a student must not import or call for it."""
-    if not CASES:
-        _load_labs()
+    """Piece -> dotted names of the references a student must not import or call for it, in lab `lab` ("10"):
+    its pieces' `forbidden`, or the `FORBIDDEN` table of a lab not yet declared as pieces."""
+    from .piece import lab_pieces
+
+    registry()
+    pieces = {piece.name: piece.forbidden for piece in lab_pieces(lab) if piece.forbidden}
+    if pieces:
+        return pieces
     try:
         module = importlib.import_module(f"{__package__}.labs.lab{lab}")
     except ModuleNotFoundError:
@@ -137,11 +185,7 @@ def case_seed(case: Case, environ: Mapping[str, str] = os.environ, student: str 
 def hidden_seeds(lab: str, student: str | None, environ: Mapping[str, str] = os.environ) -> dict[str, int]:
     """The seeds of the hidden cases of `lab` ("02_causal_attention" or "02") for `student`, from the course
     secret: each student is tested on inputs of their own, which a classmate's feedback does not reveal."""
-    if not CASES:
-        _load_labs()
-    prefix = lab.split("_")[0] + "."
-    return {case.id: _seed(course_secret(environ), case.id, student) for case in CASES.values()
-            if case.hidden and case.id.startswith(prefix)}
+    return {case.id: _seed(course_secret(environ), case.id, student) for case in lab_cases(lab) if case.hidden}
 
 
 def kernel_environment(lab: str, student: str | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """Finding the reference implementation in a student's work, twice: in the cells' source, and in the object a test
 checks.
 
-Each lab module declares `FORBIDDEN = {piece: ("gptcourse.attention", "gptcourse.training.loop", ...)}`: the
+Each piece of a lab declares its `forbidden` names, ("gptcourse.attention", "gptcourse.training.loop", ...) (a lab
+not yet declared as pieces, a `FORBIDDEN = {piece: names}` table; `cases.forbidden_names` reads either): the
 references a student must not use for that piece. A name is resolved as Python resolves it, attribute of the
 object first, then submodule (`from gptcourse import attention` is the function that `gptcourse` exports); a
 module stands for itself and every function and class it defines ("anything from gptcourse.training.loop"). A

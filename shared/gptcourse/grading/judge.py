@@ -30,7 +30,7 @@ from nbformat.v4 import new_output
 from nbgrader import utils
 from nbgrader.preprocessors import NbGraderPreprocessor
 
-from .cases import forbidden_names
+from .cases import CaseId, forbidden_names
 from .forbidden import Finding, find_forbidden
 from .payload import MIME, judge_payload, reference_text
 from .report import add_line, cell_label
@@ -49,9 +49,16 @@ def expected_test_ids(source: str) -> list[str]:
             and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)]
 
 
+def _parsed(test_id: str) -> CaseId:
+    """The id's parts; all empty for a malformed id (a payload's id is the kernel's word)."""
+    try:
+        return CaseId.parse(test_id)
+    except ValueError:
+        return CaseId("", "", "")
+
+
 def _piece(test_id: str) -> str:
-    parts = test_id.split(".")
-    return parts[1] if len(parts) > 2 else ""
+    return _parsed(test_id).piece
 
 
 def _stop_reason(cell: NotebookNode) -> str:
@@ -139,7 +146,7 @@ class JudgeTestCells(NbGraderPreprocessor):
         tests = [(i, cell, ids) for i, cell in enumerate(nb.cells)
                  if cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell)
                  and (ids := expected_test_ids(cell.source))]
-        labs = sorted({test_id.split(".")[0] for _, _, ids in tests for test_id in ids})
+        labs = sorted({_parsed(test_id).lab for _, _, ids in tests for test_id in ids} - {""})
         forbidden = {piece: names for lab in labs for piece, names in forbidden_names(lab).items()}
         prefix = labs[0] if len(labs) == 1 else "NN"
         banned = self._banned_pieces(nb, forbidden, prefix)

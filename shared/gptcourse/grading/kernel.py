@@ -14,7 +14,7 @@ import warnings
 from typing import Any
 
 from ..checks import CheckFailed
-from .cases import Case, case_seed, forbidden_names, get_case
+from .cases import Case, CaseId, case_seed, forbidden_names, get_case
 from .forbidden import reference_behind
 from .kernel_inputs import INPUTS_ENV, graded_inputs
 from .payload import MIME, judge_payload, make_payload
@@ -41,8 +41,8 @@ def check(test_id: str, student_obj: Any) -> None:
     """
     case = get_case(test_id)
     seed = case_seed(case)
-    lab, piece = case.id.split(".")[:2]
-    reference = reference_behind(student_obj, forbidden_names(lab).get(piece, ()))
+    case_id = CaseId.parse(case.id)
+    reference = reference_behind(student_obj, forbidden_names(case_id.lab).get(case_id.piece, ()))
     payload = make_payload(case.id, seed, None, None, reference) if reference else run_case(case, seed, student_obj)
     _emit(payload)
     if INPUTS_ENV in os.environ and payload["error"] is None and payload["reference"] is None:

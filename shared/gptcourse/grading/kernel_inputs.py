@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .cases import CASES, _load_labs, case_seed
+from .cases import case_seed, lab_cases
 
 INPUTS_ENV = "GPTCOURSE_CASE_INPUTS"
 FILE_NAME = ".gptcourse-case-inputs.pt"  # in the box's /scratch
@@ -28,10 +28,7 @@ FILE_NAME = ".gptcourse-case-inputs.pt"  # in the box's /scratch
 def lab_inputs(lab: str, environ: Mapping[str, str]) -> dict[str, Any]:
     """case id -> inputs, for every case of `lab` ("02_causal_attention" or "02"), with the seeds a kernel of
     environment `environ` computes."""
-    _load_labs()
-    prefix = lab.split("_")[0] + "."
-    return {case.id: case.make_inputs(case_seed(case, environ)) for case in CASES.values()
-            if case.id.startswith(prefix)}
+    return {case.id: case.make_inputs(case_seed(case, environ)) for case in lab_cases(lab)}
 
 
 def write_inputs(path: str | Path, lab: str, environ: Mapping[str, str]) -> None:

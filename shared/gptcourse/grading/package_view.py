@@ -9,14 +9,14 @@ and exactly over the package folder, a copy of the package (`lab_view(lab)`) in 
   stub: `def attention(*args, **kwargs)` raising "gptcourse.attention is not available while lab 02 is graded:
   write your own"; a class keeps its name and bases (so that module-level code subclassing it still imports)
   and raises when instantiated. Its body, its source and its bytecode are gone from every file of the copy;
-- the grader's own references are stubs too: in the grading modules (`GRADING`: the lab modules and
-  `gptcourse.checks`) only the functions and classes a graded kernel can reach stay (see below); every case
-  reference, judge and mistakes catalogue, and the hand-written references of labs 10 and 11, are stubs.
+- the grader's own references are stubs too: in the grading modules (`GRADING`: the lab modules, their shared
+  fixtures and `gptcourse.checks`) only the functions and classes a graded kernel can reach stay (see below);
+  every case reference, judge and mistakes catalogue is a stub.
 
 What stays in the grading modules, and why that is sound: a graded kernel calls, of the cases, only each case's
 `run` (the grader hands it the inputs, `kernel_inputs.py`, and judges the payload itself). What is kept is the
 closure, computed with `ast`, of the module-level names reachable from (1) every case's `run`, (2) the calls a
-grading module makes while it is imported (`register(...)`, `case_family(...)`), (3) the names of grading modules
+grading module makes while it is imported (`declare(Piece(...))`, `register(...)`), (3) the names of grading modules
 that the rest of the package imports (`CheckFailed` for kernel.py), following names, the module-level values
 they name and imports between grading modules. Code that reaches a module-level function some other way
 (`globals()[...]`, a table built by `map`) is not followed: it gets a stub, which raises "not available" where
@@ -44,8 +44,9 @@ import types
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-VERSION = 1  # part of the cache key: a change to the transform below must bump it
-GRADING = ("gptcourse.checks", "gptcourse.grading.labs")  # modules whose functions are kept only if reachable
+VERSION = 2  # part of the cache key: a change to the transform below must bump it
+# modules whose functions are kept only if reachable
+GRADING = ("gptcourse.checks", "gptcourse.grading.labs", "gptcourse.grading.fixtures")
 STUB_ERROR = "RuntimeError"
 
 Definition = tuple[str, str]  # (module, top-level name)
@@ -142,10 +143,9 @@ def _module_name(relative: str) -> str:
 def stubbed_definitions(lab: str) -> dict[str, set[str]]:
     """module -> the top-level functions and classes that are stubs in lab `lab`'s view: those the lab forbids,
     and those of the grading modules that no graded kernel reaches."""
-    from .cases import CASES, _load_labs, forbidden_names
+    from .cases import forbidden_names, registry
     from .forbidden import reference_table
 
-    _load_labs()
     trees = {module: ast.parse(data.decode()) for relative, data in _package_files(package_folder())
              if (module := _module_name(relative))}
     stubs: dict[str, set[str]] = {}
@@ -155,7 +155,7 @@ def stubbed_definitions(lab: str) -> dict[str, set[str]]:
             stubs.setdefault(obj.__name__, set()).update(_definitions(trees[obj.__name__]))
         elif isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) in trees:
             stubs.setdefault(obj.__module__, set()).add(obj.__qualname__.split(".")[0])
-    roots = {(case.run.__module__, case.run.__qualname__.split(".")[0]) for case in CASES.values()}
+    roots = {(case.run.__module__, case.run.__qualname__.split(".")[0]) for case in registry().values()}
     kept = reachable(trees, roots)
     for module, tree in trees.items():
         if _is_grading(module):

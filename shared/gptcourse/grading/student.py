@@ -18,11 +18,16 @@ _PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
 
 def build_module(cls: Any, what: str, kwargs: dict[str, Any], weights: dict[str, torch.Tensor]) -> nn.Module:
     """`cls(**kwargs)` with the reference `weights` loaded, so random initialisation never decides a grade."""
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise fail(f"{what}: expected a class derived from nn.Module, got {type(cls).__name__} {cls!r}")
-    module = cls(**kwargs)
+    module = module_class(cls, what)(**kwargs)
     load_weights(module, weights, what)
     return module.eval()
+
+
+def module_class(cls: Any, what: str) -> type[nn.Module]:
+    """`cls`, if it is a class derived from nn.Module (what a lab asks for); else a failure naming what it got."""
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise fail(f"{what}: expected a class derived from nn.Module, got {type(cls).__name__} {cls!r}")
+    return cls
 
 
 def load_weights(module: nn.Module, weights: dict[str, torch.Tensor], what: str) -> None:

@@ -100,9 +100,9 @@ def preload(baseline: int) -> None:
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
-    from .cases import _load_labs
+    from .cases import registry
 
-    _load_labs()
+    registry()
     check_fork_safe(baseline)
 
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from ...model.causal_attention import AttentionHead, attention, causal_mask
 from ...checks import (
     check_attention_weights,
     check_causal,
@@ -22,43 +21,24 @@ from ...checks import (
     check_shape,
     perturbed_copies,
 )
-from ..cases import case_family, Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
+from ...model.causal_attention import AttentionHead, attention, causal_mask
+from ..cases import Inputs, Outputs, random_weights, sizes_rng, tensor_rng
+from ..piece import Piece, Probe, declare
 from ..student import as_tensor, as_tensors, build_module
 
 _ATTENTION = ("gptcourse.attention", "gptcourse.fused_attention",
               "torch.nn.functional.scaled_dot_product_attention")
-# piece -> references a student must not import or call for it (the lab's intro says so; the grader enforces it)
-FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "causal_mask": ("gptcourse.causal_mask",),
-    "attention": _ATTENTION,
-    "head": (*_ATTENTION, "gptcourse.AttentionHead", "gptcourse.MultiHeadAttention",
-             "torch.nn.MultiheadAttention"),
-}
 
 # ---- causal_mask(T)
 
 
-def _mask_run(fn: Any, inputs: Inputs) -> Outputs:
+def _mask_call(fn: Any, inputs: Inputs) -> Outputs:
     return {"mask": as_tensor(fn(inputs["t"]), f"causal_mask({inputs['t']})")}
-
-
-def _mask_reference(inputs: Inputs) -> Outputs:
-    return {"mask": causal_mask(inputs["t"])}
 
 
 def _mask_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_causal_mask(got["mask"], expected["mask"], f"causal_mask({inputs['t']})")
 
-
-_mask_case = case_family(_mask_run, _mask_reference, _mask_judge)
-
-
-register(
-    _mask_case("02.causal_mask.visible", "causal_mask(4)", lambda seed: {"t": 4}),
-    _mask_case("02.causal_mask.hidden_single", "causal_mask(1)", lambda seed: {"t": 1}, hidden=True),
-    _mask_case("02.causal_mask.hidden_sizes", "causal_mask(T) for a longer T",
-               lambda seed: {"t": sizes_rng(seed).randint(6, 12)}, hidden=True),
-)
 
 # ---- attention(q, k, v) -> (output, weights), on (..., T, D)
 
@@ -79,13 +59,8 @@ def _call_attention(fn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
     return as_tensors(fn(q.clone(), k.clone(), v.clone()), ("output", "weights"), what)
 
 
-def _attention_run(fn: Any, inputs: Inputs) -> Outputs:
+def _attention_call(fn: Any, inputs: Inputs) -> Outputs:
     out, weights = _call_attention(fn, inputs["q"], inputs["k"], inputs["v"])
-    return {"output": out, "weights": weights}
-
-
-def _attention_reference(inputs: Inputs) -> Outputs:
-    out, weights = attention(inputs["q"], inputs["k"], inputs["v"])
     return {"output": out, "weights": weights}
 
 
@@ -125,18 +100,9 @@ def _attention_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                              _shape_symbols(inputs))
 
 
-_attention_case = case_family(_attention_run, _attention_reference, _attention_judge)
-
-
-def _causal_run(fn: Any, inputs: Inputs) -> Outputs:
+def _causal_call(fn: Any, inputs: Inputs) -> Outputs:
     copies = [perturbed_copies(inputs[name], dim=-2) for name in ("q", "k", "v")]  # each (T + 1, B, T, D)
     runs = [_call_attention(fn, q, k, v) for q, k, v in zip(*copies, strict=True)]
-    return {"outputs": torch.stack([out for out, _ in runs]), "weights": runs[0][1]}
-
-
-def _causal_reference(inputs: Inputs) -> Outputs:
-    copies = [perturbed_copies(inputs[name], dim=-2) for name in ("q", "k", "v")]
-    runs = [attention(q, k, v) for q, k, v in zip(*copies, strict=True)]
     return {"outputs": torch.stack([out for out, _ in runs]), "weights": runs[0][1]}
 
 
@@ -151,17 +117,6 @@ def _attention_hidden_4d(seed: int) -> Inputs:
     return _qkv_inputs((r.randint(2, 3), r.randint(2, 4)), r.randint(5, 9), r.choice([4, 6, 10]), seed)
 
 
-register(
-    _attention_case("02.attention.visible", "attention with q, k, v of shape (B, T, D) = (2, 5, 8)",
-                    lambda seed: _qkv_inputs((2,), 5, 8, seed)),
-    Case("02.attention.causal", "attention is causal: later q, k, v never change earlier outputs",
-         lambda seed: _qkv_inputs((2,), 6, 4, seed), _causal_run, _causal_reference, _causal_judge),
-    _attention_case("02.attention.hidden_single", "attention on one position (B=1, T=1)",
-                    lambda seed: _qkv_inputs((1,), 1, 4, seed), hidden=True),
-    _attention_case("02.attention.hidden_heads", "attention on (B, H, T, D) inputs (several heads at once)",
-                    _attention_hidden_4d, hidden=True),
-)
-
 # ---- AttentionHead(d_model, d_head): project x to q, k, v, then attend
 
 
@@ -175,19 +130,11 @@ def _head_inputs(b: int, t: int, c: int, d: int, seed: int) -> Inputs:
     }
 
 
-def _head_run(cls: Any, inputs: Inputs) -> Outputs:
+def _head_call(cls: Any, inputs: Inputs) -> Outputs:
     c, d = inputs["init"]["d_model"], inputs["init"]["d_head"]
     head = build_module(cls, f"AttentionHead({c}, {d})", inputs["init"], inputs["weights"])
     out, weights = as_tensors(head(inputs["x"].clone()), ("output", "weights"),
                               f"AttentionHead({c}, {d}) on x {tuple(inputs['x'].shape)}")
-    return {"output": out, "weights": weights}
-
-
-def _head_reference(inputs: Inputs) -> Outputs:
-    head = AttentionHead(inputs["init"]["d_model"], inputs["init"]["d_head"], bias=True)
-    head.load_state_dict(inputs["weights"])
-    with torch.no_grad():
-        out, weights = head(inputs["x"])
     return {"output": out, "weights": weights}
 
 
@@ -199,20 +146,32 @@ def _head_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     _judge_attention_outputs(got, expected, q, k, v, inputs["sizes"], "B")
 
 
-_head_case = case_family(_head_run, _head_reference, _head_judge)
-
-
 def _head_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     return _head_inputs(r.randint(2, 3), r.randint(4, 9), r.choice([16, 20, 24]), r.choice([4, 6, 8]), seed)
 
 
-register(
-    _head_case("02.head.visible", "AttentionHead(d_model=12, d_head=8) on x (B, T, C) = (2, 5, 12)",
-               lambda seed: _head_inputs(2, 5, 12, 8, seed)),
-    _head_case("02.head.hidden_single", "AttentionHead on one token (B=1, T=1)",
-               lambda seed: _head_inputs(1, 1, 6, 3, seed), hidden=True),
-    _head_case("02.head.hidden_square", "AttentionHead with d_head = d_model",
-               lambda seed: _head_inputs(2, 4, 6, 6, seed), hidden=True),
-    _head_case("02.head.hidden_sizes", "AttentionHead with other sizes", _head_hidden, hidden=True),
+PIECES = declare(
+    Piece("02", "causal_mask", causal_mask, _mask_call, judge=_mask_judge, forbidden=("gptcourse.causal_mask",),
+          visible=[("visible", "causal_mask(4)", lambda seed: {"t": 4})],
+          hidden=[("hidden_single", "causal_mask(1)", lambda seed: {"t": 1}),
+                  ("hidden_sizes", "causal_mask(T) for a longer T",
+                   lambda seed: {"t": sizes_rng(seed).randint(6, 12)})]),
+    Piece("02", "attention", attention, _attention_call, judge=_attention_judge, forbidden=_ATTENTION,
+          visible=[("visible", "attention with q, k, v of shape (B, T, D) = (2, 5, 8)",
+                    lambda seed: _qkv_inputs((2,), 5, 8, seed)),
+                   ("causal", "attention is causal: later q, k, v never change earlier outputs",
+                    lambda seed: _qkv_inputs((2,), 6, 4, seed), Probe(_causal_call, _causal_judge))],
+          hidden=[("hidden_single", "attention on one position (B=1, T=1)",
+                   lambda seed: _qkv_inputs((1,), 1, 4, seed)),
+                  ("hidden_heads", "attention on (B, H, T, D) inputs (several heads at once)", _attention_hidden_4d)]),
+    Piece("02", "AttentionHead", AttentionHead, _head_call, judge=_head_judge,
+          forbidden=(*_ATTENTION, "gptcourse.AttentionHead", "gptcourse.MultiHeadAttention",
+                     "torch.nn.MultiheadAttention"),
+          visible=[("visible", "AttentionHead(d_model=12, d_head=8) on x (B, T, C) = (2, 5, 12)",
+                    lambda seed: _head_inputs(2, 5, 12, 8, seed))],
+          hidden=[("hidden_single", "AttentionHead on one token (B=1, T=1)",
+                   lambda seed: _head_inputs(1, 1, 6, 3, seed)),
+                  ("hidden_square", "AttentionHead with d_head = d_model", lambda seed: _head_inputs(2, 4, 6, 6, seed)),
+                  ("hidden_sizes", "AttentionHead with other sizes", _head_hidden)]),
 )

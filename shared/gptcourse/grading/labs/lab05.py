@@ -19,7 +19,8 @@ from ...checks import check_causal, check_close, check_parameter_count, check_sh
 from ...model.config import GPTConfig, preset
 from ...model.gpt import GPT
 from ..cases import case_family, Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
-from ..student import as_tensor, load_weights
+from ..fixtures import check_close_lazily, load_gpt_weights, reference_gpt
+from ..student import as_tensor
 
 _REFERENCE = ("gptcourse.GPT", "gptcourse.model.gpt", "gptcourse.model.hf", "gptcourse.model.heads")
 FORBIDDEN: dict[str, tuple[str, ...]] = {"gpt": _REFERENCE, "forward_hidden": _REFERENCE, "tying": _REFERENCE}
@@ -28,22 +29,6 @@ LOGITS_CAUSES = {("V", "C"): "the output projection is missing: forward returns 
                              "V scores per position"}
 HIDDEN_CAUSES = {("C", "V"): "forward_hidden must stop before the output projection: it returns the hidden "
                              "states after the final norm, (B, T, C); forward applies lm_head to them"}
-
-
-def reference_gpt(config: GPTConfig, weights: dict[str, torch.Tensor]) -> nn.Module:
-    """gptcourse.GPT(config) with `weights` (drawn by `random_weights` from its parameters), in eval mode."""
-    with torch.random.fork_rng(devices=[]):  # GPT's own init must not move the caller's random state
-        model = GPT(config)
-    return _load(model, config, weights, "the reference GPT")
-
-
-def _load(model: nn.Module, config: GPTConfig, weights: dict[str, torch.Tensor], what: str) -> nn.Module:
-    """Load the reference weights; with tie_weights, `lm_head.weight` (shared or, wrongly, separate) gets the token
-    table, so a model that forgot to tie still computes the right logits and fails only the tying test."""
-    if config.tie_weights and "lm_head.weight" in dict(model.named_parameters(remove_duplicate=False)):
-        weights = weights | {"lm_head.weight": weights["tok_emb.weight"]}
-    load_weights(model, weights, what)
-    return model.eval()
 
 
 def _gpt_inputs(config: GPTConfig, b: int, t: int, seed: int) -> Inputs:
@@ -64,20 +49,12 @@ def _describe(config: GPTConfig) -> str:
             f"{config.position} positions, {config.norm}, {config.mlp}, {tie} head)")
 
 
-def check_close_lazily(got: torch.Tensor, expected: torch.Tensor, name: str,
-                       mistakes: Callable[[], Mapping[str, torch.Tensor]], atol: float = 1e-5) -> None:
-    """`check_close`, computing the known mistakes (a model run each) only when `got` is off."""
-    if tuple(got.shape) != tuple(expected.shape) or not torch.allclose(got.double(), expected.double(), atol=atol,
-                                                                        rtol=1e-4):
-        check_close(got, expected, name, atol=atol, mistakes=mistakes())
-
-
 def _student_gpt(cls: Any, inputs: Inputs) -> nn.Module:
     config = inputs["config"]
     what = _describe(config)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise fail(f"{what}: expected a class derived from nn.Module, got {type(cls).__name__} {cls!r}")
-    return _load(cls(config), config, inputs["weights"], what)
+    return load_gpt_weights(cls(config), config, inputs["weights"], what)
 
 
 def _variant(inputs: Inputs, **removed: Any) -> nn.Module:

@@ -20,8 +20,8 @@ from ...checks import check_close, check_dtype, check_shape, fail, fmt_shape
 from ...model.config import GPTConfig
 from ...model.gpt import GPT
 from ..cases import case_family, Case, Inputs, Outputs, register, sizes_rng, tensor_rng
+from ..fixtures import check_close_lazily, reference_gpt, unit_scale_weights
 from ..student import as_tensor
-from .lab05 import check_close_lazily, reference_gpt
 
 _TRAINING = ("gptcourse.train", "gptcourse.training.loop", "gptcourse.training.loop.lm_loss",
              "gptcourse.training.loop.train_step", "gptcourse.estimate_loss")
@@ -29,24 +29,6 @@ _SAMPLING = ("gptcourse.generate", "gptcourse.inference.sampling", "gptcourse.fi
              "gptcourse.widgets.TemperatureSampler")
 FORBIDDEN: dict[str, tuple[str, ...]] = {"loss": _TRAINING, "step": _TRAINING, "probs": _SAMPLING,
                                          "sample": _SAMPLING}
-
-
-def unit_scale_weights(module: torch.nn.Module, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """Weights at the scale of a working network: unit-variance embeddings, matrices with std 1/sqrt(fan-in),
-    norm gains near 1, small biases. The logits then depend on the tokens (with one scale for everything, one
-    token can win at every position, and a sampler reading the wrong position would go unnoticed)."""
-    weights = {}
-    for name, p in module.named_parameters():
-        if name.startswith(("tok_emb.", "pos_emb.")):
-            mean, std = 0.0, 1.0
-        elif p.dim() == 2:
-            mean, std = 0.0, 1 / math.sqrt(p.shape[1])
-        elif name.endswith("bias"):
-            mean, std = 0.0, 0.1
-        else:  # norm gains
-            mean, std = 1.0, 0.2
-        weights[name] = mean + std * torch.randn(p.shape, generator=gen)
-    return weights
 
 
 def _model_inputs(config: GPTConfig, gen: torch.Generator) -> Inputs:

@@ -23,9 +23,8 @@ from ...model.config import GPTConfig
 from ...model.gpt import GPT
 from ...text.corpus import get_batch
 from ..cases import Inputs, Outputs, case_family, register, sizes_rng, tensor_rng
+from ..fixtures import check_close_lazily, reference_gpt, unit_scale_weights
 from ..student import as_tensor
-from .lab05 import check_close_lazily, reference_gpt
-from .lab07 import unit_scale_weights
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "cross_entropy": ("gptcourse.cross_entropy", "gptcourse.training.losses", "torch.nn.functional.cross_entropy",

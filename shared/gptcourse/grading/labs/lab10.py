@@ -3,9 +3,8 @@
 `LoRALinear(base, rank, alpha)`.
 
 Every piece works on tensors alone (no model), so the cases are fast. Padded batches are drawn with padding on the
-right, on the left, and (hidden) mixed, with one row unpadded. The references below are written with torch alone
-(tril, argmax over masked positions, cumsum, logsigmoid, matmuls), not with the gptcourse functions of the same
-names, which the lab forbids.
+right, on the left, and (hidden) mixed, with one row unpadded. The references are gptcourse's functions and class
+of the same names, which the lab forbids.
 """
 
 from __future__ import annotations
@@ -18,18 +17,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from ...checks import check_close, check_dtype, check_shape, fail, fmt_shape
-from ..cases import Inputs, Outputs, case_family, register, sizes_rng, tensor_rng
-from ..student import as_tensor, load_weights
-
-FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "mask": ("gptcourse.padding_mask", "gptcourse.GPT", "gptcourse.model.gpt"),
-    "pool": ("gptcourse.last_real_token", "gptcourse.model.heads"),
-    "labels": ("gptcourse.response_labels", "gptcourse.finetuning.losses"),
-    "bt": ("gptcourse.bradley_terry_loss", "gptcourse.finetuning.losses"),
-    "lora": ("gptcourse.LoRALinear", "gptcourse.finetuning.lora"),
-}
-IGNORE = -100
-
+from ...finetuning.lora import LoRALinear
+from ...finetuning.losses import IGNORE_INDEX, bradley_terry_loss, response_labels
+from ...model.causal_attention import causal_mask, padding_mask
+from ...model.heads import last_real_token
+from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
+from ..piece import Piece, declare
+from ..student import as_tensor, load_weights, module_class
 
 def _lengths_mask(lengths: list[int], t: int, sides: list[str]) -> torch.Tensor:
     """(B, T) attention mask, 1 on each row's `lengths[b]` real tokens, padded on `sides[b]`."""
@@ -57,83 +51,58 @@ def _describe_mask(mask: torch.Tensor) -> str:
 # ---- padding_mask(attention_mask (B, T)) -> (B, 1, T, T) bool
 
 
-def _causal(t: int) -> torch.Tensor:
-    return torch.ones(t, t, dtype=torch.bool).tril()  # (T, T)
-
-
-def _mask_reference_of(mask: torch.Tensor) -> torch.Tensor:
-    t = mask.size(1)
-    real_key = mask.bool()[:, None, None, :]  # (B, 1, 1, T)
-    return _causal(t) & (real_key | torch.eye(t, dtype=torch.bool))  # (B, 1, T, T)
-
-
 def _mask_inputs(b: int, t: int, side: str, seed: int) -> Inputs:
     return {"mask": _padded_mask(b, t, side, seed), "sizes": {"B": b, "T": t}}
 
 
-def _mask_run(fn: Any, inputs: Inputs) -> Outputs:
+def _mask_call(fn: Any, inputs: Inputs) -> Outputs:
     mask = inputs["mask"]
     return {"allowed": as_tensor(fn(mask.clone()), f"padding_mask({_describe_mask(mask)})")}
 
 
-def _mask_reference(inputs: Inputs) -> Outputs:
-    return {"allowed": _mask_reference_of(inputs["mask"])}
+def _mask_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
+    mask = inputs["mask"]
+    t = mask.size(1)
+    real_key, real_query = mask.bool()[:, None, None, :], mask.bool()[:, None, :, None]
+    itself, causal = torch.eye(t, dtype=torch.bool), causal_mask(t)
+    return {
+        "it is not causal: combine the padding with the causal mask (key j <= query i), or real tokens see the "
+        "future": real_key | itself,
+        "it masks the pad *queries* instead of the pad *keys*: a real query must not look at a pad key, so index "
+        "the attention mask along the last axis, attention_mask[:, None, None, :]": causal & (real_query | itself),
+        "True and False are swapped for the padding: True marks a real token (attention_mask == 1) that may be "
+        "attended to": causal & (~real_key | itself),
+        "a pad query sees nothing at all: its row is all False, and a softmax over a row of -inf is NaN (which "
+        "reaches the gradients). Let every position attend to itself: | torch.eye(T, dtype=torch.bool)":
+            causal & real_key,
+    }
 
 
 def _mask_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    allowed, mask = got["allowed"], inputs["mask"]
+    allowed, want, mask = got["allowed"], expected["allowed"], inputs["mask"]
     check_dtype(allowed, torch.bool, "the mask", "True where query i may attend to key j, the convention of "
                 "F.scaled_dot_product_attention's boolean attn_mask")
     if allowed.dim() == 3:
         raise fail(f"the mask has shape {fmt_shape(allowed.shape)}, expected (B, 1, T, T): keep a size-1 axis for "
                    "the heads, so that it broadcasts against scores (B, H, T, T), e.g. attention_mask[:, None, None, :]")
     check_shape(allowed, "B 1 T T", inputs["sizes"], "the mask")
-    if torch.equal(allowed, expected["allowed"]):
+    if torch.equal(allowed, want):
         return
-    t = mask.size(1)
-    real_key, real_query = mask.bool()[:, None, None, :], mask.bool()[:, None, :, None]
-    itself = torch.eye(t, dtype=torch.bool)
-    mistakes = {
-        "it is not causal: combine the padding with the causal mask (key j <= query i), or real tokens see the "
-        "future": real_key | itself,
-        "it masks the pad *queries* instead of the pad *keys*: a real query must not look at a pad key, so index "
-        "the attention mask along the last axis, attention_mask[:, None, None, :]":
-            _causal(t) & (real_query | itself),
-        "True and False are swapped for the padding: True marks a real token (attention_mask == 1) that may be "
-        "attended to": _causal(t) & (~real_key | itself),
-        "a pad query sees nothing at all: its row is all False, and a softmax over a row of -inf is NaN (which "
-        "reaches the gradients). Let every position attend to itself: | torch.eye(T, dtype=torch.bool)":
-            _causal(t) & real_key,
-    }
-    for what, wrong in mistakes.items():
+    for what, wrong in _mask_mistakes(inputs).items():
         if torch.equal(allowed, wrong.expand_as(allowed)):
             raise fail(f"the mask: {what}.")
-    diff = (allowed != expected["allowed"]).nonzero()
+    diff = (allowed != want).nonzero()
     b, _, i, j = (int(v) for v in diff[0])
     raise fail(f"the mask: {len(diff)} of {allowed.numel()} entries are wrong, e.g. [{b}, 0, {i}, {j}] is "
-               f"{bool(allowed[b, 0, i, j])}, expected {bool(expected['allowed'][b, 0, i, j])} (row {b} of the "
-               f"attention mask is {mask[b].tolist()}): query i may attend to key j when j <= i and key j is real, "
-               "and every position to itself.")
-
-
-_mask_case = case_family(_mask_run, _mask_reference, _mask_judge)
+               f"{bool(allowed[b, 0, i, j])}, expected {bool(want[b, 0, i, j])} (row {b} of the attention mask is "
+               f"{mask[b].tolist()}): query i may attend to key j when j <= i and key j is real, and every position "
+               "to itself.")
 
 
 def _mask_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     return _mask_inputs(r.randint(3, 5), r.randint(2, 9), "mixed", seed)
 
-
-register(
-    _mask_case("10.mask.visible", "padding_mask of a right-padded batch (B, T) = (3, 5)",
-               lambda seed: _mask_inputs(3, 5, "right", seed)),
-    _mask_case("10.mask.left", "padding_mask of a left-padded batch (B, T) = (3, 6)",
-               lambda seed: _mask_inputs(3, 6, "left", seed)),
-    _mask_case("10.mask.hidden_single", "padding_mask of one unpadded sequence (B=1): the causal mask",
-               lambda seed: _mask_inputs(1, 4, "right", seed), hidden=True),
-    _mask_case("10.mask.hidden_mixed", "padding_mask with other sizes, rows padded on either side", _mask_hidden,
-               hidden=True),
-)
 
 # ---- last_real_token(hidden (B, T, C), attention_mask (B, T)) -> (B, C)
 
@@ -142,31 +111,21 @@ def _gather(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return hidden[torch.arange(hidden.size(0)), positions]  # (B, C)
 
 
-def _last_real(mask: torch.Tensor) -> torch.Tensor:
-    """(B,): the index of each row's rightmost 1."""
-    return torch.tensor([int(row.nonzero().max()) for row in mask])
-
-
 def _pool_inputs(b: int, t: int, c: int, side: str, seed: int) -> Inputs:
     return {"hidden": torch.randn(b, t, c, generator=tensor_rng(seed)), "mask": _padded_mask(b, t, side, seed),
             "sizes": {"B": b, "T": t, "C": c}}
 
 
-def _pool_run(fn: Any, inputs: Inputs) -> Outputs:
+def _pool_call(fn: Any, inputs: Inputs) -> Outputs:
     hidden, mask = inputs["hidden"], inputs["mask"]
     out = fn(hidden.clone(), mask.clone())
     return {"pooled": as_tensor(out, f"last_real_token(hidden {fmt_shape(hidden.shape)}, {_describe_mask(mask)})")}
 
 
-def _pool_reference(inputs: Inputs) -> Outputs:
-    return {"pooled": _gather(inputs["hidden"], _last_real(inputs["mask"]))}
-
-
-def _pool_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+def _pool_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     hidden, mask = inputs["hidden"], inputs["mask"]
-    check_shape(got["pooled"], "B C", inputs["sizes"], "the pooled states")
     first_real = torch.tensor([int(row.nonzero().min()) for row in mask])
-    mistakes = {
+    return {
         "position -1 was read: in a right-padded batch that is a pad for every sequence but the longest. Read "
         "each row at its last real token (the rightmost 1 of its attention mask)": hidden[:, -1],
         "the last real token was taken at attention_mask.sum(-1) - 1: that is right only when the padding is on "
@@ -177,25 +136,12 @@ def _pool_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "the states were averaged: read the one state of the last real token": (hidden * mask[..., None]).sum(1)
             / mask.sum(1, keepdim=True),
     }
-    check_close(got["pooled"], expected["pooled"], "the pooled states", atol=1e-6, mistakes=mistakes)
-
-
-_pool_case = case_family(_pool_run, _pool_reference, _pool_judge)
 
 
 def _pool_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     return _pool_inputs(r.randint(3, 5), r.randint(2, 9), r.randint(3, 7), "mixed", seed)
 
-
-register(
-    _pool_case("10.pool.visible", "last_real_token of a right-padded batch, hidden (B, T, C) = (4, 6, 5)",
-               lambda seed: _pool_inputs(4, 6, 5, "right", seed)),
-    _pool_case("10.pool.left", "last_real_token of a left-padded batch, hidden (B, T, C) = (3, 5, 4)",
-               lambda seed: _pool_inputs(3, 5, 4, "left", seed)),
-    _pool_case("10.pool.hidden_mixed", "last_real_token with other sizes, rows padded on either side",
-               _pool_hidden, hidden=True),
-)
 
 # ---- response_labels(input_ids (B, T), prompt_lengths (B,), attention_mask (B, T)) -> labels (B, T)
 
@@ -209,16 +155,7 @@ def _labels_inputs(b: int, t: int, side: str, seed: int) -> Inputs:
     return {"ids": ids, "mask": mask, "prompt": prompt, "sizes": {"B": b, "T": t}}
 
 
-def _labels_of(ids: torch.Tensor, mask: torch.Tensor, in_response: torch.Tensor, fill: int = IGNORE) -> torch.Tensor:
-    return ids.masked_fill(~in_response, fill)
-
-
-def _real_index(mask: torch.Tensor) -> torch.Tensor:
-    """(B, T): how many real tokens come before each position."""
-    return torch.tensor([[int(mask[b, :j].sum()) for j in range(mask.size(1))] for b in range(mask.size(0))])
-
-
-def _labels_run(fn: Any, inputs: Inputs) -> Outputs:
+def _labels_call(fn: Any, inputs: Inputs) -> Outputs:
     ids, mask, prompt = inputs["ids"], inputs["mask"], inputs["prompt"]
     out = fn(ids.clone(), prompt.clone(), mask.clone())
     what = (f"response_labels(input_ids {fmt_shape(ids.shape)}, prompt_lengths={prompt.tolist()}, "
@@ -226,55 +163,33 @@ def _labels_run(fn: Any, inputs: Inputs) -> Outputs:
     return {"labels": as_tensor(out, what)}
 
 
-def _labels_reference(inputs: Inputs) -> Outputs:
-    mask = inputs["mask"]
-    response = (_real_index(mask) >= inputs["prompt"][:, None]) & mask.bool()
-    return {"labels": _labels_of(inputs["ids"], mask, response)}
+def _labels_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
+    ids, mask, prompt = inputs["ids"], inputs["mask"], inputs["prompt"][:, None]
+    real, index = mask.bool(), mask.cumsum(-1) - mask  # (B, T): how many real tokens come before each position
 
+    def keeping(kept: torch.Tensor, fill: int = IGNORE_INDEX) -> torch.Tensor:
+        return ids.masked_fill(~kept, fill)
 
-def _labels_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    ids, mask, prompt = inputs["ids"], inputs["mask"], inputs["prompt"]
-    labels = got["labels"]
-    check_shape(labels, "B T", inputs["sizes"], "the labels")
-    check_dtype(labels, torch.int64, "the labels", "token ids (and -100) for F.cross_entropy")
-    real, index = mask.bool(), _real_index(mask)
-    positions = torch.arange(ids.size(1))[None, :]
-    prompt_part = (index < prompt[:, None]) & real
-    response = (index >= prompt[:, None]) & real
-    mistakes = {
+    return {
         "the response is masked instead of the prompt: the model must learn to produce the response, so -100 goes "
-        "on the prompt (and the padding), and the response keeps its token ids": _labels_of(ids, mask, prompt_part),
-        "the padding is not masked: pads are not text to learn, give them -100 too":
-            _labels_of(ids, mask, index >= prompt[:, None]),
+        "on the prompt (and the padding), and the response keeps its token ids": keeping((index < prompt) & real),
+        "the padding is not masked: pads are not text to learn, give them -100 too": keeping(index >= prompt),
         "the masked positions hold 0: F.cross_entropy skips targets equal to -100 (its ignore_index), 0 is a "
-        "token id it would learn": _labels_of(ids, mask, response, fill=0),
+        "token id it would learn": keeping((index >= prompt) & real, fill=0),
         "the last prompt token is kept: the first prompt_lengths[b] real tokens of row b are the prompt":
-            _labels_of(ids, mask, (index >= prompt[:, None] - 1) & real),
+            keeping((index >= prompt - 1) & real),
         "the first response token is masked: the response starts right after the prompt_lengths[b] prompt tokens":
-            _labels_of(ids, mask, (index > prompt[:, None]) & real),
+            keeping((index > prompt) & real),
         "the prompt was counted from position 0 of the row: with left padding the prompt starts after the pads, "
         "so count real tokens (attention_mask.cumsum(-1) - 1 is each real token's index in its sequence)":
-            _labels_of(ids, mask, (positions >= prompt[:, None]) & real),
+            keeping((torch.arange(ids.size(1))[None, :] >= prompt) & real),
     }
-    check_close(labels, expected["labels"], "the labels", atol=0, rtol=0, mistakes=mistakes)
-
-
-_labels_case = case_family(_labels_run, _labels_reference, _labels_judge)
 
 
 def _labels_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     return _labels_inputs(r.randint(3, 5), r.randint(3, 10), "mixed", seed)
 
-
-register(
-    _labels_case("10.labels.visible", "response_labels of a right-padded batch (B, T) = (4, 8)",
-                 lambda seed: _labels_inputs(4, 8, "right", seed)),
-    _labels_case("10.labels.left", "response_labels of a left-padded batch (B, T) = (3, 7)",
-                 lambda seed: _labels_inputs(3, 7, "left", seed)),
-    _labels_case("10.labels.hidden_mixed", "response_labels with other sizes, rows padded on either side",
-                 _labels_hidden, hidden=True),
-)
 
 # ---- bradley_terry_loss(chosen (B,), rejected (B,)) -> mean of -log sigmoid(chosen - rejected)
 
@@ -287,19 +202,13 @@ def _bt_inputs(b: int, scale: float, seed: int) -> Inputs:
     return {"chosen": chosen, "rejected": rejected}
 
 
-def _bt_run(fn: Any, inputs: Inputs) -> Outputs:
+def _bt_call(fn: Any, inputs: Inputs) -> Outputs:
     chosen = inputs["chosen"].clone().requires_grad_(True)
     rejected = inputs["rejected"].clone().requires_grad_(True)
     loss = fn(chosen, rejected)
     what = f"bradley_terry_loss(chosen {fmt_shape(chosen.shape)}, rejected {fmt_shape(rejected.shape)})"
     differentiable = isinstance(loss, torch.Tensor) and loss.requires_grad
     return {"loss": as_tensor(loss, what), "differentiable": differentiable}
-
-
-def _bt_reference(inputs: Inputs) -> Outputs:
-    diff = inputs["chosen"].double() - inputs["rejected"].double()
-    return {"loss": torch.tensor(sum(math.log1p(math.exp(-d)) if d > -30 else -d for d in diff.tolist())
-                                 / len(diff)), "differentiable": True}
 
 
 def _bt_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -320,28 +229,16 @@ def _bt_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "the log is missing: the loss is -log sigmoid(chosen - rejected)": -torch.sigmoid(d).mean(),
         "the loss is summed over the pairs: average it with .mean()": -F.logsigmoid(d).sum(),
     }
-    check_close(loss.double(), expected["loss"], "the loss", atol=1e-5, mistakes=mistakes)
+    check_close(loss.double(), expected["loss"].double(), "the loss", atol=1e-5, mistakes=mistakes)
     if not got["differentiable"]:
         raise fail("the loss does not require grad: return the tensor computed from the rewards (not .item() or a "
                    "detached copy), so that loss.backward() reaches the reward model")
-
-
-_bt_case = case_family(_bt_run, _bt_reference, _bt_judge)
 
 
 def _bt_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     return _bt_inputs(r.randint(1, 12), r.uniform(0.5, 3.0), seed)
 
-
-register(
-    _bt_case("10.bt.visible", "bradley_terry_loss of 6 pairs of rewards",
-             lambda seed: _bt_inputs(6, 1.5, seed)),
-    _bt_case("10.bt.hidden_large", "bradley_terry_loss with rewards of size 100 (sigmoid rounds to 0 or 1)",
-             lambda seed: _bt_inputs(5, 100.0, seed), hidden=True),
-    _bt_case("10.bt.hidden_sizes", "bradley_terry_loss with other sizes, a single pair among them", _bt_hidden,
-             hidden=True),
-)
 
 # ---- LoRALinear(base: nn.Linear, rank, alpha): base(x) + (alpha / rank) x A^T B^T, base frozen, B = 0 at first
 
@@ -370,13 +267,11 @@ def _lora_what(inputs: Inputs) -> str:
     return f"LoRALinear(nn.Linear({d_in}, {d_out}), rank={inputs['rank']}, alpha={inputs['alpha']})"
 
 
-def _lora_run(cls: Any, inputs: Inputs) -> Outputs:
+def _lora_call(cls: Any, inputs: Inputs) -> Outputs:
     what = _lora_what(inputs)
-    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise fail(f"{what}: expected a class derived from nn.Module, got {type(cls).__name__} {cls!r}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        layer = cls(_base_linear(inputs), inputs["rank"], inputs["alpha"])
+        layer = module_class(cls, what)(_base_linear(inputs), inputs["rank"], inputs["alpha"])
     x = inputs["x"]
     with torch.no_grad():
         at_init = as_tensor(layer(x.clone()), f"{what} on x {fmt_shape(x.shape)}")
@@ -397,15 +292,6 @@ def _lora_run(cls: Any, inputs: Inputs) -> Outputs:
 def _lora_forward(inputs: Inputs, scaling: float, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     base = inputs["base"]
     return inputs["x"] @ base["weight"].T + base["bias"] + scaling * (inputs["x"] @ a.T @ b.T)
-
-
-def _lora_reference(inputs: Inputs) -> Outputs:
-    scaling = inputs["alpha"] / inputs["rank"]
-    a, b = inputs["A"].clone().requires_grad_(True), inputs["B"].clone().requires_grad_(True)
-    out = _lora_forward(inputs, scaling, a, b)
-    out.square().sum().backward()
-    return {"at_init": _lora_forward(inputs, 0.0, a, b).detach(), "trainable": "A B", "a_is_zero": False,
-            "out": out.detach(), "grad_A": a.grad, "grad_B": b.grad}
 
 
 def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -440,21 +326,50 @@ def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         check_close(got[f"grad_{name}"], expected[f"grad_{name}"], f"the gradient of {name}", atol=1e-3)
 
 
-_lora_case = case_family(_lora_run, _lora_reference, _lora_judge)
-
-
 def _lora_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     return _lora_inputs(r.randint(3, 12), r.randint(3, 12), r.randint(1, 3), float(r.choice([1, 4, 16])),
                         (r.randint(1, 3), r.randint(1, 5)), seed)
 
 
-register(
-    _lora_case("10.lora.visible", "LoRALinear(nn.Linear(6, 5), rank=2, alpha=4) on x (3, 6)",
-               lambda seed: _lora_inputs(6, 5, 2, 4.0, (3,), seed)),
-    _lora_case("10.lora.sequence", "LoRALinear(nn.Linear(8, 12), rank=4, alpha=8) on x (2, 5, 8)",
-               lambda seed: _lora_inputs(8, 12, 4, 8.0, (2, 5), seed)),
-    _lora_case("10.lora.hidden_rank_one", "LoRALinear with rank 1 on a single vector",
-               lambda seed: _lora_inputs(7, 3, 1, 2.0, (1,), seed), hidden=True),
-    _lora_case("10.lora.hidden_sizes", "LoRALinear with other sizes, ranks and alphas", _lora_hidden, hidden=True),
+PIECES = declare(
+    Piece("10", "padding_mask", padding_mask, _mask_call, judge=_mask_judge,
+          forbidden=("gptcourse.padding_mask", "gptcourse.GPT", "gptcourse.model.gpt"),
+          visible=[("visible", "padding_mask of a right-padded batch (B, T) = (3, 5)",
+                    lambda seed: _mask_inputs(3, 5, "right", seed)),
+                   ("left", "padding_mask of a left-padded batch (B, T) = (3, 6)",
+                    lambda seed: _mask_inputs(3, 6, "left", seed))],
+          hidden=[("hidden_single", "padding_mask of one unpadded sequence (B=1): the causal mask",
+                   lambda seed: _mask_inputs(1, 4, "right", seed)),
+                  ("hidden_mixed", "padding_mask with other sizes, rows padded on either side", _mask_hidden)]),
+    Piece("10", "last_real_token", last_real_token, _pool_call, mistakes=_pool_mistakes, label="the pooled states",
+          shape="B C", atol=1e-6, forbidden=("gptcourse.last_real_token", "gptcourse.model.heads"),
+          visible=[("visible", "last_real_token of a right-padded batch, hidden (B, T, C) = (4, 6, 5)",
+                    lambda seed: _pool_inputs(4, 6, 5, "right", seed)),
+                   ("left", "last_real_token of a left-padded batch, hidden (B, T, C) = (3, 5, 4)",
+                    lambda seed: _pool_inputs(3, 5, 4, "left", seed))],
+          hidden=[("hidden_mixed", "last_real_token with other sizes, rows padded on either side", _pool_hidden)]),
+    Piece("10", "response_labels", response_labels, _labels_call, mistakes=_labels_mistakes, label="the labels",
+          shape="B T", dtype=(torch.int64, "token ids (and -100) for F.cross_entropy"), atol=0, rtol=0,
+          forbidden=("gptcourse.response_labels", "gptcourse.finetuning.losses"),
+          visible=[("visible", "response_labels of a right-padded batch (B, T) = (4, 8)",
+                    lambda seed: _labels_inputs(4, 8, "right", seed)),
+                   ("left", "response_labels of a left-padded batch (B, T) = (3, 7)",
+                    lambda seed: _labels_inputs(3, 7, "left", seed))],
+          hidden=[("hidden_mixed", "response_labels with other sizes, rows padded on either side", _labels_hidden)]),
+    Piece("10", "bradley_terry_loss", bradley_terry_loss, _bt_call, judge=_bt_judge,
+          forbidden=("gptcourse.bradley_terry_loss", "gptcourse.finetuning.losses"),
+          visible=[("visible", "bradley_terry_loss of 6 pairs of rewards", lambda seed: _bt_inputs(6, 1.5, seed))],
+          hidden=[("hidden_large", "bradley_terry_loss with rewards of size 100 (sigmoid rounds to 0 or 1)",
+                   lambda seed: _bt_inputs(5, 100.0, seed)),
+                  ("hidden_sizes", "bradley_terry_loss with other sizes, a single pair among them", _bt_hidden)]),
+    Piece("10", "LoRALinear", LoRALinear, _lora_call, judge=_lora_judge,
+          forbidden=("gptcourse.LoRALinear", "gptcourse.finetuning.lora"),
+          visible=[("visible", "LoRALinear(nn.Linear(6, 5), rank=2, alpha=4) on x (3, 6)",
+                    lambda seed: _lora_inputs(6, 5, 2, 4.0, (3,), seed)),
+                   ("sequence", "LoRALinear(nn.Linear(8, 12), rank=4, alpha=8) on x (2, 5, 8)",
+                    lambda seed: _lora_inputs(8, 12, 4, 8.0, (2, 5), seed))],
+          hidden=[("hidden_rank_one", "LoRALinear with rank 1 on a single vector",
+                   lambda seed: _lora_inputs(7, 3, 1, 2.0, (1,), seed)),
+                  ("hidden_sizes", "LoRALinear with other sizes, ranks and alphas", _lora_hidden)]),
 )

@@ -3,8 +3,8 @@
 
 Fixed names: the cache has `length` and `append(k, v)`, which returns every cached key and value (B, H, T_past + T,
 D); the attention layer has `q_proj` (C -> C), `k_proj` and `v_proj` (C -> H_kv D) and `o_proj` (C -> C), all
-nn.Linear without bias (Llama's names), and `forward(x, cache=None)`. The references are written here with torch
-alone, except the layer's, which is gptcourse.MultiHeadAttention with the same weights stacked into its `qkv`.
+nn.Linear without bias (Llama's names), and `forward(x, cache=None)`. The references are gptcourse's, except
+top-p's and the layer's (each says why at its `expected`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from typing import Any
 import torch
 
 from ...checks import check_close, check_shape, fail, fmt_shape
-from ...model.causal_attention import MultiHeadAttention
-from ..cases import Inputs, Outputs, case_family, register, sizes_rng, tensor_rng
+from ...inference.kv_cache import LayerCache
+from ...model.causal_attention import MultiHeadAttention, attention, repeat_kv
+from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
+from ..piece import Piece, declare
 from ..student import as_tensor, as_tensors, build_module
 
 _CACHE = ("gptcourse.LayerCache", "gptcourse.KVCache", "gptcourse.inference.kv_cache")
@@ -24,14 +26,6 @@ _ATTENTION = ("gptcourse.attention", "gptcourse.fused_attention", "gptcourse.Mul
               "gptcourse.model.causal_attention")
 _SAMPLING = ("gptcourse.filter_logits", "gptcourse.generate", "gptcourse.inference.sampling")
 _WHOLE = ("gptcourse.DecoderBlock", "gptcourse.GPT")
-# piece -> the gptcourse names a student must not import or call for it
-FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "cache": _CACHE + _WHOLE,
-    "one_token": _ATTENTION + _WHOLE,
-    "top_p": _SAMPLING,
-    "repeat_kv": ("gptcourse.repeat_kv", *_ATTENTION, *_WHOLE),
-    "gqa": ("gptcourse.repeat_kv", *_ATTENTION, *_CACHE, *_WHOLE),
-}
 
 
 def _sizes(b: int, h: int, t: int, d: int) -> dict[str, int]:
@@ -47,7 +41,7 @@ def _cache_inputs(b: int, h: int, d: int, chunks: list[int], capacity: int, seed
     return {"capacity": capacity, "steps": steps, "sizes": {"B": b, "H": h, "D": d}}
 
 
-def _cache_run(cls: Any, inputs: Inputs) -> Outputs:
+def _cache_call(cls: Any, inputs: Inputs) -> Outputs:
     cache = cls(inputs["capacity"])
     keys, values, lengths = [], [], []
     for k, v in inputs["steps"]:
@@ -95,10 +89,6 @@ def _cached(steps: list[tuple[torch.Tensor, torch.Tensor]], *, only_new: bool = 
     return {"keys": keys, "values": values, "lengths": lengths}
 
 
-def _cache_reference(inputs: Inputs) -> Outputs:
-    return _pack(_cached(inputs["steps"]))
-
-
 AT_ZERO = ("the cache is written at position 0 every step: write the new positions after the cached ones, "
            "buffer[:, :, length : length + T] = k, then advance length by T")
 CACHE_MISTAKES = {
@@ -129,22 +119,11 @@ def _cache_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                                   if v[part][i].shape == expected[part][i].shape})
 
 
-_cache_case = case_family(_cache_run, _cache_reference, _cache_judge)
-
-
 def _cache_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     chunks = [r.randint(1, 5)] + [1] * r.randint(2, 5) + [r.randint(2, 3)]
     return _cache_inputs(r.randint(1, 3), r.choice([1, 2, 4]), r.choice([2, 4, 6]), chunks, sum(chunks) + 3, seed)
 
-
-register(
-    _cache_case("11.cache.visible", "LayerCache(12): a prefill of 4 positions, then 3 single tokens (B=2, H=2, D=4)",
-                lambda seed: _cache_inputs(2, 2, 4, [4, 1, 1, 1], 12, seed)),
-    _cache_case("11.cache.hidden_full", "LayerCache filled one token at a time up to its capacity, batch 1",
-                lambda seed: _cache_inputs(1, 3, 2, [1] * 6, 6, seed), hidden=True),
-    _cache_case("11.cache.hidden_sizes", "LayerCache with other sizes and chunks", _cache_hidden, hidden=True),
-)
 
 # ---- attend_new_token(q (B, H, 1, D), k, v (B, H, T, D)) -> (B, H, 1, D)
 
@@ -152,10 +131,10 @@ register(
 def _one_token_inputs(b: int, h: int, t: int, d: int, seed: int) -> Inputs:
     gen = tensor_rng(seed)
     q, k, v = (torch.randn(b, h, n, d, generator=gen) for n in (1, t, t))
-    return {"q": 1.5 * q, "k": k, "v": v, "sizes": _sizes(b, h, t, d)}
+    return {"q": 1.5 * q, "k": k, "v": v, "sizes": _sizes(b, h, 1, d)}  # the sizes of the output
 
 
-def _one_token_run(fn: Any, inputs: Inputs) -> Outputs:
+def _one_token_call(fn: Any, inputs: Inputs) -> Outputs:
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     out = fn(q.clone(), k.clone(), v.clone())
     return {"y": as_tensor(out, f"attend_new_token(q {fmt_shape(q.shape)}, k, v {fmt_shape(k.shape)})")}
@@ -166,15 +145,15 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: bool = Tru
     return scores.softmax(dim=-1) @ v  # (B, H, 1, D)
 
 
-def _one_token_reference(inputs: Inputs) -> Outputs:
-    return {"y": _attend(inputs["q"], inputs["k"], inputs["v"])}
+def _new_token_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """gptcourse's attention, which also returns the weights: only its output is the piece's."""
+    return attention(q, k, v)[0]
 
 
-def _one_token_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+def _one_token_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    check_shape(got["y"], "B H T D", inputs["sizes"] | {"T": 1}, "attend_new_token output")
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, 1, T)
-    mistakes = {
+    return {
         "the new token sees only the first key: a causal mask aligned top-left (torch.tril of a (1, T) mask, or "
         "is_causal=True) hides every later key, but the new token is the *last* position and sees all T": v[:, :, :1],
         "the new token sees only itself: it attends over every cached key and its own, not just the newest":
@@ -183,25 +162,12 @@ def _one_token_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "the softmax runs over the query axis (dim=-2): with one query every weight is 1; take it over the keys, "
         "dim=-1": scores.softmax(dim=-2) @ v,
     }
-    check_close(got["y"], expected["y"], "attend_new_token output", mistakes=mistakes)
-
-
-_one_token_case = case_family(_one_token_run, _one_token_reference, _one_token_judge)
 
 
 def _one_token_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     return _one_token_inputs(r.randint(1, 3), r.choice([1, 3, 4]), r.randint(2, 12), r.choice([4, 6, 8]), seed)
 
-
-register(
-    _one_token_case("11.one_token.visible", "attend_new_token with q (2, 3, 1, 4) against 7 cached keys",
-                    lambda seed: _one_token_inputs(2, 3, 7, 4, seed)),
-    _one_token_case("11.one_token.hidden_first", "attend_new_token on the first token (T=1: it sees only itself)",
-                    lambda seed: _one_token_inputs(1, 2, 1, 4, seed), hidden=True),
-    _one_token_case("11.one_token.hidden_sizes", "attend_new_token with other sizes", _one_token_hidden,
-                    hidden=True),
-)
 
 # ---- top_p_filter(logits (B, V), top_p) -> logits with -inf outside the nucleus
 
@@ -211,7 +177,7 @@ def _top_p_inputs(b: int, v: int, top_p: float, spread: float, seed: int) -> Inp
     return {"logits": logits, "top_p": top_p, "sizes": {"B": b, "V": v}}
 
 
-def _top_p_run(fn: Any, inputs: Inputs) -> Outputs:
+def _top_p_call(fn: Any, inputs: Inputs) -> Outputs:
     logits = inputs["logits"]
     out = fn(logits.clone(), inputs["top_p"])
     return {"filtered": as_tensor(out, f"top_p_filter(logits {fmt_shape(logits.shape)}, top_p={inputs['top_p']})")}
@@ -228,7 +194,9 @@ def _nucleus(logits: torch.Tensor, top_p: float, *, before: bool = True, ascendi
     return keep.scatter(-1, order, keep)  # back to vocabulary order
 
 
-def _top_p_reference(inputs: Inputs) -> Outputs:
+def _top_p_expected(inputs: Inputs) -> Outputs:
+    """The nucleus summed most likely first, as the lab asks: gptcourse.filter_logits sums from the least likely
+    end (Hugging Face's order), whose rounding can decide a token at the boundary the other way."""
     logits = inputs["logits"]
     return {"filtered": logits.masked_fill(~_nucleus(logits, inputs["top_p"]), float("-inf"))}
 
@@ -262,25 +230,11 @@ def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "probabilities (the sampler applies the softmax)")
 
 
-_top_p_case = case_family(_top_p_run, _top_p_reference, _top_p_judge)
-
-
 def _top_p_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     return _top_p_inputs(r.randint(2, 6), r.randint(10, 80), round(r.uniform(0.2, 0.95), 2), r.uniform(0.5, 3.0),
                          seed)
 
-
-register(
-    _top_p_case("11.top_p.visible", "top_p_filter of logits (4, 20) with top_p=0.9",
-                lambda seed: _top_p_inputs(4, 20, 0.9, 1.5, seed)),
-    _top_p_case("11.top_p.skewed", "top_p_filter of a skewed distribution (4, 30) with top_p=0.5",
-                lambda seed: _top_p_inputs(4, 30, 0.5, 4.0, seed)),
-    _top_p_case("11.top_p.hidden_all", "top_p_filter with top_p=1.0 (nothing is filtered)",
-                lambda seed: _top_p_inputs(2, 9, 1.0, 1.0, seed), hidden=True),
-    _top_p_case("11.top_p.hidden_sizes", "top_p_filter with other sizes, spreads and p", _top_p_hidden,
-                hidden=True),
-)
 
 # ---- repeat_kv(x (B, H_kv, T, D), n_rep) -> (B, H_kv * n_rep, T, D)
 
@@ -290,28 +244,16 @@ def _repeat_inputs(b: int, h_kv: int, t: int, d: int, n_rep: int, seed: int) -> 
             "sizes": _sizes(b, h_kv * n_rep, t, d)}
 
 
-def _repeat_run(fn: Any, inputs: Inputs) -> Outputs:
+def _repeat_call(fn: Any, inputs: Inputs) -> Outputs:
     x = inputs["x"]
     what = f"repeat_kv(x {fmt_shape(x.shape)}, n_rep={inputs['n_rep']})"
     return {"y": as_tensor(fn(x.clone(), inputs["n_rep"]), what)}
 
 
-def _repeat_reference(inputs: Inputs) -> Outputs:
-    x, n = inputs["x"], inputs["n_rep"]
-    b, h_kv, t, d = x.shape
-    return {"y": x[:, :, None].expand(b, h_kv, n, t, d).reshape(b, h_kv * n, t, d)}  # kv head j -> heads jn..jn+n-1
-
-
-def _repeat_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    x, n = inputs["x"], inputs["n_rep"]
-    check_shape(got["y"], "B H T D", inputs["sizes"], "repeat_kv output")
-    mistakes = {"the kv heads are tiled (x.repeat(1, n_rep, 1, 1) gives heads 0, 1, 0, 1, ...): kv head j serves "
-                "the consecutive query heads j * n_rep ... j * n_rep + n_rep - 1, so repeat each head in place, "
-                "x.repeat_interleave(n_rep, dim=1)": x.repeat(1, n, 1, 1)}
-    check_close(got["y"], expected["y"], "repeat_kv output", atol=0, rtol=0, mistakes=mistakes)
-
-
-_repeat_case = case_family(_repeat_run, _repeat_reference, _repeat_judge)
+def _repeat_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
+    return {"the kv heads are tiled (x.repeat(1, n_rep, 1, 1) gives heads 0, 1, 0, 1, ...): kv head j serves "
+            "the consecutive query heads j * n_rep ... j * n_rep + n_rep - 1, so repeat each head in place, "
+            "x.repeat_interleave(n_rep, dim=1)": inputs["x"].repeat(1, inputs["n_rep"], 1, 1)}
 
 
 def _repeat_hidden(seed: int) -> Inputs:
@@ -319,14 +261,6 @@ def _repeat_hidden(seed: int) -> Inputs:
     return _repeat_inputs(r.randint(1, 3), r.choice([2, 3]), r.randint(1, 6), r.choice([2, 4]), r.choice([2, 3, 4]),
                           seed)
 
-
-register(
-    _repeat_case("11.repeat_kv.visible", "repeat_kv of x (2, 2, 5, 3) with n_rep=3 (2 kv heads for 6 query heads)",
-                 lambda seed: _repeat_inputs(2, 2, 5, 3, 3, seed)),
-    _repeat_case("11.repeat_kv.hidden_mha", "repeat_kv with n_rep=1 (plain multi-head attention: unchanged)",
-                 lambda seed: _repeat_inputs(1, 4, 3, 2, 1, seed), hidden=True),
-    _repeat_case("11.repeat_kv.hidden_sizes", "repeat_kv with other sizes", _repeat_hidden, hidden=True),
-)
 
 # ---- GroupedQueryAttention(d_model, n_heads, n_kv_heads): forward(x, cache=None), x (B, T, C) -> (B, T, C)
 
@@ -361,7 +295,7 @@ class _Tape:
         return self.k, self.v
 
 
-def _gqa_run(cls: Any, inputs: Inputs) -> Outputs:
+def _gqa_call(cls: Any, inputs: Inputs) -> Outputs:
     module, x = build_module(cls, _gqa_what(inputs), inputs["init"], inputs["weights"]), inputs["x"]
     what = f"{_gqa_what(inputs)} on x {fmt_shape(x.shape)}"
     with torch.no_grad():
@@ -375,7 +309,9 @@ def _gqa_run(cls: Any, inputs: Inputs) -> Outputs:
     return {"y": torch.cat(outputs, dim=1), "cached_heads": cached_heads}
 
 
-def _gqa_reference(inputs: Inputs) -> Outputs:
+def _gqa_expected(inputs: Inputs) -> Outputs:
+    """gptcourse.MultiHeadAttention with the same weights: it has one stacked `qkv` projection where the lab's
+    layer has Llama's q_proj, k_proj and v_proj."""
     i, w = inputs["init"], inputs["weights"]
     mha = MultiHeadAttention(i["d_model"], i["n_heads"], bias=False, n_kv_heads=i["n_kv_heads"])
     mha.load_state_dict({"qkv.weight": torch.cat([w["q_proj.weight"], w["k_proj.weight"], w["v_proj.weight"]]),
@@ -426,9 +362,6 @@ def _gqa_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "repeat_kv, so the cache stores only the kv heads (that is what GQA saves)")
 
 
-_gqa_case = case_family(_gqa_run, _gqa_reference, _gqa_judge)
-
-
 def _gqa_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     h_kv, t = 2, r.randint(3, 9)  # groups of 2 or 3 query heads (one kv head is hidden_mqa's)
@@ -437,13 +370,44 @@ def _gqa_hidden(seed: int) -> Inputs:
                        chunks=[prefill] + [1] * (t - prefill) if r.random() < 0.5 else None)
 
 
-register(
-    _gqa_case("11.gqa.visible", "GroupedQueryAttention(24, n_heads=6, n_kv_heads=2) on x (2, 7, 24)",
-              lambda seed: _gqa_inputs(2, 7, 6, 2, 4, seed)),
-    _gqa_case("11.gqa.cached", "GroupedQueryAttention(16, n_heads=4, n_kv_heads=2): a prefill of 3 positions, "
-              "then 4 tokens one at a time with the cache", lambda seed: _gqa_inputs(2, 7, 4, 2, 4, seed,
-                                                                                   chunks=[3, 1, 1, 1, 1])),
-    _gqa_case("11.gqa.hidden_mqa", "multi-query attention (n_kv_heads=1), cached one token at a time",
-              lambda seed: _gqa_inputs(1, 5, 4, 1, 2, seed, chunks=[1] * 5), hidden=True),
-    _gqa_case("11.gqa.hidden_sizes", "GroupedQueryAttention with other sizes", _gqa_hidden, hidden=True),
+PIECES = declare(
+    Piece("11", "LayerCache", LayerCache, _cache_call, judge=_cache_judge, forbidden=_CACHE + _WHOLE,
+          visible=[("visible", "LayerCache(12): a prefill of 4 positions, then 3 single tokens (B=2, H=2, D=4)",
+                    lambda seed: _cache_inputs(2, 2, 4, [4, 1, 1, 1], 12, seed))],
+          hidden=[("hidden_full", "LayerCache filled one token at a time up to its capacity, batch 1",
+                   lambda seed: _cache_inputs(1, 3, 2, [1] * 6, 6, seed)),
+                  ("hidden_sizes", "LayerCache with other sizes and chunks", _cache_hidden)]),
+    Piece("11", "attend_new_token", _new_token_attention, _one_token_call, mistakes=_one_token_mistakes,
+          label="attend_new_token output", shape="B H T D", forbidden=_ATTENTION + _WHOLE,
+          visible=[("visible", "attend_new_token with q (2, 3, 1, 4) against 7 cached keys",
+                    lambda seed: _one_token_inputs(2, 3, 7, 4, seed))],
+          hidden=[("hidden_first", "attend_new_token on the first token (T=1: it sees only itself)",
+                   lambda seed: _one_token_inputs(1, 2, 1, 4, seed)),
+                  ("hidden_sizes", "attend_new_token with other sizes", _one_token_hidden)]),
+    Piece("11", "top_p_filter", None, _top_p_call, expected=_top_p_expected, judge=_top_p_judge,
+          forbidden=_SAMPLING,
+          visible=[("visible", "top_p_filter of logits (4, 20) with top_p=0.9",
+                    lambda seed: _top_p_inputs(4, 20, 0.9, 1.5, seed)),
+                   ("skewed", "top_p_filter of a skewed distribution (4, 30) with top_p=0.5",
+                    lambda seed: _top_p_inputs(4, 30, 0.5, 4.0, seed))],
+          hidden=[("hidden_all", "top_p_filter with top_p=1.0 (nothing is filtered)",
+                   lambda seed: _top_p_inputs(2, 9, 1.0, 1.0, seed)),
+                  ("hidden_sizes", "top_p_filter with other sizes, spreads and p", _top_p_hidden)]),
+    Piece("11", "repeat_kv", repeat_kv, _repeat_call, mistakes=_repeat_mistakes, label="repeat_kv output",
+          shape="B H T D", atol=0, rtol=0, forbidden=("gptcourse.repeat_kv", *_ATTENTION, *_WHOLE),
+          visible=[("visible", "repeat_kv of x (2, 2, 5, 3) with n_rep=3 (2 kv heads for 6 query heads)",
+                    lambda seed: _repeat_inputs(2, 2, 5, 3, 3, seed))],
+          hidden=[("hidden_mha", "repeat_kv with n_rep=1 (plain multi-head attention: unchanged)",
+                   lambda seed: _repeat_inputs(1, 4, 3, 2, 1, seed)),
+                  ("hidden_sizes", "repeat_kv with other sizes", _repeat_hidden)]),
+    Piece("11", "GroupedQueryAttention", MultiHeadAttention, _gqa_call, expected=_gqa_expected, judge=_gqa_judge,
+          forbidden=("gptcourse.repeat_kv", *_ATTENTION, *_CACHE, *_WHOLE),
+          visible=[("visible", "GroupedQueryAttention(24, n_heads=6, n_kv_heads=2) on x (2, 7, 24)",
+                    lambda seed: _gqa_inputs(2, 7, 6, 2, 4, seed)),
+                   ("cached", "GroupedQueryAttention(16, n_heads=4, n_kv_heads=2): a prefill of 3 positions, then 4 "
+                    "tokens one at a time with the cache", lambda seed: _gqa_inputs(2, 7, 4, 2, 4, seed,
+                                                                                    chunks=[3, 1, 1, 1, 1]))],
+          hidden=[("hidden_mqa", "multi-query attention (n_kv_heads=1), cached one token at a time",
+                   lambda seed: _gqa_inputs(1, 5, 4, 1, 2, seed, chunks=[1] * 5)),
+                  ("hidden_sizes", "GroupedQueryAttention with other sizes", _gqa_hidden)]),
 )

@@ -1,0 +1,60 @@
+"""What several labs' cases share: a reference GPT with given weights, weights at a working network's scale, and
+a comparison that computes its known mistakes only when it needs them.
+
+Lab modules import these from here, never from one another (each lab's catalogue of mistakes stays in its lab).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+from ..checks import check_close
+from ..model.config import GPTConfig
+from ..model.gpt import GPT
+from .student import load_weights
+
+
+def reference_gpt(config: GPTConfig, weights: dict[str, torch.Tensor]) -> nn.Module:
+    """gptcourse.GPT(config) with `weights` (drawn by `random_weights` from its parameters), in eval mode."""
+    with torch.random.fork_rng(devices=[]):  # GPT's own init must not move the caller's random state
+        model = GPT(config)
+    return load_gpt_weights(model, config, weights, "the reference GPT")
+
+
+def load_gpt_weights(model: nn.Module, config: GPTConfig, weights: dict[str, torch.Tensor], what: str) -> nn.Module:
+    """Load the reference weights; with tie_weights, `lm_head.weight` (shared or, wrongly, separate) gets the token
+    table, so a model that forgot to tie still computes the right logits and fails only the tying test."""
+    if config.tie_weights and "lm_head.weight" in dict(model.named_parameters(remove_duplicate=False)):
+        weights = weights | {"lm_head.weight": weights["tok_emb.weight"]}
+    load_weights(model, weights, what)
+    return model.eval()
+
+
+def check_close_lazily(got: torch.Tensor, expected: torch.Tensor, name: str,
+                       mistakes: Callable[[], Mapping[str, torch.Tensor]], atol: float = 1e-5) -> None:
+    """`check_close`, computing the known mistakes (a model run each) only when `got` is off."""
+    if tuple(got.shape) != tuple(expected.shape) or not torch.allclose(got.double(), expected.double(), atol=atol,
+                                                                        rtol=1e-4):
+        check_close(got, expected, name, atol=atol, mistakes=mistakes())
+
+
+def unit_scale_weights(module: torch.nn.Module, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Weights at the scale of a working network: unit-variance embeddings, matrices with std 1/sqrt(fan-in),
+    norm gains near 1, small biases. The logits then depend on the tokens (with one scale for everything, one
+    token can win at every position, and a sampler reading the wrong position would go unnoticed)."""
+    weights = {}
+    for name, p in module.named_parameters():
+        if name.startswith(("tok_emb.", "pos_emb.")):
+            mean, std = 0.0, 1.0
+        elif p.dim() == 2:
+            mean, std = 0.0, 1 / math.sqrt(p.shape[1])
+        elif name.endswith("bias"):
+            mean, std = 0.0, 0.1
+        else:  # norm gains
+            mean, std = 1.0, 0.2
+        weights[name] = mean + std * torch.randn(p.shape, generator=gen)
+    return weights

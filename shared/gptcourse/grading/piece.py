@@ -1,0 +1,112 @@
+"""A lab's graded pieces, declared once each: the function or class a student writes, its reference, its cases.
+
+A `Piece` is one row of a lab's table (`grading/labs/labNN.py`). Its `name` is the name the student writes, and
+the same string is the solution cell's `grade_id`, the key of the piece's forbidden references and the middle of
+its case ids (`cases.CaseId`): "10.padding_mask.visible". Each row of `visible` and `hidden` is a `(variant, what,
+inputs)` triple (a `Probe` may come fourth) and becomes one `Case`: `inputs(seed)` draws the inputs, `call(obj,
+inputs)` runs an object on them (in the student's kernel: the student's), and the expected outputs are
+`call(reference, inputs)`.
+
+The reference policy: the reference is gptcourse's own function or class, the one the lab teaches and forbids,
+run through the same `call` as the student's code; the package's own helpers and constants are imported, never
+retyped. A lab declares `expected` instead only where the student's interface differs from the package's (and
+says why in a comment there). torch's implementations are peers a judge may compare with, not references.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+
+from ..checks import check_close, check_dtype, check_shape
+from .cases import Case, CaseId, Inputs, Outputs, register
+
+Judge = Callable[[Outputs, Outputs, Inputs], None]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A test of a piece with a call and a judge of its own, e.g. causality (later inputs never change earlier
+    outputs); its expected outputs are still its call on the reference."""
+
+    call: Callable[[Any, Inputs], Outputs]
+    judge: Judge
+
+
+# (variant, what the case tests, inputs(seed)), or with a Probe as a fourth element
+Row = tuple[str, str, Callable[[int], Inputs]] | tuple[str, str, Callable[[int], Inputs], Probe]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One graded piece of a lab and its cases.
+
+    call(obj, inputs) -> outputs: runs `obj` (the student's or the reference) on a case's inputs and returns plain
+        values; it alone runs in a graded kernel, so it may use the student's object and helpers, never a reference.
+    judge(got, expected, inputs): raises CheckFailed with a teaching message. The default compares the single
+        output with `check_close` (after `shape` and `dtype`, when declared), recognising `mistakes(inputs)`:
+        {why: the wrong output that mistake gives}.
+    forbidden: the dotted names of the references a student must not use for this piece (`forbidden.py`).
+    """
+
+    lab: str
+    name: str
+    reference: Any
+    call: Callable[[Any, Inputs], Outputs]
+    visible: Sequence[Row]
+    hidden: Sequence[Row] = ()
+    forbidden: tuple[str, ...] = ()
+    judge: Judge | None = None
+    mistakes: Callable[[Inputs], Mapping[str, torch.Tensor]] | None = None
+    label: str = ""  # the output's name in messages ("the pooled states"); default: its key
+    shape: str | None = None  # e.g. "B C", with the sizes in inputs["sizes"]
+    dtype: tuple[torch.dtype, str] | None = None  # (dtype, why that one)
+    atol: float = 1e-5
+    rtol: float = 1e-4
+    expected: Callable[[Inputs], Outputs] | None = None  # only where `call(reference, inputs)` cannot be used
+    cases: tuple[Case, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        rows = [(row, False) for row in self.visible] + [(row, True) for row in self.hidden]
+        cases = []
+        for (variant, what, inputs, *probe), hidden in rows:
+            call, judge = (probe[0].call, probe[0].judge) if probe else (self.call, self.judge or self.compare)
+            expected = self.expected if self.expected and not probe else partial(call, self.reference)
+            cases.append(Case(str(CaseId(self.lab, self.name, variant)), what, inputs, call, expected, judge, hidden))
+        object.__setattr__(self, "cases", tuple(cases))  # checked by `register` (one parser of ids)
+
+    def compare(self, got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+        """The default judge: the one output equals the reference's, within the declared tolerance."""
+        if len(expected) != 1:
+            raise TypeError(f"piece {self.lab}.{self.name} has outputs {sorted(expected)}: declare its judge")
+        [(key, want)] = expected.items()
+        label = self.label or key
+        if self.shape is not None:
+            check_shape(got[key], self.shape, inputs["sizes"], label)
+        if self.dtype is not None:
+            check_dtype(got[key], self.dtype[0], label, self.dtype[1])
+        mistakes = self.mistakes(inputs) if self.mistakes else None
+        check_close(got[key], want, label, atol=self.atol, rtol=self.rtol, mistakes=mistakes)
+
+
+PIECES: dict[str, Piece] = {}  # "NN.name" -> piece
+
+
+def declare(*pieces: Piece) -> tuple[Piece, ...]:
+    """Register the pieces of a lab and their cases (called once, at the end of its module)."""
+    for piece in pieces:
+        key = f"{piece.lab}.{piece.name}"
+        if key in PIECES:
+            raise ValueError(f"piece {key} is declared twice")
+        PIECES[key] = piece
+        register(*piece.cases)
+    return pieces
+
+
+def lab_pieces(lab: str) -> list[Piece]:
+    """The declared pieces of lab `lab` ("10"), in declaration order (the registry must be loaded)."""
+    return [piece for piece in PIECES.values() if piece.lab == lab]
