@@ -335,16 +335,21 @@ def test_tasks_are_deterministic_and_labelled_right():
 def test_greedy_until_stop_equals_generate_one_prompt_at_a_time_cut_at_the_stop(config):
     model = _model(config).double()  # float64: the padded batch and the lone prompt pick the same argmax
     prompts = _sequences(config.vocab_size, LENGTHS)
-    n = config.context_length - max(LENGTHS)
-    full = [generate(model, torch.tensor([p]), n, temperature=0.0)[0, len(p):].tolist() for p in prompts]
+    limit = config.context_length
+    full = [generate(model, torch.tensor([p]), limit - len(p), temperature=0.0)[0, len(p):].tolist()
+            for p in prompts]  # each prompt until its window is full
     stop_id = full[0][3]  # prompt 0 stops at its 4th token at the latest; the others wherever stop_id comes
     expected = [answer[: answer.index(stop_id) + 1] if stop_id in answer else answer for answer in full]
-    assert greedy_until_stop(model, prompts, stop_id, n) == expected
+    assert greedy_until_stop(model, prompts, stop_id, limit) == expected
     assert len(expected[0]) <= 4 and expected[0][-1] == stop_id
-    with pytest.raises(ValueError, match="exceeds the context window"):
-        greedy_until_stop(model, prompts, stop_id, n + 1)
+    filled = [len(p) + len(answer) == limit and answer[-1] != stop_id
+              for p, answer in zip(prompts, expected, strict=True)]
+    assert any(filled)  # some prompt never emits stop_id and ends with its window full
+    assert greedy_until_stop(model, prompts, stop_id, 2) == [answer[:2] for answer in expected]
+    with pytest.raises(ValueError, match="leaves no room to answer"):
+        greedy_until_stop(model, [*prompts, [1] * limit], stop_id, 1)
     with pytest.raises(ValueError, match="stop_id must be a token id"):
-        greedy_until_stop(model, prompts, config.vocab_size, n)
+        greedy_until_stop(model, prompts, config.vocab_size, 1)
 
 
 def test_keywordless_line_kinds_are_the_line_kinds_without_their_keyword():
