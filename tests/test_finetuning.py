@@ -22,6 +22,9 @@ from gptcourse import (
     add_lora,
     bradley_terry_loss,
     count_parameters,
+    generate,
+    greedy_until_stop,
+    keywordless_line_kind_task,
     line_kind_task,
     load_text,
     lora_parameter_count,
@@ -326,3 +329,35 @@ def test_tasks_are_deterministic_and_labelled_right():
     for chosen, rejected in pairs:
         assert chosen != rejected and sorted(chosen.split(" ")) == sorted(rejected.split(" "))
         assert chosen.split(" ")[0] == rejected.split(" ")[0] and chosen in text
+
+
+@pytest.mark.parametrize("config", [GPT2_LIKE, LLAMA_LIKE], ids=["learned", "rope"])
+def test_greedy_until_stop_equals_generate_one_prompt_at_a_time_cut_at_the_stop(config):
+    model = _model(config).double()  # float64: the padded batch and the lone prompt pick the same argmax
+    prompts = _sequences(config.vocab_size, LENGTHS)
+    limit = config.context_length
+    full = [generate(model, torch.tensor([p]), limit - len(p), temperature=0.0)[0, len(p):].tolist()
+            for p in prompts]  # each prompt until its window is full
+    stop_id = full[0][3]  # prompt 0 stops at its 4th token at the latest; the others wherever stop_id comes
+    expected = [answer[: answer.index(stop_id) + 1] if stop_id in answer else answer for answer in full]
+    assert greedy_until_stop(model, prompts, stop_id, limit) == expected
+    assert len(expected[0]) <= 4 and expected[0][-1] == stop_id
+    filled = [len(p) + len(answer) == limit and answer[-1] != stop_id
+              for p, answer in zip(prompts, expected, strict=True)]
+    assert any(filled)  # some prompt never emits stop_id and ends with its window full
+    assert greedy_until_stop(model, prompts, stop_id, 2) == [answer[:2] for answer in expected]
+    with pytest.raises(ValueError, match="leaves no room to answer"):
+        greedy_until_stop(model, [*prompts, [1] * limit], stop_id, 1)
+    with pytest.raises(ValueError, match="stop_id must be a token id"):
+        greedy_until_stop(model, prompts, config.vocab_size, 1)
+
+
+def test_keywordless_line_kinds_are_the_line_kinds_without_their_keyword():
+    text = load_text()
+    keywords = {0: ("#",), 1: ("def", "class"), 2: ("return",), 3: ("if", "elif", "for", "while")}
+    pairs = keywordless_line_kind_task(text, per_class=50, seed=3)
+    originals = line_kind_task(text, per_class=50, seed=3)
+    assert [label for _, label in pairs] == [label for _, label in originals]
+    for (rest, label), (line, _) in zip(pairs, originals, strict=True):
+        assert rest and rest == rest.strip() and line.endswith(rest)
+        assert line[: len(line) - len(rest)].rstrip() in keywords[label]  # exactly the keyword (and spaces) cut

@@ -2,6 +2,8 @@
 that lesson 10 finetunes on the same examples on every machine and nothing is downloaded.
 
 - `line_kind_task`: classify a line of code: a comment, a definition, a return, or control flow (`LINE_KINDS`);
+- `keywordless_line_kind_task`: the same lines with the keyword that decides their kind cut off, so the kind must
+  be read from the rest of the line;
 - `signature_task`: instruction tuning pairs, prompt "signature of NAME:" -> response "def NAME(ARGS):";
 - `preference_task`: pairs (chosen, rejected) of a real line and the same line with its words after the first
   shuffled, for a reward model that should prefer the real one.
@@ -39,6 +41,17 @@ def line_kind_task(text: str, per_class: int = 300, longest: int = 48, seed: int
     examples = [(line, k) for k, lines in enumerate(by_kind) for line in rng.sample(lines, per_class)]
     rng.shuffle(examples)
     return examples
+
+
+def keywordless_line_kind_task(text: str, per_class: int = 300, longest: int = 48,
+                               seed: int = 0) -> list[tuple[str, int]]:
+    """`line_kind_task`'s (line, label) pairs, in its order, each line without the keyword that decides its kind
+    ("#", "def ", "return", ...) and the spaces after it (never empty: a line has at least 8 characters)."""
+    pairs = []
+    for line, kind in line_kind_task(text, per_class, longest, seed):
+        keyword = next(prefix for prefix in _KIND_PREFIXES[kind] if line.startswith(prefix))
+        pairs.append((line.removeprefix(keyword).lstrip(), kind))
+    return pairs
 
 
 def signature_task(text: str, longest: int = 64, seed: int = 0) -> list[tuple[str, str]]:
