@@ -26,14 +26,16 @@ from gptcourse.checks import (
     check_parameter_count,
     check_shape,
     gpt_module_breakdown,
-    merge_heads_mistakes,
-    multi_head_mistakes,
     norm_mistakes,
     perturbed_copies,
+    swiglu_mistakes,
+)
+from gptcourse.grading.labs.lab03 import (
+    merge_heads_mistakes,
+    multi_head_mistakes,
     rope_mistakes,
     rope_table_mistakes,
     split_heads_mistakes,
-    swiglu_mistakes,
 )
 
 TINY = preset("seed-tiny")  # V=100, C=32, H=4, N=2, tied: 24,096 parameters
