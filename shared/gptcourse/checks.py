@@ -16,13 +16,13 @@ Pure functions of tensors and numbers: the grader runs them outside the student'
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import combinations
 
 import torch
 
 from .model.config import GPTConfig
-from .model.params import block_breakdown, parameter_breakdown
+from .model.params import parameter_breakdown
 
 
 class CheckFailed(AssertionError):
@@ -330,20 +330,6 @@ def check_causal(outputs: torch.Tensor, name: str, dim: int = 1, atol: float = 1
                    f"{describe_leaks(leaks)}.")
 
 
-def norm_mistakes(x: torch.Tensor, weight: torch.Tensor, eps: float) -> dict[str, torch.Tensor]:
-    """What common wrong RMSNorms compute, for `check_close(..., mistakes=...)`."""
-    ms = x.pow(2).mean(-1, keepdim=True)
-    centred = x - x.mean(-1, keepdim=True)
-    return {
-        "it subtracts the mean (that is LayerNorm): RMSNorm only divides by the root mean square":
-            centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps) * weight,
-        "eps is added outside the square root: use x / sqrt(mean(x^2) + eps)": x / (ms.sqrt() + eps) * weight,
-        "the gain (weight) is not applied": x * torch.rsqrt(ms + eps),
-        "it divides by the standard deviation over the wrong axis: normalise each token over its C features "
-        "(dim=-1)": x * torch.rsqrt(x.pow(2).mean(-2, keepdim=True) + eps) * weight,
-    }
-
-
 def _count_causes(config: GPTConfig) -> list[tuple[int, str, str]]:
     """(amount, formula, likely cause): what a parameter count is commonly off by, sign included."""
     c, v, n, f, t = config.d_model, config.vocab_size, config.n_layers, config.hidden_width, config.context_length
@@ -435,81 +421,3 @@ def gpt_module_breakdown(model: torch.nn.Module) -> dict[str, int]:
                        f"with {list(GPT_COMPONENTS)} or blocks.i.{list(BLOCK_COMPONENTS)}")
         counts[key] += p.numel()
     return counts
-
-
-# ---- SwiGLU and the decoder block: what their common mistakes compute
-# Each returns {description: what that mistake produces}, for `check_close(..., mistakes=...)`.
-
-
-def swiglu_mistakes(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Wrong SwiGLUs of x (..., C), given the fused w_in weight (2F, C), rows [gate; value], and w_out (C, F)."""
-    gate, value = (x @ w_in.T).chunk(2, dim=-1)  # each (..., F)
-    silu = torch.nn.functional.silu
-    return {
-        "the gate and the value are swapped: the first half of w_in's output is the gate (it goes through SiLU), "
-        "the second half the value": (silu(value) * gate) @ w_out.T,
-        "SiLU is applied to the value too: only the gate goes through SiLU": (silu(gate) * silu(value)) @ w_out.T,
-        "the gate's SiLU is missing: silu(gate) * value": (gate * value) @ w_out.T,
-        "ReLU instead of SiLU on the gate: SiLU(g) = g * sigmoid(g)": (gate.relu() * value) @ w_out.T,
-        "sigmoid instead of SiLU on the gate: SiLU(g) = g * sigmoid(g)": (gate.sigmoid() * value) @ w_out.T,
-        "the gate and the value are added: SwiGLU multiplies them, silu(gate) * value":
-            (silu(gate) + value) @ w_out.T,
-    }
-
-
-def block_mistakes(
-    x: torch.Tensor,
-    attn: Callable[[torch.Tensor], torch.Tensor],
-    mlp: Callable[[torch.Tensor], torch.Tensor],
-    norm1: Callable[[torch.Tensor], torch.Tensor],
-    norm2: Callable[[torch.Tensor], torch.Tensor],
-) -> dict[str, torch.Tensor]:
-    """Wrong pre-norm decoder blocks of x (B, T, C), given the block's four sublayers as functions."""
-    u = x + attn(norm1(x))  # (B, T, C): the right first half
-    post = norm1(x + attn(x))
-    return {
-        "post-norm: the norms are applied after the residual additions, norm(x + sublayer(x)); a pre-norm block "
-        "normalises only each sublayer's input: x + attn(norm1(x))": norm2(post + mlp(post)),
-        "the attention's residual is missing: u = x + attn(norm1(x))": attn(norm1(x)) + mlp(norm2(attn(norm1(x)))),
-        "the MLP's residual is missing: y = u + mlp(norm2(u))": mlp(norm2(u)),
-        "the MLP reads norm2(x), not norm2(u): it must see the attention's result (sequential, not parallel)":
-            u + mlp(norm2(x)),
-        "norm1 is used before both sublayers: the MLP reads norm2(u), with its own gain": u + mlp(norm1(u)),
-        "the norms are not applied: each sublayer reads a normalised copy, attn(norm1(x)) and mlp(norm2(u))":
-            (x + attn(x)) + mlp(x + attn(x)),
-    }
-
-
-def _block_count_causes(config: GPTConfig) -> dict[str, list[tuple[int, str]]]:
-    """Per block component: (amount a count is commonly off by, likely cause)."""
-    c, f = config.d_model, config.hidden_width
-    norm = block_breakdown(config)["norms"] // 2
-    attn_bias = [(-4 * c, "the attention biases are missing (qkv and out have bias=True here)")] if config.attn_bias \
-        else [(4 * c, "the attention has biases, but this config has none")]
-    if config.mlp == "swiglu":
-        mlp = [
-            (-c * f, "w_in maps C -> d_ff, but it holds the gate and the value: C -> 2 d_ff"),
-            (c * f, "SwiGLU has three C x d_ff matrices (gate, value, output), not four"),
-            (2 * f + c, "SwiGLU's linear layers have biases, but this config has none: use bias=False"),
-        ]
-    else:
-        mlp = [(f + c, "the MLP has biases, but this config has none"), (-(f + c), "the MLP biases are missing")]
-    norms = [(-norm, "a norm is missing: one before attention (norm1), one before the MLP (norm2)"),
-             (2 * c, "a bias (beta) in each norm: RMSNorm has only a gain" if config.norm == "rmsnorm"
-              else "a bias (beta) in each norm, but this config has none")]
-    return {"attention": attn_bias, "mlp": mlp, "norms": norms}
-
-
-def check_block_parameter_count(got: Mapping[str, int], config: GPTConfig, name: str = "decoder block") -> None:
-    """Compare a block's parameters by component ({"attention", "mlp", "norms"}) with `block_breakdown(config)`."""
-    expected = block_breakdown(config)
-    causes = _block_count_causes(config)
-    wrong = []
-    for component, want in expected.items():
-        have = int(got.get(component, 0))
-        if have != want:
-            why = next((why for amount, why in causes[component] if amount == have - want), "")
-            wrong.append(f"{component} has {have:,}, expected {want:,} ({have - want:+,}" + (f": {why})" if why
-                                                                                            else ")"))
-    if wrong:
-        raise fail(f"{name} parameters: " + "; ".join(wrong) + ".")
