@@ -236,7 +236,6 @@ def _tables_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                     mistakes={what: fn(angles) for what, angles in wrong_angles.items()})
 
 
-
 def _tables_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     return {"d_head": r.choice([6, 10, 12]), "t": r.randint(9, 20), "theta": r.choice([100.0, 500.0])}
@@ -261,7 +260,6 @@ def _rope_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_shape(got["rotated"], "B H T D", inputs["sizes"], "apply_rope output")
     check_close(got["rotated"], expected["rotated"], "apply_rope output",
                 mistakes=rope_mistakes(inputs["x"], inputs["cos"], inputs["sin"]))
-
 
 
 def _rope_hidden(seed: int) -> Inputs:
@@ -317,7 +315,6 @@ def _mha_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     with torch.no_grad():
         mistakes = multi_head_mistakes(inputs["x"], module.qkv, module.out, inputs["init"]["n_heads"], rope)
     check_close(got["y"], expected["y"], "attention output", mistakes=mistakes)
-
 
 
 def _causal_call(cls: Any, inputs: Inputs) -> Outputs:
