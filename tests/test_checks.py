@@ -17,24 +17,23 @@ from torch.nn import functional as F
 from gptcourse import GPT, DecoderBlock, MultiHeadAttention, preset
 from gptcourse.checks import (
     CheckFailed,
-    block_mistakes,
     check_attention_weights,
-    check_block_parameter_count,
     check_causal,
     check_causal_mask,
     check_close,
     check_parameter_count,
     check_shape,
     gpt_module_breakdown,
+    perturbed_copies,
+)
+from gptcourse.grading.labs.lab03 import (
     merge_heads_mistakes,
     multi_head_mistakes,
-    norm_mistakes,
-    perturbed_copies,
     rope_mistakes,
     rope_table_mistakes,
     split_heads_mistakes,
-    swiglu_mistakes,
 )
+from gptcourse.grading.labs.lab04 import block_mistakes, check_block_parameter_count, norm_mistakes, swiglu_mistakes
 
 TINY = preset("seed-tiny")  # V=100, C=32, H=4, N=2, tied: 24,096 parameters
 

@@ -18,7 +18,7 @@ class TokenAndPositionEmbedding(nn.Module):
 '''
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
-    "tokenizer-keyerror-on-unknown": ({"tokenizer": '''
+    "tokenizer-keyerror-on-unknown": ({"CharTokenizer": '''
 class CharTokenizer:
     def __init__(self, text):
         self.chars = sorted(set(text))
@@ -30,12 +30,12 @@ class CharTokenizer:
 
     def decode(self, ids):
         return "".join(self.chars[i] for i in ids)
-'''}, {"test_tokenizer", "test_tokenizer_hidden"}),
-    "no-positions": ({"embedding": EMBEDDING.format(body="self.tok_emb(idx)")},
-                     {"test_embedding", "test_embedding_hidden"}),
-    "positions-from-1": ({"embedding": EMBEDDING.format(
+'''}, {"test_CharTokenizer", "test_CharTokenizer_hidden"}),
+    "no-positions": ({"TokenAndPositionEmbedding": EMBEDDING.format(body="self.tok_emb(idx)")},
+                     {"test_TokenAndPositionEmbedding", "test_TokenAndPositionEmbedding_hidden"}),
+    "positions-from-1": ({"TokenAndPositionEmbedding": EMBEDDING.format(
         body="self.tok_emb(idx) + self.pos_emb(torch.arange(1, idx.size(1) + 1))")},
-        {"test_embedding", "test_embedding_hidden"}),
+        {"test_TokenAndPositionEmbedding", "test_TokenAndPositionEmbedding_hidden"}),
     "one-hot-without-num-classes": ({"one_hot_embed": '''
 def one_hot_embed(ids, table):
     return nn.functional.one_hot(ids).float() @ table  # width max(ids) + 1, not V
@@ -51,7 +51,7 @@ class TestLab01(RoundTrip):
     WRONG = WRONG
     TOTAL = 11
     VALIDATE = Validation('no-positions', 1, (
-        'check("01.embedding.visible", TokenAndPositionEmbedding)',
+        'check("01.TokenAndPositionEmbedding.visible", TokenAndPositionEmbedding)',
         "the positions are missing",
     ))
 

@@ -21,27 +21,27 @@ class MultiHeadAttention(nn.Module):
         return self.out(merge_heads(attention(q, k, v)[0]))
 '''
 ROPE_TESTS = {"test_apply_rope", "test_apply_rope_hidden"}
-MHA_VALUES = {"test_mha", "test_mha_rope", "test_mha_hidden"}
+MHA_VALUES = {"test_MultiHeadAttention", "test_MultiHeadAttention_rope", "test_MultiHeadAttention_hidden"}
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
     # RoPE on v still gives a causal layer, and leaves the no-RoPE test untouched
-    "rope-on-v": ({"mha": MHA}, {"test_mha_rope", "test_mha_hidden"}),
+    "rope-on-v": ({"MultiHeadAttention": MHA}, {"test_MultiHeadAttention_rope", "test_MultiHeadAttention_hidden"}),
     # without the transpose, merging mixes positions: the causal probe sees it too
     "merge-without-transpose": ({"merge_heads": '''
 def merge_heads(y):
     b, h, t, d = y.shape
     return y.reshape(b, t, h * d)
-'''}, {"test_merge_heads", "test_merge_heads_hidden", "test_mha_causal"} | MHA_VALUES),
+'''}, {"test_merge_heads", "test_merge_heads_hidden", "test_MultiHeadAttention_causal"} | MHA_VALUES),
     "split-with-one-view": ({"split_heads": '''
 def split_heads(x, n_heads):
     b, t, c = x.shape
     return x.view(b, n_heads, t, c // n_heads)
-'''}, {"test_split_heads", "test_split_heads_hidden", "test_mha_causal"} | MHA_VALUES),
+'''}, {"test_split_heads", "test_split_heads_hidden", "test_MultiHeadAttention_causal"} | MHA_VALUES),
     "interleaved-rope": ({"apply_rope": '''
 def apply_rope(x, cos, sin):
     rotated = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)  # pairs (2i, 2i + 1)
     return x * cos + rotated * sin
-'''}, ROPE_TESTS | {"test_mha_rope", "test_mha_hidden"}),
+'''}, ROPE_TESTS | {"test_MultiHeadAttention_rope", "test_MultiHeadAttention_hidden"}),
     "interleaved-tables": ({"rope_tables": '''
 def rope_tables(d_head, T, theta=10000.0):
     angles = torch.outer(torch.arange(T), theta ** (-torch.arange(0, d_head, 2) / d_head))
@@ -55,6 +55,6 @@ class TestLab03(RoundTrip):
     WRONG = WRONG
     TOTAL = 20
     VALIDATE = Validation('rope-on-v', 1, (
-        'check("03.mha.rope", MultiHeadAttention)',
+        'check("03.MultiHeadAttention.rope", MultiHeadAttention)',
         "RoPE is applied to v as well",
     ))

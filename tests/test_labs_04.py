@@ -28,23 +28,23 @@ class SwiGLU(nn.Module):
         return self.w_out({hidden})
 '''
 RIGHT_SWIGLU = {"bias": False, "hidden": "nn.functional.silu(gate) * value"}
-BLOCK_VALUES = {"test_block", "test_block_rope", "test_block_hidden"}
+BLOCK_VALUES = {"test_DecoderBlock", "test_DecoderBlock_rope", "test_DecoderBlock_hidden"}
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
     # the block uses the student's norm and MLP, so their mistakes show there too; none of them breaks causality
-    "rmsnorm-subtracts-mean": ({"rmsnorm": RMSNORM.format(
+    "rmsnorm-subtracts-mean": ({"RMSNorm": RMSNORM.format(
         body="(x - x.mean(-1, keepdim=True)) / (x - x.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True)"
-             ".add(self.eps).sqrt() * self.weight")}, {"test_rmsnorm", "test_rmsnorm_hidden"} | BLOCK_VALUES),
+             ".add(self.eps).sqrt() * self.weight")}, {"test_RMSNorm", "test_RMSNorm_hidden"} | BLOCK_VALUES),
     # only the hidden tiny-input test sees where eps went
-    "eps-outside-sqrt": ({"rmsnorm": RMSNORM.format(
-        body="x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.weight")}, {"test_rmsnorm_hidden"}),
-    "gate-value-swapped": ({"swiglu": SWIGLU.format(**RIGHT_SWIGLU | {"hidden": "nn.functional.silu(value) * gate"})},
-                           {"test_swiglu", "test_swiglu_hidden"} | BLOCK_VALUES),
+    "eps-outside-sqrt": ({"RMSNorm": RMSNORM.format(
+        body="x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.weight")}, {"test_RMSNorm_hidden"}),
+    "gate-value-swapped": ({"SwiGLU": SWIGLU.format(**RIGHT_SWIGLU | {"hidden": "nn.functional.silu(value) * gate"})},
+                           {"test_SwiGLU", "test_SwiGLU_hidden"} | BLOCK_VALUES),
     # biases change the parameter names and count: every test that builds a SwiGLU fails, the count says why
-    "swiglu-with-biases": ({"swiglu": SWIGLU.format(**RIGHT_SWIGLU | {"bias": True})},
-                           {"test_swiglu", "test_swiglu_hidden", "test_block_causal", "test_block_params"}
+    "swiglu-with-biases": ({"SwiGLU": SWIGLU.format(**RIGHT_SWIGLU | {"bias": True})},
+                           {"test_SwiGLU", "test_SwiGLU_hidden", "test_DecoderBlock_causal", "test_DecoderBlock_params"}
                            | BLOCK_VALUES),
-    "post-norm": ({"block": '''
+    "post-norm": ({"DecoderBlock": '''
 class DecoderBlock(nn.Module):
     def __init__(self, d_model, n_heads, d_ff):
         super().__init__()
@@ -64,13 +64,13 @@ class TestLab04(RoundTrip):
     WRONG = WRONG
     TOTAL = 18
     VALIDATE = Validation('rmsnorm-subtracts-mean', 3, (
-        'check("04.rmsnorm.visible", RMSNorm)',
+        'check("04.RMSNorm.visible", RMSNorm)',
         "it subtracts the mean (that is LayerNorm)",
     ))
 
     def test_the_parameter_count_names_the_biases(self, course, scores):
         nb = course.notebook("grading/autograded/swiglu-with-biases", LAB)
-        cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_block_params")
+        cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_DecoderBlock_params")
         message = " ".join(" ".join(out.traceback) for out in cell.outputs if out.output_type == "error").split()
         message = " ".join(message)  # the message is wrapped for display
         assert "mlp has 6,304, expected 6,144 (+160: SwiGLU's linear" in message

@@ -16,13 +16,13 @@ Pure functions of tensors and numbers: the grader runs them outside the student'
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import combinations
 
 import torch
 
 from .model.config import GPTConfig
-from .model.params import block_breakdown, parameter_breakdown
+from .model.params import parameter_breakdown
 
 
 class CheckFailed(AssertionError):
@@ -330,20 +330,6 @@ def check_causal(outputs: torch.Tensor, name: str, dim: int = 1, atol: float = 1
                    f"{describe_leaks(leaks)}.")
 
 
-def norm_mistakes(x: torch.Tensor, weight: torch.Tensor, eps: float) -> dict[str, torch.Tensor]:
-    """What common wrong RMSNorms compute, for `check_close(..., mistakes=...)`."""
-    ms = x.pow(2).mean(-1, keepdim=True)
-    centred = x - x.mean(-1, keepdim=True)
-    return {
-        "it subtracts the mean (that is LayerNorm): RMSNorm only divides by the root mean square":
-            centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps) * weight,
-        "eps is added outside the square root: use x / sqrt(mean(x^2) + eps)": x / (ms.sqrt() + eps) * weight,
-        "the gain (weight) is not applied": x * torch.rsqrt(ms + eps),
-        "it divides by the standard deviation over the wrong axis: normalise each token over its C features "
-        "(dim=-1)": x * torch.rsqrt(x.pow(2).mean(-2, keepdim=True) + eps) * weight,
-    }
-
-
 def _count_causes(config: GPTConfig) -> list[tuple[int, str, str]]:
     """(amount, formula, likely cause): what a parameter count is commonly off by, sign included."""
     c, v, n, f, t = config.d_model, config.vocab_size, config.n_layers, config.hidden_width, config.context_length
@@ -435,205 +421,3 @@ def gpt_module_breakdown(model: torch.nn.Module) -> dict[str, int]:
                        f"with {list(GPT_COMPONENTS)} or blocks.i.{list(BLOCK_COMPONENTS)}")
         counts[key] += p.numel()
     return counts
-
-
-# ---- multi-head attention, RoPE, SwiGLU and the decoder block: what their common mistakes compute
-# Each returns {description: what that mistake produces}, for `check_close(..., mistakes=...)`.
-
-
-def split_heads_mistakes(x: torch.Tensor, n_heads: int) -> dict[str, torch.Tensor]:
-    """Wrong ways to split x (B, T, C) into heads (B, H, T, D)."""
-    b, t, c = x.shape
-    d = c // n_heads
-    return {
-        "the heads are cut with view(B, H, T, D) straight from (B, T, C), which mixes positions into heads: "
-        "view as (B, T, H, D), then transpose(1, 2)": x.reshape(b, n_heads, t, d),
-        "each head took every H-th feature: head h owns the D consecutive features h*D ... (h+1)*D - 1, so "
-        "view as (B, T, H, D), not (B, T, D, H)": x.reshape(b, t, d, n_heads).permute(0, 3, 1, 2),
-    }
-
-
-def merge_heads_mistakes(y: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Wrong ways to merge y (B, H, T, D) back into (B, T, C)."""
-    b, h, t, d = y.shape
-    return {
-        "the heads are reshaped to (B, T, C) without transpose(1, 2) first, which mixes positions and heads: "
-        "(B, H, T, D) -> transpose(1, 2) -> (B, T, H, D) -> reshape (B, T, C)": y.reshape(b, t, h * d),
-        "the heads' features are interleaved (the order (B, T, D, H)): head h's D features must stay together, "
-        "at h*D ... (h+1)*D - 1": y.permute(0, 2, 3, 1).reshape(b, t, h * d),
-    }
-
-
-def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
-    """The interleaved layout's rotate: (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)."""
-    return torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
-
-
-def _rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Pairs (2i, 2i+1) of x (..., D) turned by the angles of cos, sin (T, D/2)."""
-    even, odd = x[..., 0::2], x[..., 1::2]  # each (..., T, D/2)
-    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
-
-
-def rope_mistakes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Wrong RoPEs of x (..., T, D) with rotate-half cos/sin tables (T, D)."""
-    half = x.size(-1) // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # rotate_half(x)
-    return {
-        "the pairs are interleaved, feature 2i with 2i+1 (the RoPE paper's and Meta's layout): this course "
-        "uses the rotate-half layout of GPT-NeoX and Hugging Face Llama, feature i paired with i + D/2, "
-        "rotate_half(x) = cat(-x2, x1)": x * cos + _rotate_pairs(x) * sin,
-        "the pairs are interleaved, feature 2i with 2i+1, each turned by pair i's angle (the layout of Meta's "
-        "complex-number code): this course uses the rotate-half layout of GPT-NeoX and Hugging Face Llama, feature "
-        "i paired with i + D/2": _rotate_interleaved(x, cos[..., :half], sin[..., :half]),
-        "the rotation goes the wrong way: rotate_half(x) is cat(-x2, x1), not cat(x2, -x1)": x * cos - rotated * sin,
-        "cos and sin are swapped: x * cos + rotate_half(x) * sin": x * sin + rotated * cos,
-        "rotate_half is missing: the sin term multiplies rotate_half(x), not x": x * cos + x * sin,
-    }
-
-
-def rope_table_mistakes(d_head: int, t: int, theta: float) -> dict[str, torch.Tensor]:
-    """Wrong RoPE angle tables (T, D): compare their .cos() with a cos table, their .sin() with a sin table."""
-    positions = torch.arange(t, dtype=torch.float64)
-    pair_freq = theta ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (D/2,)
-    angles = torch.outer(positions, pair_freq)  # (T, D/2)
-    slow = torch.outer(positions, theta ** (-torch.arange(d_head // 2, dtype=torch.float64) / d_head))
-    return {
-        "the angles are in the interleaved layout (repeat_interleave): for rotate-half, the D/2 pair angles "
-        "appear twice in a row, cat([angles, angles], dim=-1)": angles.repeat_interleave(2, dim=-1),
-        "the frequencies use theta^(-i/D) for i = 0 .. D/2-1: pair i turns at theta^(-2i/D), "
-        "torch.arange(0, D, 2) / D": torch.cat([slow, slow], dim=-1),
-        "every feature has its own frequency theta^(-i/D), i = 0 .. D-1: features i and i + D/2 form a pair "
-        "and share one angle": torch.outer(positions, theta ** (-torch.arange(d_head, dtype=torch.float64)
-                                                                 / d_head)),
-        "the positions start at 1: the first token is at position 0 (angle 0, cos 1)":
-            torch.cat([angles + pair_freq, angles + pair_freq], dim=-1),
-    }
-
-
-def multi_head_mistakes(
-    x: torch.Tensor,
-    qkv: Callable[[torch.Tensor], torch.Tensor],
-    out: Callable[[torch.Tensor], torch.Tensor],
-    n_heads: int,
-    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> dict[str, torch.Tensor]:
-    """Wrong multi-head attentions of x (B, T, C), given the layer's `qkv` (C -> 3C) and `out` (C -> C)."""
-    b, t, c = x.shape
-    d = c // n_heads
-
-    def split(z: torch.Tensor) -> torch.Tensor:
-        return z.view(b, t, n_heads, d).transpose(1, 2)  # (B, T, C) -> (B, H, T, D)
-
-    def merge(y: torch.Tensor) -> torch.Tensor:
-        return y.transpose(1, 2).reshape(b, t, c)  # (B, H, T, D) -> (B, T, C)
-
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float = math.sqrt(d)) -> torch.Tensor:
-        scores = (q @ k.transpose(-2, -1) / scale).masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(),
-                                                                float("-inf"))
-        return scores.softmax(-1) @ v
-
-    def rotate(z: torch.Tensor) -> torch.Tensor:
-        if rope is None:
-            return z
-        half = d // 2
-        return z * rope[0] + torch.cat([-z[..., half:], z[..., :half]], dim=-1) * rope[1]
-
-    q, k, v = (split(z) for z in qkv(x).chunk(3, dim=-1))  # each (B, H, T, D)
-    q_cut, k_cut, v_cut = (z.reshape(b, n_heads, t, d) for z in qkv(x).chunk(3, dim=-1))  # wrongly split
-    right = attend(rotate(q), rotate(k), v)  # (B, H, T, D)
-    mistakes = {
-        "the heads are merged without transpose(1, 2): (B, H, T, D) -> transpose(1, 2) -> reshape (B, T, C)":
-            out(right.reshape(b, t, c)),
-        "the heads are split with view(B, H, T, D) straight from (B, T, C): view as (B, T, H, D), then "
-        "transpose(1, 2)": out(merge(attend(rotate(q_cut), rotate(k_cut), v_cut))),
-        "q and k are swapped: qkv's output holds q, then k, then v (rows W_q; W_k; W_v of its weight)":
-            out(merge(attend(rotate(k), rotate(q), v))),
-        "the output projection `out` is not applied to the merged heads": merge(right),
-        "the scores are divided by sqrt(C), the model width: divide by sqrt(D), the head width":
-            out(merge(attend(rotate(q), rotate(k), v, scale=math.sqrt(c)))),
-    }
-    if rope is not None:
-        mistakes |= {
-            "RoPE is applied to v as well: rotate only q and k (the rotation is there to make the scores depend "
-            "on relative position; v is what gets mixed)": out(merge(attend(rotate(q), rotate(k), rotate(v)))),
-            "RoPE is missing: rotate q and k with rope = (cos, sin) after split_heads":
-                out(merge(attend(q, k, v))),
-            "RoPE is applied to q only: rotate k too, so that the score depends on the distance between positions":
-                out(merge(attend(rotate(q), k, v))),
-        }
-    return mistakes
-
-
-def swiglu_mistakes(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Wrong SwiGLUs of x (..., C), given the fused w_in weight (2F, C), rows [gate; value], and w_out (C, F)."""
-    gate, value = (x @ w_in.T).chunk(2, dim=-1)  # each (..., F)
-    silu = torch.nn.functional.silu
-    return {
-        "the gate and the value are swapped: the first half of w_in's output is the gate (it goes through SiLU), "
-        "the second half the value": (silu(value) * gate) @ w_out.T,
-        "SiLU is applied to the value too: only the gate goes through SiLU": (silu(gate) * silu(value)) @ w_out.T,
-        "the gate's SiLU is missing: silu(gate) * value": (gate * value) @ w_out.T,
-        "ReLU instead of SiLU on the gate: SiLU(g) = g * sigmoid(g)": (gate.relu() * value) @ w_out.T,
-        "sigmoid instead of SiLU on the gate: SiLU(g) = g * sigmoid(g)": (gate.sigmoid() * value) @ w_out.T,
-        "the gate and the value are added: SwiGLU multiplies them, silu(gate) * value":
-            (silu(gate) + value) @ w_out.T,
-    }
-
-
-def block_mistakes(
-    x: torch.Tensor,
-    attn: Callable[[torch.Tensor], torch.Tensor],
-    mlp: Callable[[torch.Tensor], torch.Tensor],
-    norm1: Callable[[torch.Tensor], torch.Tensor],
-    norm2: Callable[[torch.Tensor], torch.Tensor],
-) -> dict[str, torch.Tensor]:
-    """Wrong pre-norm decoder blocks of x (B, T, C), given the block's four sublayers as functions."""
-    u = x + attn(norm1(x))  # (B, T, C): the right first half
-    post = norm1(x + attn(x))
-    return {
-        "post-norm: the norms are applied after the residual additions, norm(x + sublayer(x)); a pre-norm block "
-        "normalises only each sublayer's input: x + attn(norm1(x))": norm2(post + mlp(post)),
-        "the attention's residual is missing: u = x + attn(norm1(x))": attn(norm1(x)) + mlp(norm2(attn(norm1(x)))),
-        "the MLP's residual is missing: y = u + mlp(norm2(u))": mlp(norm2(u)),
-        "the MLP reads norm2(x), not norm2(u): it must see the attention's result (sequential, not parallel)":
-            u + mlp(norm2(x)),
-        "norm1 is used before both sublayers: the MLP reads norm2(u), with its own gain": u + mlp(norm1(u)),
-        "the norms are not applied: each sublayer reads a normalised copy, attn(norm1(x)) and mlp(norm2(u))":
-            (x + attn(x)) + mlp(x + attn(x)),
-    }
-
-
-def _block_count_causes(config: GPTConfig) -> dict[str, list[tuple[int, str]]]:
-    """Per block component: (amount a count is commonly off by, likely cause)."""
-    c, f = config.d_model, config.hidden_width
-    norm = block_breakdown(config)["norms"] // 2
-    attn_bias = [(-4 * c, "the attention biases are missing (qkv and out have bias=True here)")] if config.attn_bias \
-        else [(4 * c, "the attention has biases, but this config has none")]
-    if config.mlp == "swiglu":
-        mlp = [
-            (-c * f, "w_in maps C -> d_ff, but it holds the gate and the value: C -> 2 d_ff"),
-            (c * f, "SwiGLU has three C x d_ff matrices (gate, value, output), not four"),
-            (2 * f + c, "SwiGLU's linear layers have biases, but this config has none: use bias=False"),
-        ]
-    else:
-        mlp = [(f + c, "the MLP has biases, but this config has none"), (-(f + c), "the MLP biases are missing")]
-    norms = [(-norm, "a norm is missing: one before attention (norm1), one before the MLP (norm2)"),
-             (2 * c, "a bias (beta) in each norm: RMSNorm has only a gain" if config.norm == "rmsnorm"
-              else "a bias (beta) in each norm, but this config has none")]
-    return {"attention": attn_bias, "mlp": mlp, "norms": norms}
-
-
-def check_block_parameter_count(got: Mapping[str, int], config: GPTConfig, name: str = "decoder block") -> None:
-    """Compare a block's parameters by component ({"attention", "mlp", "norms"}) with `block_breakdown(config)`."""
-    expected = block_breakdown(config)
-    causes = _block_count_causes(config)
-    wrong = []
-    for component, want in expected.items():
-        have = int(got.get(component, 0))
-        if have != want:
-            why = next((why for amount, why in causes[component] if amount == have - want), "")
-            wrong.append(f"{component} has {have:,}, expected {want:,} ({have - want:+,}" + (f": {why})" if why
-                                                                                            else ")"))
-    if wrong:
-        raise fail(f"{name} parameters: " + "; ".join(wrong) + ".")

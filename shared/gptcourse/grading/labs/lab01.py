@@ -6,7 +6,7 @@ vocabulary sorted(set(text)), and raises ValueError naming a character that is n
 
 The student's `TokenAndPositionEmbedding(vocab_size, context_length, d_model)` has `tok_emb` (V, C) and
 `pos_emb` (T_max, C) parameter tables (nn.Embedding or a (T_max, C) `.weight`); the cases load reference
-weights into both.
+weights into both. The references are gptcourse's, except where gptcourse has no such piece (each says why).
 """
 
 from __future__ import annotations
@@ -19,16 +19,11 @@ from torch import nn
 from ...checks import check_close, check_shape, fail
 from ...model.positions import LearnedPositions
 from ...text.char_tokenizer import CharTokenizer
-from ..cases import case_family, Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
+from ..cases import Inputs, Outputs, random_weights, sizes_rng, tensor_rng
+from ..piece import Piece, declare
 from ..student import as_tensor, build_module
 
 _WHOLE = ("gptcourse.GPT",)
-# piece -> the gptcourse names a student must not import or call for it
-FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "tokenizer": ("gptcourse.CharTokenizer",),
-    "one_hot_embed": _WHOLE,
-    "embedding": ("gptcourse.LearnedPositions", *_WHOLE),
-}
 
 # ---- CharTokenizer(text): sorted distinct characters <-> ids 0 .. V-1
 
@@ -54,7 +49,7 @@ def _as_text(value: Any, what: str) -> str:
     return value
 
 
-def _tokenizer_run(cls: Any, inputs: Inputs) -> Outputs:
+def _tokenizer_call(cls: Any, inputs: Inputs) -> Outputs:
     tok = cls(inputs["text"])
     sample, ids = inputs["sample"], inputs["ids"]
     vocab_size = tok.vocab_size
@@ -74,17 +69,6 @@ def _tokenizer_run(cls: Any, inputs: Inputs) -> Outputs:
     except Exception as err:  # which exception, and what it says, is what the case grades
         outputs["unknown_error"] = f"{type(err).__name__}: {err}"[:300]
     return outputs
-
-
-def _tokenizer_reference(inputs: Inputs) -> Outputs:
-    tok = CharTokenizer(inputs["text"])
-    try:
-        tok.encode(inputs["unknown"])
-    except ValueError as err:
-        unknown_error = f"ValueError: {err}"
-    return {"vocab_size": tok.vocab_size, "ids": torch.tensor(tok.encode(inputs["sample"]), dtype=torch.int64),
-            "decoded": tok.decode(inputs["ids"]), "roundtrip": inputs["sample"], "unknown_error": unknown_error,
-            "unknown_returned": ""}
 
 
 def _tokenizer_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -120,9 +104,6 @@ def _tokenizer_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "character is not in the vocabulary.")
 
 
-_tokenizer_case = case_family(_tokenizer_run, _tokenizer_reference, _tokenizer_judge)
-
-
 def _tokenizer_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     pool = list("abcdefghijklmnopqrstuvwxyzABCDEFGH .,;:'\n\té-")
@@ -131,17 +112,6 @@ def _tokenizer_hidden(seed: int) -> Inputs:
     sample = "".join(r.choice(chars) for _ in range(r.randint(5, 15)))
     return _tokenizer_inputs(text, sample, sample[:3] + r.choice("!#~€9@") + sample[3:])
 
-
-register(
-    _tokenizer_case("01.tokenizer.visible", "CharTokenizer('hello world'): encode, decode, an unknown character",
-                    lambda seed: _tokenizer_inputs("hello world", "world hello", "hello!")),
-    _tokenizer_case("01.tokenizer.hidden_single", "CharTokenizer with a one-character vocabulary",
-                    lambda seed: _tokenizer_inputs("aaaa", "a", "a#"), hidden=True),
-    _tokenizer_case("01.tokenizer.hidden_empty", "CharTokenizer encoding and decoding the empty string",
-                    lambda seed: _tokenizer_inputs("to be or not", "", "Z"), hidden=True),
-    _tokenizer_case("01.tokenizer.hidden_sizes", "CharTokenizer on another text (newlines, tabs, accents)",
-                    _tokenizer_hidden, hidden=True),
-)
 
 # ---- one_hot_embed(ids, table): the embedding lookup written as one-hot @ E
 
@@ -155,13 +125,9 @@ def _one_hot_inputs(b: int, t: int, v: int, c: int, seed: int, top_id_unused: bo
     return {"ids": ids, "table": torch.randn(v, c, generator=gen), "sizes": {"B": b, "T": t, "V": v, "C": c}}
 
 
-def _one_hot_run(fn: Any, inputs: Inputs) -> Outputs:
+def _one_hot_call(fn: Any, inputs: Inputs) -> Outputs:
     what = f"one_hot_embed(ids {tuple(inputs['ids'].shape)}, table {tuple(inputs['table'].shape)})"
     return {"embedded": as_tensor(fn(inputs["ids"].clone(), inputs["table"].clone()), what)}
-
-
-def _one_hot_reference(inputs: Inputs) -> Outputs:
-    return {"embedded": nn.functional.embedding(inputs["ids"], inputs["table"])}
 
 
 def _one_hot_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -174,23 +140,11 @@ def _one_hot_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     })
 
 
-_one_hot_case = case_family(_one_hot_run, _one_hot_reference, _one_hot_judge)
-
-
 def _one_hot_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     return _one_hot_inputs(r.randint(2, 4), r.randint(6, 12), r.randint(20, 40), r.randint(5, 9), seed,
                            top_id_unused=True)
 
-
-register(
-    _one_hot_case("01.one_hot_embed.visible", "one_hot_embed with B=2, T=4, V=6, C=3",
-                  lambda seed: _one_hot_inputs(2, 4, 6, 3, seed)),
-    _one_hot_case("01.one_hot_embed.hidden_single", "one_hot_embed of a single token (B=1, T=1)",
-                  lambda seed: _one_hot_inputs(1, 1, 7, 4, seed), hidden=True),
-    _one_hot_case("01.one_hot_embed.hidden_sizes", "one_hot_embed with other sizes, the last id unused",
-                  _one_hot_hidden, hidden=True),
-)
 
 # ---- TokenAndPositionEmbedding: token vectors plus learned position vectors
 
@@ -206,14 +160,16 @@ def _embedding_inputs(b: int, t: int, v: int, t_max: int, c: int, seed: int) -> 
     }
 
 
-def _embedding_run(cls: Any, inputs: Inputs) -> Outputs:
+def _embedding_call(cls: Any, inputs: Inputs) -> Outputs:
     init = inputs["init"]
     what = f"TokenAndPositionEmbedding({init['vocab_size']}, {init['context_length']}, {init['d_model']})"
     module = build_module(cls, what, init, inputs["weights"])
     return {"x": as_tensor(module(inputs["idx"].clone()), f"{what} on idx {tuple(inputs['idx'].shape)}")}
 
 
-def _embedding_reference(inputs: Inputs) -> Outputs:
+def _embedding_expected(inputs: Inputs) -> Outputs:
+    """The GPT's embedding, as gptcourse.GPT.forward_hidden computes it (nn.Embedding plus LearnedPositions):
+    gptcourse has no layer of its own for this piece."""
     init, w = inputs["init"], inputs["weights"]
     positions = LearnedPositions(init["context_length"], init["d_model"])
     positions.load_state_dict({"weight": w["pos_emb.weight"]})
@@ -237,9 +193,6 @@ def _embedding_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(got["x"], expected["x"], "embedding output", mistakes=mistakes)
 
 
-_embedding_case = case_family(_embedding_run, _embedding_reference, _embedding_judge)
-
-
 def _embedding_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     t_max = r.randint(8, 16)
@@ -247,13 +200,29 @@ def _embedding_hidden(seed: int) -> Inputs:
                              seed)
 
 
-register(
-    _embedding_case("01.embedding.visible", "TokenAndPositionEmbedding with B=2, T=5, V=11, T_max=8, C=4",
-                    lambda seed: _embedding_inputs(2, 5, 11, 8, 4, seed)),
-    _embedding_case("01.embedding.hidden_single", "TokenAndPositionEmbedding on one token (B=1, T=1)",
-                    lambda seed: _embedding_inputs(1, 1, 9, 6, 3, seed), hidden=True),
-    _embedding_case("01.embedding.hidden_full", "TokenAndPositionEmbedding on a full context (T = T_max)",
-                    lambda seed: _embedding_inputs(3, 7, 10, 7, 5, seed), hidden=True),
-    _embedding_case("01.embedding.hidden_sizes", "TokenAndPositionEmbedding with other sizes",
-                    _embedding_hidden, hidden=True),
+PIECES = declare(
+    Piece("01", "CharTokenizer", CharTokenizer, _tokenizer_call, judge=_tokenizer_judge,
+          forbidden=("gptcourse.CharTokenizer",),
+          visible=[("visible", "CharTokenizer('hello world'): encode, decode, an unknown character",
+                    lambda seed: _tokenizer_inputs("hello world", "world hello", "hello!"))],
+          hidden=[("hidden_single", "CharTokenizer with a one-character vocabulary",
+                   lambda seed: _tokenizer_inputs("aaaa", "a", "a#")),
+                  ("hidden_empty", "CharTokenizer encoding and decoding the empty string",
+                   lambda seed: _tokenizer_inputs("to be or not", "", "Z")),
+                  ("hidden_sizes", "CharTokenizer on another text (newlines, tabs, accents)", _tokenizer_hidden)]),
+    # gptcourse has no one-hot lookup: the lookup it teaches is torch's, the one nn.Embedding (and the GPT) runs
+    Piece("01", "one_hot_embed", nn.functional.embedding, _one_hot_call, judge=_one_hot_judge, forbidden=_WHOLE,
+          visible=[("visible", "one_hot_embed with B=2, T=4, V=6, C=3", lambda seed: _one_hot_inputs(2, 4, 6, 3, seed))],
+          hidden=[("hidden_single", "one_hot_embed of a single token (B=1, T=1)",
+                   lambda seed: _one_hot_inputs(1, 1, 7, 4, seed)),
+                  ("hidden_sizes", "one_hot_embed with other sizes, the last id unused", _one_hot_hidden)]),
+    Piece("01", "TokenAndPositionEmbedding", LearnedPositions, _embedding_call, expected=_embedding_expected,
+          judge=_embedding_judge, forbidden=("gptcourse.LearnedPositions", *_WHOLE),
+          visible=[("visible", "TokenAndPositionEmbedding with B=2, T=5, V=11, T_max=8, C=4",
+                    lambda seed: _embedding_inputs(2, 5, 11, 8, 4, seed))],
+          hidden=[("hidden_single", "TokenAndPositionEmbedding on one token (B=1, T=1)",
+                   lambda seed: _embedding_inputs(1, 1, 9, 6, 3, seed)),
+                  ("hidden_full", "TokenAndPositionEmbedding on a full context (T = T_max)",
+                   lambda seed: _embedding_inputs(3, 7, 10, 7, 5, seed)),
+                  ("hidden_sizes", "TokenAndPositionEmbedding with other sizes", _embedding_hidden)]),
 )

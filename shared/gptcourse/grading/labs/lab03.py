@@ -3,44 +3,28 @@
 
 The student's `MultiHeadAttention` has `qkv`, nn.Linear(C, 3C) whose output holds q, k, v in that order (rows
 W_q; W_k; W_v, like `gptcourse.MultiHeadAttention`), and `out`, nn.Linear(C, C); the cases load reference
-weights into both and call `forward(x)` or `forward(x, rope=(cos, sin))`.
+weights into both and call `forward(x)` or `forward(x, rope=(cos, sin))`. The references are gptcourse's; three
+have another interface there (each says so at its `expected`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ...checks import check_causal, check_close, check_shape, fail, perturbed_copies
 from ...model.causal_attention import MultiHeadAttention
-from ...checks import (
-    check_causal,
-    check_close,
-    check_shape,
-    fail,
-    merge_heads_mistakes,
-    multi_head_mistakes,
-    perturbed_copies,
-    rope_mistakes,
-    rope_table_mistakes,
-    split_heads_mistakes,
-)
 from ...model.positions import RotaryEmbedding, apply_rope
-from ..cases import case_family, Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
+from ..cases import Inputs, Outputs, random_weights, sizes_rng, tensor_rng
+from ..piece import Piece, Probe, declare
 from ..student import as_tensor, as_tensors, build_module, describe_error
 
 _MHA = ("gptcourse.MultiHeadAttention",)
 _ROPE = ("gptcourse.apply_rope", "gptcourse.rotate_half")
 _WHOLE = ("gptcourse.DecoderBlock", "gptcourse.GPT")
-# piece -> the gptcourse names a student must not import or call for it
-FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "split_heads": _MHA + _WHOLE,
-    "merge_heads": _MHA + _WHOLE,
-    "rope_tables": ("gptcourse.RotaryEmbedding", *_WHOLE),
-    "apply_rope": _ROPE + _WHOLE,
-    "mha": _MHA + _ROPE + _WHOLE,
-}
 
 
 def _head_sizes(b: int, t: int, h: int, d: int) -> dict[str, int]:
@@ -55,6 +39,133 @@ def _hidden_sizes(seed: int, even_d: bool = False) -> tuple[int, int, int, int]:
     return r.randint(1, 3), r.randint(4, 9), r.choice([2, 4, 6]), r.choice([4, 6, 10] if even_d else [3, 5, 6])
 
 
+# ---- what the common mistakes of the pieces compute: {description: that mistake's output}
+
+
+def split_heads_mistakes(x: torch.Tensor, n_heads: int) -> dict[str, torch.Tensor]:
+    """Wrong ways to split x (B, T, C) into heads (B, H, T, D)."""
+    b, t, c = x.shape
+    d = c // n_heads
+    return {
+        "the heads are cut with view(B, H, T, D) straight from (B, T, C), which mixes positions into heads: "
+        "view as (B, T, H, D), then transpose(1, 2)": x.reshape(b, n_heads, t, d),
+        "each head took every H-th feature: head h owns the D consecutive features h*D ... (h+1)*D - 1, so "
+        "view as (B, T, H, D), not (B, T, D, H)": x.reshape(b, t, d, n_heads).permute(0, 3, 1, 2),
+    }
+
+
+def merge_heads_mistakes(y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Wrong ways to merge y (B, H, T, D) back into (B, T, C)."""
+    b, h, t, d = y.shape
+    return {
+        "the heads are reshaped to (B, T, C) without transpose(1, 2) first, which mixes positions and heads: "
+        "(B, H, T, D) -> transpose(1, 2) -> (B, T, H, D) -> reshape (B, T, C)": y.reshape(b, t, h * d),
+        "the heads' features are interleaved (the order (B, T, D, H)): head h's D features must stay together, "
+        "at h*D ... (h+1)*D - 1": y.permute(0, 2, 3, 1).reshape(b, t, h * d),
+    }
+
+
+def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    """The interleaved layout's rotate: (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)."""
+    return torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+
+
+def _rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Pairs (2i, 2i+1) of x (..., D) turned by the angles of cos, sin (T, D/2)."""
+    even, odd = x[..., 0::2], x[..., 1::2]  # each (..., T, D/2)
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+def rope_mistakes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Wrong RoPEs of x (..., T, D) with rotate-half cos/sin tables (T, D)."""
+    half = x.size(-1) // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # rotate_half(x)
+    return {
+        "the pairs are interleaved, feature 2i with 2i+1 (the RoPE paper's and Meta's layout): this course "
+        "uses the rotate-half layout of GPT-NeoX and Hugging Face Llama, feature i paired with i + D/2, "
+        "rotate_half(x) = cat(-x2, x1)": x * cos + _rotate_pairs(x) * sin,
+        "the pairs are interleaved, feature 2i with 2i+1, each turned by pair i's angle (the layout of Meta's "
+        "complex-number code): this course uses the rotate-half layout of GPT-NeoX and Hugging Face Llama, feature "
+        "i paired with i + D/2": _rotate_interleaved(x, cos[..., :half], sin[..., :half]),
+        "the rotation goes the wrong way: rotate_half(x) is cat(-x2, x1), not cat(x2, -x1)": x * cos - rotated * sin,
+        "cos and sin are swapped: x * cos + rotate_half(x) * sin": x * sin + rotated * cos,
+        "rotate_half is missing: the sin term multiplies rotate_half(x), not x": x * cos + x * sin,
+    }
+
+
+def rope_table_mistakes(d_head: int, t: int, theta: float) -> dict[str, torch.Tensor]:
+    """Wrong RoPE angle tables (T, D): compare their .cos() with a cos table, their .sin() with a sin table."""
+    positions = torch.arange(t, dtype=torch.float64)
+    pair_freq = theta ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (D/2,)
+    angles = torch.outer(positions, pair_freq)  # (T, D/2)
+    slow = torch.outer(positions, theta ** (-torch.arange(d_head // 2, dtype=torch.float64) / d_head))
+    return {
+        "the angles are in the interleaved layout (repeat_interleave): for rotate-half, the D/2 pair angles "
+        "appear twice in a row, cat([angles, angles], dim=-1)": angles.repeat_interleave(2, dim=-1),
+        "the frequencies use theta^(-i/D) for i = 0 .. D/2-1: pair i turns at theta^(-2i/D), "
+        "torch.arange(0, D, 2) / D": torch.cat([slow, slow], dim=-1),
+        "every feature has its own frequency theta^(-i/D), i = 0 .. D-1: features i and i + D/2 form a pair "
+        "and share one angle": torch.outer(positions, theta ** (-torch.arange(d_head, dtype=torch.float64)
+                                                                 / d_head)),
+        "the positions start at 1: the first token is at position 0 (angle 0, cos 1)":
+            torch.cat([angles + pair_freq, angles + pair_freq], dim=-1),
+    }
+
+
+def multi_head_mistakes(
+    x: torch.Tensor,
+    qkv: Callable[[torch.Tensor], torch.Tensor],
+    out: Callable[[torch.Tensor], torch.Tensor],
+    n_heads: int,
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Wrong multi-head attentions of x (B, T, C), given the layer's `qkv` (C -> 3C) and `out` (C -> C)."""
+    b, t, c = x.shape
+    d = c // n_heads
+
+    def split(z: torch.Tensor) -> torch.Tensor:
+        return z.view(b, t, n_heads, d).transpose(1, 2)  # (B, T, C) -> (B, H, T, D)
+
+    def merge(y: torch.Tensor) -> torch.Tensor:
+        return y.transpose(1, 2).reshape(b, t, c)  # (B, H, T, D) -> (B, T, C)
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float = math.sqrt(d)) -> torch.Tensor:
+        scores = (q @ k.transpose(-2, -1) / scale).masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(),
+                                                                float("-inf"))
+        return scores.softmax(-1) @ v
+
+    def rotate(z: torch.Tensor) -> torch.Tensor:
+        if rope is None:
+            return z
+        half = d // 2
+        return z * rope[0] + torch.cat([-z[..., half:], z[..., :half]], dim=-1) * rope[1]
+
+    q, k, v = (split(z) for z in qkv(x).chunk(3, dim=-1))  # each (B, H, T, D)
+    q_cut, k_cut, v_cut = (z.reshape(b, n_heads, t, d) for z in qkv(x).chunk(3, dim=-1))  # wrongly split
+    right = attend(rotate(q), rotate(k), v)  # (B, H, T, D)
+    mistakes = {
+        "the heads are merged without transpose(1, 2): (B, H, T, D) -> transpose(1, 2) -> reshape (B, T, C)":
+            out(right.reshape(b, t, c)),
+        "the heads are split with view(B, H, T, D) straight from (B, T, C): view as (B, T, H, D), then "
+        "transpose(1, 2)": out(merge(attend(rotate(q_cut), rotate(k_cut), v_cut))),
+        "q and k are swapped: qkv's output holds q, then k, then v (rows W_q; W_k; W_v of its weight)":
+            out(merge(attend(rotate(k), rotate(q), v))),
+        "the output projection `out` is not applied to the merged heads": merge(right),
+        "the scores are divided by sqrt(C), the model width: divide by sqrt(D), the head width":
+            out(merge(attend(rotate(q), rotate(k), v, scale=math.sqrt(c)))),
+    }
+    if rope is not None:
+        mistakes |= {
+            "RoPE is applied to v as well: rotate only q and k (the rotation is there to make the scores depend "
+            "on relative position; v is what gets mixed)": out(merge(attend(rotate(q), rotate(k), rotate(v)))),
+            "RoPE is missing: rotate q and k with rope = (cos, sin) after split_heads":
+                out(merge(attend(q, k, v))),
+            "RoPE is applied to q only: rotate k too, so that the score depends on the distance between positions":
+                out(merge(attend(rotate(q), k, v))),
+        }
+    return mistakes
+
+
 # ---- split_heads(x, n_heads): (B, T, C) -> (B, H, T, D)
 
 
@@ -62,15 +173,15 @@ def _split_inputs(b: int, t: int, h: int, d: int, seed: int) -> Inputs:
     return {"x": torch.randn(b, t, h * d, generator=tensor_rng(seed)), "n_heads": h, "sizes": _head_sizes(b, t, h, d)}
 
 
-def _split_run(fn: Any, inputs: Inputs) -> Outputs:
+def _split_call(fn: Any, inputs: Inputs) -> Outputs:
     what = f"split_heads(x {tuple(inputs['x'].shape)}, n_heads={inputs['n_heads']})"
     return {"heads": as_tensor(fn(inputs["x"].clone(), inputs["n_heads"]), what)}
 
 
-def _split_reference(inputs: Inputs) -> Outputs:
-    b, t, c = inputs["x"].shape
-    h = inputs["n_heads"]
-    return {"heads": inputs["x"].view(b, t, h, c // h).transpose(1, 2)}  # the layout MultiHeadAttention uses
+def _split_expected(inputs: Inputs) -> Outputs:
+    """gptcourse.MultiHeadAttention.split_heads: a method there, which reads H from its layer."""
+    x, h = inputs["x"], inputs["n_heads"]
+    return {"heads": MultiHeadAttention(x.size(-1), h).split_heads(x)}
 
 
 def _split_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -79,18 +190,6 @@ def _split_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 mistakes=split_heads_mistakes(inputs["x"], inputs["n_heads"]))
 
 
-_split_case = case_family(_split_run, _split_reference, _split_judge)
-
-
-register(
-    _split_case("03.split_heads.visible", "split_heads on x (B, T, C) = (2, 5, 12) into H=3 heads",
-                lambda seed: _split_inputs(2, 5, 3, 4, seed)),
-    _split_case("03.split_heads.hidden_single", "split_heads of one token into one head (B=1, T=1, H=1)",
-                lambda seed: _split_inputs(1, 1, 1, 4, seed), hidden=True),
-    _split_case("03.split_heads.hidden_sizes", "split_heads with other sizes",
-                lambda seed: _split_inputs(*_hidden_sizes(seed), seed), hidden=True),
-)
-
 # ---- merge_heads(y): (B, H, T, D) -> (B, T, C)
 
 
@@ -98,11 +197,12 @@ def _merge_inputs(b: int, t: int, h: int, d: int, seed: int) -> Inputs:
     return {"y": torch.randn(b, h, t, d, generator=tensor_rng(seed)), "sizes": _head_sizes(b, t, h, d)}
 
 
-def _merge_run(fn: Any, inputs: Inputs) -> Outputs:
+def _merge_call(fn: Any, inputs: Inputs) -> Outputs:
     return {"merged": as_tensor(fn(inputs["y"].clone()), f"merge_heads(y {tuple(inputs['y'].shape)})")}
 
 
-def _merge_reference(inputs: Inputs) -> Outputs:
+def _merge_expected(inputs: Inputs) -> Outputs:
+    """gptcourse.MultiHeadAttention.merge_heads: a static method of the layer there."""
     return {"merged": MultiHeadAttention.merge_heads(inputs["y"])}
 
 
@@ -111,28 +211,17 @@ def _merge_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(got["merged"], expected["merged"], "merge_heads output", mistakes=merge_heads_mistakes(inputs["y"]))
 
 
-_merge_case = case_family(_merge_run, _merge_reference, _merge_judge)
-
-
-register(
-    _merge_case("03.merge_heads.visible", "merge_heads on y (B, H, T, D) = (2, 3, 5, 4)",
-                lambda seed: _merge_inputs(2, 5, 3, 4, seed)),
-    _merge_case("03.merge_heads.hidden_single", "merge_heads of one token (B=1, T=1)",
-                lambda seed: _merge_inputs(1, 1, 2, 3, seed), hidden=True),
-    _merge_case("03.merge_heads.hidden_sizes", "merge_heads with other sizes",
-                lambda seed: _merge_inputs(*_hidden_sizes(seed), seed), hidden=True),
-)
-
 # ---- rope_tables(d_head, T, theta) -> (cos, sin), each (T, D), rotate-half layout
 
 
-def _tables_run(fn: Any, inputs: Inputs) -> Outputs:
+def _tables_call(fn: Any, inputs: Inputs) -> Outputs:
     what = f"rope_tables({inputs['d_head']}, {inputs['t']}, theta={inputs['theta']})"
     cos, sin = as_tensors(fn(inputs["d_head"], inputs["t"], theta=inputs["theta"]), ("cos", "sin"), what)
     return {"cos": cos, "sin": sin}
 
 
-def _tables_reference(inputs: Inputs) -> Outputs:
+def _tables_expected(inputs: Inputs) -> Outputs:
+    """gptcourse.RotaryEmbedding's tables at positions 0 .. T-1: a module there, built for a context length."""
     cos, sin = RotaryEmbedding(inputs["d_head"], inputs["t"], inputs["theta"])(torch.arange(inputs["t"]))
     return {"cos": cos, "sin": sin}
 
@@ -147,22 +236,10 @@ def _tables_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                     mistakes={what: fn(angles) for what, angles in wrong_angles.items()})
 
 
-_tables_case = case_family(_tables_run, _tables_reference, _tables_judge)
-
-
 def _tables_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     return {"d_head": r.choice([6, 10, 12]), "t": r.randint(9, 20), "theta": r.choice([100.0, 500.0])}
 
-
-register(
-    _tables_case("03.rope_tables.visible", "rope_tables(d_head=8, T=6, theta=10000)",
-                 lambda seed: {"d_head": 8, "t": 6, "theta": 10000.0}),
-    _tables_case("03.rope_tables.hidden_single", "rope_tables for one position and one pair (T=1, D=2)",
-                 lambda seed: {"d_head": 2, "t": 1, "theta": 10000.0}, hidden=True),
-    _tables_case("03.rope_tables.hidden_sizes", "rope_tables with other sizes and another theta",
-                 _tables_hidden, hidden=True),
-)
 
 # ---- apply_rope(x, cos, sin): rotate (B, H, T, D) by the (T, D) tables
 
@@ -174,13 +251,9 @@ def _rope_inputs(b: int, t: int, h: int, d: int, seed: int, start: int = 0) -> I
             "sizes": _head_sizes(b, t, h, d)}
 
 
-def _rope_run(fn: Any, inputs: Inputs) -> Outputs:
+def _rope_call(fn: Any, inputs: Inputs) -> Outputs:
     what = f"apply_rope(x {tuple(inputs['x'].shape)}, cos, sin {tuple(inputs['cos'].shape)})"
     return {"rotated": as_tensor(fn(inputs["x"].clone(), inputs["cos"].clone(), inputs["sin"].clone()), what)}
-
-
-def _rope_reference(inputs: Inputs) -> Outputs:
-    return {"rotated": apply_rope(inputs["x"], inputs["cos"], inputs["sin"])}
 
 
 def _rope_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -189,22 +262,10 @@ def _rope_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 mistakes=rope_mistakes(inputs["x"], inputs["cos"], inputs["sin"]))
 
 
-_rope_case = case_family(_rope_run, _rope_reference, _rope_judge)
-
-
 def _rope_hidden(seed: int) -> Inputs:
     b, t, h, d = _hidden_sizes(seed, even_d=True)
     return _rope_inputs(b, t, h, d, seed, start=sizes_rng(seed + 1).randint(3, 20))
 
-
-register(
-    _rope_case("03.apply_rope.visible", "apply_rope on x (B, H, T, D) = (2, 3, 5, 8), positions 0..4",
-               lambda seed: _rope_inputs(2, 5, 3, 8, seed)),
-    _rope_case("03.apply_rope.hidden_single", "apply_rope on one position and one pair (T=1, D=2) at position 7",
-               lambda seed: _rope_inputs(1, 1, 1, 2, seed, start=7), hidden=True),
-    _rope_case("03.apply_rope.hidden_sizes", "apply_rope with other sizes, at later positions",
-               _rope_hidden, hidden=True),
-)
 
 # ---- MultiHeadAttention(d_model, n_heads): qkv, split, (RoPE), attend, merge, out
 
@@ -227,7 +288,7 @@ def _mha_what(inputs: Inputs) -> str:
     return f"MultiHeadAttention({inputs['init']['d_model']}, {inputs['init']['n_heads']})"
 
 
-def _mha_call(module: Any, x: torch.Tensor, inputs: Inputs) -> torch.Tensor:
+def _mha_forward(module: Any, x: torch.Tensor, inputs: Inputs) -> torch.Tensor:
     rope = "rope=(cos, sin)" if "cos" in inputs else ""
     what = f"{_mha_what(inputs)}(x {tuple(x.shape)}{', ' + rope if rope else ''})"
     try:
@@ -241,47 +302,24 @@ def _mha_call(module: Any, x: torch.Tensor, inputs: Inputs) -> torch.Tensor:
     return as_tensor(y, what)
 
 
-def _mha_run(cls: Any, inputs: Inputs) -> Outputs:
+def _mha_call(cls: Any, inputs: Inputs) -> Outputs:
     module = build_module(cls, _mha_what(inputs), inputs["init"], inputs["weights"])
-    return {"y": _mha_call(module, inputs["x"], inputs)}
-
-
-def _reference_module(inputs: Inputs) -> MultiHeadAttention:
-    module = MultiHeadAttention(**inputs["init"], fused=False)
-    module.load_state_dict(inputs["weights"])
-    return module.eval()
-
-
-def _reference_call(module: MultiHeadAttention, x: torch.Tensor, inputs: Inputs) -> torch.Tensor:
-    with torch.no_grad():
-        return module(x, rope=(inputs["cos"], inputs["sin"]) if "cos" in inputs else None)
-
-
-def _mha_reference(inputs: Inputs) -> Outputs:
-    return {"y": _reference_call(_reference_module(inputs), inputs["x"], inputs)}
+    return {"y": _mha_forward(module, inputs["x"], inputs)}
 
 
 def _mha_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_shape(got["y"], "B T C", inputs["sizes"], "attention output", causes={
         ("C", "D"): "only one head's width: merge the H heads back to C = H x D"})
-    module = _reference_module(inputs)
+    module = build_module(MultiHeadAttention, _mha_what(inputs), inputs["init"], inputs["weights"])
     rope = (inputs["cos"], inputs["sin"]) if "cos" in inputs else None
     with torch.no_grad():
         mistakes = multi_head_mistakes(inputs["x"], module.qkv, module.out, inputs["init"]["n_heads"], rope)
     check_close(got["y"], expected["y"], "attention output", mistakes=mistakes)
 
 
-_mha_case = case_family(_mha_run, _mha_reference, _mha_judge)
-
-
-def _causal_run(cls: Any, inputs: Inputs) -> Outputs:
+def _causal_call(cls: Any, inputs: Inputs) -> Outputs:
     module = build_module(cls, _mha_what(inputs), inputs["init"], inputs["weights"])
-    return {"outputs": torch.stack([_mha_call(module, x, inputs) for x in perturbed_copies(inputs["x"])])}
-
-
-def _causal_reference(inputs: Inputs) -> Outputs:
-    module = _reference_module(inputs)
-    return {"outputs": torch.stack([_reference_call(module, x, inputs) for x in perturbed_copies(inputs["x"])])}
+    return {"outputs": torch.stack([_mha_forward(module, x, inputs) for x in perturbed_copies(inputs["x"])])}
 
 
 def _causal_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -293,18 +331,49 @@ def _mha_hidden(seed: int) -> Inputs:
     return _mha_inputs(*_hidden_sizes(seed, even_d=True), seed)
 
 
-register(
-    _mha_case("03.mha.visible", "MultiHeadAttention(12, 3) on x (B, T, C) = (2, 5, 12), no RoPE",
-              lambda seed: _mha_inputs(2, 5, 3, 4, seed, rope=False)),
-    _mha_case("03.mha.rope", "MultiHeadAttention(16, 2) with RoPE on x (B, T, C) = (3, 6, 16)",
-              lambda seed: _mha_inputs(3, 6, 2, 8, seed)),
-    Case("03.mha.causal", "MultiHeadAttention with RoPE is causal: later inputs never change earlier outputs",
-         lambda seed: _mha_inputs(2, 5, 2, 6, seed), _causal_run, _causal_reference, _causal_judge),
-    _mha_case("03.mha.hidden_single", "MultiHeadAttention with RoPE on one token (B=1, T=1)",
-              lambda seed: _mha_inputs(1, 1, 2, 4, seed), hidden=True),
-    _mha_case("03.mha.hidden_one_head", "MultiHeadAttention with a single head (H=1, D=C)",
-              lambda seed: _mha_inputs(2, 5, 1, 6, seed), hidden=True),
-    _mha_case("03.mha.hidden_many_heads", "MultiHeadAttention with many narrow heads (D=2), no RoPE",
-              lambda seed: _mha_inputs(2, 6, 5, 2, seed, rope=False), hidden=True),
-    _mha_case("03.mha.hidden_sizes", "MultiHeadAttention with RoPE, other sizes", _mha_hidden, hidden=True),
+PIECES = declare(
+    Piece("03", "split_heads", MultiHeadAttention, _split_call, expected=_split_expected, judge=_split_judge,
+          forbidden=_MHA + _WHOLE,
+          visible=[("visible", "split_heads on x (B, T, C) = (2, 5, 12) into H=3 heads",
+                    lambda seed: _split_inputs(2, 5, 3, 4, seed))],
+          hidden=[("hidden_single", "split_heads of one token into one head (B=1, T=1, H=1)",
+                   lambda seed: _split_inputs(1, 1, 1, 4, seed)),
+                  ("hidden_sizes", "split_heads with other sizes",
+                   lambda seed: _split_inputs(*_hidden_sizes(seed), seed))]),
+    Piece("03", "merge_heads", MultiHeadAttention, _merge_call, expected=_merge_expected, judge=_merge_judge,
+          forbidden=_MHA + _WHOLE,
+          visible=[("visible", "merge_heads on y (B, H, T, D) = (2, 3, 5, 4)",
+                    lambda seed: _merge_inputs(2, 5, 3, 4, seed))],
+          hidden=[("hidden_single", "merge_heads of one token (B=1, T=1)",
+                   lambda seed: _merge_inputs(1, 1, 2, 3, seed)),
+                  ("hidden_sizes", "merge_heads with other sizes",
+                   lambda seed: _merge_inputs(*_hidden_sizes(seed), seed))]),
+    Piece("03", "rope_tables", RotaryEmbedding, _tables_call, expected=_tables_expected, judge=_tables_judge,
+          forbidden=("gptcourse.RotaryEmbedding", *_WHOLE),
+          visible=[("visible", "rope_tables(d_head=8, T=6, theta=10000)",
+                    lambda seed: {"d_head": 8, "t": 6, "theta": 10000.0})],
+          hidden=[("hidden_single", "rope_tables for one position and one pair (T=1, D=2)",
+                   lambda seed: {"d_head": 2, "t": 1, "theta": 10000.0}),
+                  ("hidden_sizes", "rope_tables with other sizes and another theta", _tables_hidden)]),
+    Piece("03", "apply_rope", apply_rope, _rope_call, judge=_rope_judge, forbidden=_ROPE + _WHOLE,
+          visible=[("visible", "apply_rope on x (B, H, T, D) = (2, 3, 5, 8), positions 0..4",
+                    lambda seed: _rope_inputs(2, 5, 3, 8, seed))],
+          hidden=[("hidden_single", "apply_rope on one position and one pair (T=1, D=2) at position 7",
+                   lambda seed: _rope_inputs(1, 1, 1, 2, seed, start=7)),
+                  ("hidden_sizes", "apply_rope with other sizes, at later positions", _rope_hidden)]),
+    Piece("03", "MultiHeadAttention", MultiHeadAttention, _mha_call, judge=_mha_judge,
+          forbidden=_MHA + _ROPE + _WHOLE,
+          visible=[("visible", "MultiHeadAttention(12, 3) on x (B, T, C) = (2, 5, 12), no RoPE",
+                    lambda seed: _mha_inputs(2, 5, 3, 4, seed, rope=False)),
+                   ("rope", "MultiHeadAttention(16, 2) with RoPE on x (B, T, C) = (3, 6, 16)",
+                    lambda seed: _mha_inputs(3, 6, 2, 8, seed)),
+                   ("causal", "MultiHeadAttention with RoPE is causal: later inputs never change earlier outputs",
+                    lambda seed: _mha_inputs(2, 5, 2, 6, seed), Probe(_causal_call, _causal_judge))],
+          hidden=[("hidden_single", "MultiHeadAttention with RoPE on one token (B=1, T=1)",
+                   lambda seed: _mha_inputs(1, 1, 2, 4, seed)),
+                  ("hidden_one_head", "MultiHeadAttention with a single head (H=1, D=C)",
+                   lambda seed: _mha_inputs(2, 5, 1, 6, seed)),
+                  ("hidden_many_heads", "MultiHeadAttention with many narrow heads (D=2), no RoPE",
+                   lambda seed: _mha_inputs(2, 6, 5, 2, seed, rope=False)),
+                  ("hidden_sizes", "MultiHeadAttention with RoPE, other sizes", _mha_hidden)]),
 )

@@ -4,44 +4,124 @@ d_ff)`.
 Fixed parameter names: RMSNorm has `weight` (C,); SwiGLU has `w_in`, nn.Linear(C, 2 d_ff, bias=False) whose output
 holds [gate; value], and `w_out`, nn.Linear(d_ff, C, bias=False); the block has `norm1`, `attn`
 (gptcourse.MultiHeadAttention(C, H), with biases), `norm2` and `mlp`. The cases load reference weights into them.
+The references are gptcourse's RMSNorm, SwiGLU and DecoderBlock, which take other arguments than the lab's (each
+says how at its `expected` or class).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+from ...checks import check_causal, check_close, check_shape, fail, perturbed_copies
 from ...model.block import DecoderBlock
-from ...checks import (
-    block_mistakes,
-    check_block_parameter_count,
-    check_causal,
-    check_close,
-    check_shape,
-    fail,
-    norm_mistakes,
-    perturbed_copies,
-    swiglu_mistakes,
-)
 from ...model.config import GPTConfig
 from ...model.mlp import SwiGLU
 from ...model.norms import RMSNorm
 from ...model.params import block_breakdown
 from ...model.positions import RotaryEmbedding
-from ..cases import case_family, Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
+from ..cases import Inputs, Outputs, random_weights, sizes_rng, tensor_rng
+from ..piece import Piece, Probe, declare
 from ..student import as_tensor, build_module
 
 _NORM = ("gptcourse.RMSNorm", "gptcourse.model.norms.make_norm")
 _MLP = ("gptcourse.SwiGLU", "gptcourse.model.mlp.make_mlp")
 _WHOLE = ("gptcourse.DecoderBlock", "gptcourse.GPT")
-# piece -> the gptcourse names a student must not import or call for it (MultiHeadAttention is allowed)
-FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "rmsnorm": _NORM + _WHOLE,
-    "swiglu": _MLP + _WHOLE,
-    "block": _NORM + _MLP + _WHOLE,
-}
+
+
+# ---- what the common mistakes of the pieces compute: {description: that mistake's output}
+
+
+def norm_mistakes(x: torch.Tensor, weight: torch.Tensor, eps: float) -> dict[str, torch.Tensor]:
+    """What common wrong RMSNorms compute, for `check_close(..., mistakes=...)`."""
+    ms = x.pow(2).mean(-1, keepdim=True)
+    centred = x - x.mean(-1, keepdim=True)
+    return {
+        "it subtracts the mean (that is LayerNorm): RMSNorm only divides by the root mean square":
+            centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps) * weight,
+        "eps is added outside the square root: use x / sqrt(mean(x^2) + eps)": x / (ms.sqrt() + eps) * weight,
+        "the gain (weight) is not applied": x * torch.rsqrt(ms + eps),
+        "it divides by the standard deviation over the wrong axis: normalise each token over its C features "
+        "(dim=-1)": x * torch.rsqrt(x.pow(2).mean(-2, keepdim=True) + eps) * weight,
+    }
+
+
+def swiglu_mistakes(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Wrong SwiGLUs of x (..., C), given the fused w_in weight (2F, C), rows [gate; value], and w_out (C, F)."""
+    gate, value = (x @ w_in.T).chunk(2, dim=-1)  # each (..., F)
+    silu = torch.nn.functional.silu
+    return {
+        "the gate and the value are swapped: the first half of w_in's output is the gate (it goes through SiLU), "
+        "the second half the value": (silu(value) * gate) @ w_out.T,
+        "SiLU is applied to the value too: only the gate goes through SiLU": (silu(gate) * silu(value)) @ w_out.T,
+        "the gate's SiLU is missing: silu(gate) * value": (gate * value) @ w_out.T,
+        "ReLU instead of SiLU on the gate: SiLU(g) = g * sigmoid(g)": (gate.relu() * value) @ w_out.T,
+        "sigmoid instead of SiLU on the gate: SiLU(g) = g * sigmoid(g)": (gate.sigmoid() * value) @ w_out.T,
+        "the gate and the value are added: SwiGLU multiplies them, silu(gate) * value":
+            (silu(gate) + value) @ w_out.T,
+    }
+
+
+def block_mistakes(
+    x: torch.Tensor,
+    attn: Callable[[torch.Tensor], torch.Tensor],
+    mlp: Callable[[torch.Tensor], torch.Tensor],
+    norm1: Callable[[torch.Tensor], torch.Tensor],
+    norm2: Callable[[torch.Tensor], torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """Wrong pre-norm decoder blocks of x (B, T, C), given the block's four sublayers as functions."""
+    u = x + attn(norm1(x))  # (B, T, C): the right first half
+    post = norm1(x + attn(x))
+    return {
+        "post-norm: the norms are applied after the residual additions, norm(x + sublayer(x)); a pre-norm block "
+        "normalises only each sublayer's input: x + attn(norm1(x))": norm2(post + mlp(post)),
+        "the attention's residual is missing: u = x + attn(norm1(x))": attn(norm1(x)) + mlp(norm2(attn(norm1(x)))),
+        "the MLP's residual is missing: y = u + mlp(norm2(u))": mlp(norm2(u)),
+        "the MLP reads norm2(x), not norm2(u): it must see the attention's result (sequential, not parallel)":
+            u + mlp(norm2(x)),
+        "norm1 is used before both sublayers: the MLP reads norm2(u), with its own gain": u + mlp(norm1(u)),
+        "the norms are not applied: each sublayer reads a normalised copy, attn(norm1(x)) and mlp(norm2(u))":
+            (x + attn(x)) + mlp(x + attn(x)),
+    }
+
+
+def _block_count_causes(config: GPTConfig) -> dict[str, list[tuple[int, str]]]:
+    """Per block component: (amount a count is commonly off by, likely cause)."""
+    c, f = config.d_model, config.hidden_width
+    norm = block_breakdown(config)["norms"] // 2
+    attn_bias = [(-4 * c, "the attention biases are missing (qkv and out have bias=True here)")] if config.attn_bias \
+        else [(4 * c, "the attention has biases, but this config has none")]
+    if config.mlp == "swiglu":
+        mlp = [
+            (-c * f, "w_in maps C -> d_ff, but it holds the gate and the value: C -> 2 d_ff"),
+            (c * f, "SwiGLU has three C x d_ff matrices (gate, value, output), not four"),
+            (2 * f + c, "SwiGLU's linear layers have biases, but this config has none: use bias=False"),
+        ]
+    else:
+        mlp = [(f + c, "the MLP has biases, but this config has none"), (-(f + c), "the MLP biases are missing")]
+    norms = [(-norm, "a norm is missing: one before attention (norm1), one before the MLP (norm2)"),
+             (2 * c, "a bias (beta) in each norm: RMSNorm has only a gain" if config.norm == "rmsnorm"
+              else "a bias (beta) in each norm, but this config has none")]
+    return {"attention": attn_bias, "mlp": mlp, "norms": norms}
+
+
+def check_block_parameter_count(got: Mapping[str, int], config: GPTConfig, name: str = "decoder block") -> None:
+    """Compare a block's parameters by component ({"attention", "mlp", "norms"}) with `block_breakdown(config)`."""
+    expected = block_breakdown(config)
+    causes = _block_count_causes(config)
+    wrong = []
+    for component, want in expected.items():
+        have = int(got.get(component, 0))
+        if have != want:
+            why = next((why for amount, why in causes[component] if amount == have - want), "")
+            wrong.append(f"{component} has {have:,}, expected {want:,} ({have - want:+,}" + (f": {why})" if why
+                                                                                            else ")"))
+    if wrong:
+        raise fail(f"{name} parameters: " + "; ".join(wrong) + ".")
+
 
 # ---- RMSNorm(d, eps): x / sqrt(mean(x^2) + eps) * weight
 
@@ -53,17 +133,10 @@ def _norm_inputs(b: int, t: int, c: int, seed: int, eps: float = 1e-6, scale: fl
             "sizes": {"B": b, "T": t, "C": c}}
 
 
-def _norm_run(cls: Any, inputs: Inputs) -> Outputs:
+def _norm_call(cls: Any, inputs: Inputs) -> Outputs:
     what = f"RMSNorm({inputs['init']['d']}, eps={inputs['init']['eps']})"
     module = build_module(cls, what, inputs["init"], inputs["weights"])
     return {"y": as_tensor(module(inputs["x"].clone()), f"{what} on x {tuple(inputs['x'].shape)}")}
-
-
-def _norm_reference(inputs: Inputs) -> Outputs:
-    module = RMSNorm(**inputs["init"])
-    module.load_state_dict(inputs["weights"])
-    with torch.no_grad():
-        return {"y": module(inputs["x"])}
 
 
 def _norm_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -72,23 +145,10 @@ def _norm_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 mistakes=norm_mistakes(inputs["x"], inputs["weights"]["weight"], inputs["init"]["eps"]))
 
 
-_norm_case = case_family(_norm_run, _norm_reference, _norm_judge)
-
-
 def _norm_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     return _norm_inputs(r.randint(2, 4), r.randint(3, 9), r.choice([10, 16, 20]), seed, eps=r.choice([1e-5, 1e-4]))
 
-
-register(
-    _norm_case("04.rmsnorm.visible", "RMSNorm(8) on x (B, T, C) = (2, 5, 8)",
-               lambda seed: _norm_inputs(2, 5, 8, seed)),
-    _norm_case("04.rmsnorm.hidden_single", "RMSNorm on one token (B=1, T=1)",
-               lambda seed: _norm_inputs(1, 1, 6, seed), hidden=True),
-    _norm_case("04.rmsnorm.hidden_tiny", "RMSNorm on tiny inputs, where eps matters (x ~ 1e-3, eps=1e-6)",
-               lambda seed: _norm_inputs(2, 3, 7, seed, scale=1e-3), hidden=True),
-    _norm_case("04.rmsnorm.hidden_sizes", "RMSNorm with other sizes and eps", _norm_hidden, hidden=True),
-)
 
 # ---- SwiGLU(d_model, d_ff): w_out(silu(gate) * value), [gate; value] = w_in(x)
 
@@ -99,13 +159,14 @@ def _swiglu_inputs(b: int, t: int, c: int, f: int, seed: int) -> Inputs:
             "x": torch.randn(b, t, c, generator=gen) * 2, "sizes": {"B": b, "T": t, "C": c, "F": f}}
 
 
-def _swiglu_run(cls: Any, inputs: Inputs) -> Outputs:
+def _swiglu_call(cls: Any, inputs: Inputs) -> Outputs:
     what = f"SwiGLU({inputs['init']['d_model']}, {inputs['init']['d_ff']})"
     module = build_module(cls, what, inputs["init"], inputs["weights"])
     return {"y": as_tensor(module(inputs["x"].clone()), f"{what} on x {tuple(inputs['x'].shape)}")}
 
 
-def _swiglu_reference(inputs: Inputs) -> Outputs:
+def _swiglu_expected(inputs: Inputs) -> Outputs:
+    """gptcourse.SwiGLU with the same weights: its width argument is `d` where the lab's is `d_model`."""
     module = SwiGLU(inputs["init"]["d_model"], inputs["init"]["d_ff"])
     module.load_state_dict(inputs["weights"])
     with torch.no_grad():
@@ -119,22 +180,10 @@ def _swiglu_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 mistakes=swiglu_mistakes(inputs["x"], w["w_in.weight"], w["w_out.weight"]))
 
 
-_swiglu_case = case_family(_swiglu_run, _swiglu_reference, _swiglu_judge)
-
-
 def _swiglu_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     return _swiglu_inputs(r.randint(1, 3), r.randint(4, 9), r.choice([10, 12, 14]), r.choice([6, 20, 28]), seed)
 
-
-register(
-    _swiglu_case("04.swiglu.visible", "SwiGLU(d_model=8, d_ff=12) on x (B, T, C) = (2, 5, 8)",
-                 lambda seed: _swiglu_inputs(2, 5, 8, 12, seed)),
-    _swiglu_case("04.swiglu.hidden_single", "SwiGLU on one token (B=1, T=1)",
-                 lambda seed: _swiglu_inputs(1, 1, 6, 10, seed), hidden=True),
-    _swiglu_case("04.swiglu.hidden_sizes", "SwiGLU with other sizes (d_ff smaller or larger than C)",
-                 _swiglu_hidden, hidden=True),
-)
 
 # ---- DecoderBlock(d_model, n_heads, d_ff): x + attn(norm1(x)), then + mlp(norm2(.))
 
@@ -143,6 +192,14 @@ def _config(c: int, h: int, f: int) -> GPTConfig:
     """The block the lab describes, as a GPTConfig: RMSNorm (eps 1e-6), attention with biases, SwiGLU without."""
     return GPTConfig(d_model=c, n_heads=h, d_ff=f, position="rope", norm="rmsnorm", norm_eps=1e-6, mlp="swiglu",
                      attn_bias=True, mlp_bias=False)
+
+
+class _LabBlock(DecoderBlock):
+    """gptcourse.DecoderBlock built from the lab's arguments (the package's takes a GPTConfig), so that the value,
+    causality and parameter-count cases all run it through their own call, as they run the student's block."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int) -> None:
+        super().__init__(_config(d_model, n_heads, d_ff))
 
 
 def _block_inputs(b: int, t: int, h: int, d: int, f: int, seed: int, rope: bool = True) -> Inputs:
@@ -167,49 +224,29 @@ def _rope_of(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor] | None:
     return (inputs["cos"], inputs["sin"]) if "cos" in inputs else None
 
 
-def _block_call(module: Any, x: torch.Tensor, inputs: Inputs) -> torch.Tensor:
+def _block_forward(module: Any, x: torch.Tensor, inputs: Inputs) -> torch.Tensor:
     rope = _rope_of(inputs)
     what = f"{_block_what(inputs)}(x {tuple(x.shape)}{', rope=(cos, sin)' if rope else ''})"
     return as_tensor(module(x.clone(), rope=rope) if rope else module(x.clone()), what)
 
 
-def _block_run(cls: Any, inputs: Inputs) -> Outputs:
+def _block_call(cls: Any, inputs: Inputs) -> Outputs:
     module = build_module(cls, _block_what(inputs), inputs["init"], inputs["weights"])
-    return {"y": _block_call(module, inputs["x"], inputs)}
-
-
-def _reference_block(inputs: Inputs) -> DecoderBlock:
-    init = inputs["init"]
-    block = DecoderBlock(_config(init["d_model"], init["n_heads"], init["d_ff"]))
-    block.load_state_dict(inputs["weights"])
-    return block.eval()
-
-
-def _block_reference(inputs: Inputs) -> Outputs:
-    with torch.no_grad():
-        return {"y": _reference_block(inputs)(inputs["x"], rope=_rope_of(inputs))}
+    return {"y": _block_forward(module, inputs["x"], inputs)}
 
 
 def _block_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_shape(got["y"], "B T C", inputs["sizes"], "block output")
-    block, rope = _reference_block(inputs), _rope_of(inputs)
+    block = build_module(_LabBlock, _block_what(inputs), inputs["init"], inputs["weights"])
+    rope = _rope_of(inputs)
     with torch.no_grad():
         mistakes = block_mistakes(inputs["x"], lambda z: block.attn(z, rope=rope), block.mlp, block.norm1, block.norm2)
     check_close(got["y"], expected["y"], "block output", mistakes=mistakes)
 
 
-_block_case = case_family(_block_run, _block_reference, _block_judge)
-
-
-def _causal_run(cls: Any, inputs: Inputs) -> Outputs:
+def _causal_call(cls: Any, inputs: Inputs) -> Outputs:
     module = build_module(cls, _block_what(inputs), inputs["init"], inputs["weights"])
-    return {"outputs": torch.stack([_block_call(module, x, inputs) for x in perturbed_copies(inputs["x"])])}
-
-
-def _causal_reference(inputs: Inputs) -> Outputs:
-    block, rope = _reference_block(inputs), _rope_of(inputs)
-    with torch.no_grad():
-        return {"outputs": torch.stack([block(x, rope=rope) for x in perturbed_copies(inputs["x"])])}
+    return {"outputs": torch.stack([_block_forward(module, x, inputs) for x in perturbed_copies(inputs["x"])])}
 
 
 def _causal_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -220,7 +257,7 @@ def _causal_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 _COMPONENTS = {"norm1.": "norms", "norm2.": "norms", "attn.": "attention", "mlp.": "mlp"}
 
 
-def _params_run(cls: Any, inputs: Inputs) -> Outputs:
+def _params_call(cls: Any, inputs: Inputs) -> Outputs:
     """The student's parameters by component, counted on a freshly built block (no weights loaded)."""
     what = _block_what(inputs)
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
@@ -234,11 +271,6 @@ def _params_run(cls: Any, inputs: Inputs) -> Outputs:
         else:
             counts[component] += p.numel()
     return {**counts, "other": ", ".join(other)}
-
-
-def _params_reference(inputs: Inputs) -> Outputs:
-    init = inputs["init"]
-    return {**block_breakdown(_config(init["d_model"], init["n_heads"], init["d_ff"])), "other": ""}
 
 
 def _params_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -256,19 +288,32 @@ def _block_hidden(seed: int) -> Inputs:
                          seed)
 
 
-register(
-    _block_case("04.block.visible", "DecoderBlock(12, 3, 16) on x (B, T, C) = (2, 5, 12), no RoPE",
-                lambda seed: _block_inputs(2, 5, 3, 4, 16, seed, rope=False)),
-    _block_case("04.block.rope", "DecoderBlock(16, 2, 24) with RoPE on x (B, T, C) = (3, 6, 16)",
-                lambda seed: _block_inputs(3, 6, 2, 8, 24, seed)),
-    Case("04.block.causal", "DecoderBlock with RoPE is causal: later inputs never change earlier outputs",
-         lambda seed: _block_inputs(2, 5, 2, 6, 20, seed), _causal_run, _causal_reference, _causal_judge),
-    Case("04.block.params", "DecoderBlock(32, 4, 64)'s parameters by component (the seed-tiny block: 10,432)",
-         lambda seed: {"init": {"d_model": 32, "n_heads": 4, "d_ff": 64}}, _params_run, _params_reference,
-         _params_judge),
-    _block_case("04.block.hidden_single", "DecoderBlock with RoPE on one token (B=1, T=1)",
-                lambda seed: _block_inputs(1, 1, 2, 4, 12, seed), hidden=True),
-    _block_case("04.block.hidden_one_head", "DecoderBlock with a single head (H=1)",
-                lambda seed: _block_inputs(2, 5, 1, 6, 10, seed), hidden=True),
-    _block_case("04.block.hidden_sizes", "DecoderBlock with RoPE, other sizes", _block_hidden, hidden=True),
+PIECES = declare(
+    Piece("04", "RMSNorm", RMSNorm, _norm_call, judge=_norm_judge, forbidden=_NORM + _WHOLE,
+          visible=[("visible", "RMSNorm(8) on x (B, T, C) = (2, 5, 8)", lambda seed: _norm_inputs(2, 5, 8, seed))],
+          hidden=[("hidden_single", "RMSNorm on one token (B=1, T=1)", lambda seed: _norm_inputs(1, 1, 6, seed)),
+                  ("hidden_tiny", "RMSNorm on tiny inputs, where eps matters (x ~ 1e-3, eps=1e-6)",
+                   lambda seed: _norm_inputs(2, 3, 7, seed, scale=1e-3)),
+                  ("hidden_sizes", "RMSNorm with other sizes and eps", _norm_hidden)]),
+    Piece("04", "SwiGLU", SwiGLU, _swiglu_call, expected=_swiglu_expected, judge=_swiglu_judge,
+          forbidden=_MLP + _WHOLE,
+          visible=[("visible", "SwiGLU(d_model=8, d_ff=12) on x (B, T, C) = (2, 5, 8)",
+                    lambda seed: _swiglu_inputs(2, 5, 8, 12, seed))],
+          hidden=[("hidden_single", "SwiGLU on one token (B=1, T=1)", lambda seed: _swiglu_inputs(1, 1, 6, 10, seed)),
+                  ("hidden_sizes", "SwiGLU with other sizes (d_ff smaller or larger than C)", _swiglu_hidden)]),
+    Piece("04", "DecoderBlock", _LabBlock, _block_call, judge=_block_judge, forbidden=_NORM + _MLP + _WHOLE,
+          visible=[("visible", "DecoderBlock(12, 3, 16) on x (B, T, C) = (2, 5, 12), no RoPE",
+                    lambda seed: _block_inputs(2, 5, 3, 4, 16, seed, rope=False)),
+                   ("rope", "DecoderBlock(16, 2, 24) with RoPE on x (B, T, C) = (3, 6, 16)",
+                    lambda seed: _block_inputs(3, 6, 2, 8, 24, seed)),
+                   ("causal", "DecoderBlock with RoPE is causal: later inputs never change earlier outputs",
+                    lambda seed: _block_inputs(2, 5, 2, 6, 20, seed), Probe(_causal_call, _causal_judge)),
+                   ("params", "DecoderBlock(32, 4, 64)'s parameters by component (the seed-tiny block: 10,432)",
+                    lambda seed: {"init": {"d_model": 32, "n_heads": 4, "d_ff": 64}},
+                    Probe(_params_call, _params_judge))],
+          hidden=[("hidden_single", "DecoderBlock with RoPE on one token (B=1, T=1)",
+                   lambda seed: _block_inputs(1, 1, 2, 4, 12, seed)),
+                  ("hidden_one_head", "DecoderBlock with a single head (H=1)",
+                   lambda seed: _block_inputs(2, 5, 1, 6, 10, seed)),
+                  ("hidden_sizes", "DecoderBlock with RoPE, other sizes", _block_hidden)]),
 )
