@@ -25,6 +25,7 @@ from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
 from ..piece import Piece, declare
 from ..student import as_tensor, load_weights, module_class
 
+
 def _lengths_mask(lengths: list[int], t: int, sides: list[str]) -> torch.Tensor:
     """(B, T) attention mask, 1 on each row's `lengths[b]` real tokens, padded on `sides[b]`."""
     mask = torch.zeros(len(lengths), t, dtype=torch.long)
