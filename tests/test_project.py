@@ -96,3 +96,14 @@ def test_the_longest_files_named_in_conftest_exist():
     assert not missing, f"conftest.py's LONGEST_FIRST names files that do not exist: {missing}"
     assert "--no-loadscope-reorder" in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"][
         "ini_options"]["addopts"], "without it xdist reorders the files by their number of tests"
+
+
+def test_ruff_checks_every_python_file_of_the_package():
+    """ruff's excludes (the notebook folders) must not hide package code, as "labs" once hid grading/labs/."""
+    listed = subprocess.run([sys.executable, "-m", "ruff", "check", "--show-files", "--no-cache", "."], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    if listed.returncode != 0 and "No module named ruff" in listed.stderr:
+        pytest.skip("ruff is not installed (pip install -e '.[dev]')")
+    checked = {Path(line).resolve() for line in listed.stdout.splitlines() if line.endswith(".py")}
+    package = set((ROOT / "shared" / "gptcourse").rglob("*.py"))
+    assert package - checked == set(), f"ruff skips {sorted(str(p) for p in package - checked)}"

@@ -212,7 +212,8 @@ PIECES = declare(
                   ("hidden_sizes", "CharTokenizer on another text (newlines, tabs, accents)", _tokenizer_hidden)]),
     # gptcourse has no one-hot lookup: the lookup it teaches is torch's, the one nn.Embedding (and the GPT) runs
     Piece("01", "one_hot_embed", nn.functional.embedding, _one_hot_call, judge=_one_hot_judge, forbidden=_WHOLE,
-          visible=[("visible", "one_hot_embed with B=2, T=4, V=6, C=3", lambda seed: _one_hot_inputs(2, 4, 6, 3, seed))],
+          visible=[("visible", "one_hot_embed with B=2, T=4, V=6, C=3",
+                    lambda seed: _one_hot_inputs(2, 4, 6, 3, seed))],
           hidden=[("hidden_single", "one_hot_embed of a single token (B=1, T=1)",
                    lambda seed: _one_hot_inputs(1, 1, 7, 4, seed)),
                   ("hidden_sizes", "one_hot_embed with other sizes, the last id unused", _one_hot_hidden)]),

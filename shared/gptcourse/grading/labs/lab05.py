@@ -9,16 +9,15 @@ judged on their own and only the tying test fails.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from ...checks import check_causal, check_close, check_parameter_count, check_shape, fail, perturbed_copies
+from ...checks import check_causal, check_parameter_count, check_shape, fail, perturbed_copies
 from ...model.config import GPTConfig, preset
 from ...model.gpt import GPT
-from ..cases import case_family, Case, Inputs, Outputs, random_weights, register, sizes_rng, tensor_rng
+from ..cases import Case, Inputs, Outputs, case_family, random_weights, register, sizes_rng, tensor_rng
 from ..fixtures import check_close_lazily, load_gpt_weights, reference_gpt
 from ..student import as_tensor
 

@@ -19,7 +19,7 @@ import torch
 from ...checks import check_parameter_count, fail, gpt_module_breakdown
 from ...model.config import PRESETS, GPTConfig, preset
 from ...model.gpt import GPT
-from ..cases import case_family, Case, Inputs, Outputs, register, sizes_rng
+from ..cases import Inputs, Outputs, case_family, register, sizes_rng
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     piece: ("gptcourse.count_parameters", "gptcourse.parameter_breakdown", "gptcourse.block_breakdown",

@@ -10,7 +10,6 @@ multinomial), not with gptcourse.train or gptcourse.generate (the functions) or 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -19,7 +18,7 @@ from torch.nn import functional as F
 from ...checks import check_close, check_dtype, check_shape, fail, fmt_shape
 from ...model.config import GPTConfig
 from ...model.gpt import GPT
-from ..cases import case_family, Case, Inputs, Outputs, register, sizes_rng, tensor_rng
+from ..cases import Inputs, Outputs, case_family, register, sizes_rng, tensor_rng
 from ..fixtures import check_close_lazily, reference_gpt, unit_scale_weights
 from ..student import as_tensor
 

@@ -85,7 +85,8 @@ def _mask_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 "F.scaled_dot_product_attention's boolean attn_mask")
     if allowed.dim() == 3:
         raise fail(f"the mask has shape {fmt_shape(allowed.shape)}, expected (B, 1, T, T): keep a size-1 axis for "
-                   "the heads, so that it broadcasts against scores (B, H, T, T), e.g. attention_mask[:, None, None, :]")
+                   "the heads, so that it broadcasts against scores (B, H, T, T), "
+                   "e.g. attention_mask[:, None, None, :]")
     check_shape(allowed, "B 1 T T", inputs["sizes"], "the mask")
     if torch.equal(allowed, want):
         return
