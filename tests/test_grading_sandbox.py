@@ -1,6 +1,6 @@
 """The sandbox around graded kernels: every attack of issue 13 as cells added to an otherwise correct submission of
-lab 02, graded in ONE batch by plain `nbgrader autograde` and in one by `gptcourse autograde` (one worker, so
-every submission runs in the same box after the one before it); each gets the full 15 points, and nothing
+lab 02, graded in ONE batch by plain `nbgrader autograde` and in one by `gptcourse autograde` (one worker); in
+both, every submission runs in the same box after the one before it, and each gets the full 15 points; nothing
 escapes: the course files and the package are unchanged, no process is left, the secret is in no output.
 Also: grading refuses to start without the sandbox, and the opt-out grades anyway.
 """
@@ -215,6 +215,14 @@ def test_every_attack_gets_the_full_score(graded):
     course, added, _, _, _ = graded
     scores = course.scores(LAB)
     assert scores == {student: course.expected_scores(LAB) for student in ["solution", *added]}
+
+
+def test_one_box_serves_every_submission_in_turn(graded):
+    """The box's zygote imports torch once per grading command, not once per submission (the leftovers of one
+    submission reaching the next are what `test_limits_hit_are_reported` and `leave-processes` look for)."""
+    _, added, output, _, _ = graded
+    assert len(added) >= 8
+    assert output.count("ready on its box connection") == 1, output[-4000:]
 
 
 def test_limits_hit_are_reported(graded):

@@ -11,8 +11,10 @@
 - every kernel runs in the sandbox (`sandbox.py`): a bubblewrap box that sees only the interpreter, its
   libraries and the gptcourse package, as an unprivileged user, with limits; its working folder /scratch holds a
   copy of the submission's folder only, emptied afterwards, so files a notebook writes never reach the
-  autograded folder, the feedback or other submissions. Under `nbgrader autograde` each submission gets a box of
-  its own; `gptcourse autograde` hands each worker's box in (`with_box`), reset between submissions. If the box
+  autograded folder, the feedback or other submissions. A grader process starts one box per lab and resets it
+  between submissions (every process in it but its zygote killed, its folders emptied), so the zygote's import
+  of torch is paid once, not per submission: `nbgrader autograde` keeps its box for the whole command (a box
+  whose zygote died is replaced), `gptcourse autograde` hands each worker's box in (`with_box`). If the box
   cannot start, grading stops before anyone is graded (unless `c.Sandbox.allow_unsandboxed`, which runs kernels
   as before: as the grader's user, in a temporary folder);
 - the kernel's environment holds only the variables `sandbox.KERNEL_VARIABLES` names (no token, password or
@@ -28,6 +30,7 @@ what it started: `Box.memory_limit_hit`).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import json
@@ -47,7 +50,7 @@ from traitlets import Integer
 from .cases import kernel_environment
 from .kernel_inputs import FILE_NAME, INPUTS_ENV, write_inputs
 from .report import add_line, cell_label
-from .sandbox import Box, Limits, Sandbox, course_folders, kernel_variables, require_sandbox
+from .sandbox import Box, Limits, Sandbox, course_folders, kernel_variables, read_only_folders, require_sandbox
 from .zygote import ZygoteError
 
 # A limit of the box, as a cell's error shows it: (limit, words in the error, what the report says was hit).
@@ -58,6 +61,31 @@ LIMIT_SIGNS = (
     ("file", ("File too large",), "a file grew past the file-size limit"),
     ("scratch", ("No space left on device",), "the kernel filled its scratch space"),
 )
+
+
+_PROCESS_BOX: dict[str, Box] = {}  # this process's box, under what it is (`process_box`): one at a time
+
+
+def process_box(config: object, hidden: list[str], lab: str) -> Box:
+    """This grader process's box for `lab`: the submissions of a lab all see the same folders, so one box serves
+    them in turn, reset between them (`RobustExecute._clean_box`); a box for another lab, another view or other
+    limits replaces it (nbgrader grades a lab's submissions one after another); closed at exit."""
+    sandbox = Sandbox(config=config)
+    key = json.dumps([read_only_folders(hidden), lab, sandbox.trait_values(config=True)], sort_keys=True,
+                     default=str)
+    box = _PROCESS_BOX.get(key)
+    if box is None or not box.alive():
+        close_process_box()
+        box = _PROCESS_BOX[key] = sandbox.start_box(hidden, lab=lab)
+    return box
+
+
+def close_process_box() -> None:
+    while _PROCESS_BOX:
+        _PROCESS_BOX.popitem()[1].close()
+
+
+atexit.register(close_process_box)
 
 
 class RobustExecute(Execute):
@@ -83,10 +111,10 @@ class RobustExecute(Execute):
         info = resources["nbgrader"]
         lab = info["assignment"]
         env = kernel_environment(lab, info.get("student"))
-        self._box, own = self.box, None
+        self._box = self.box
         hidden = course_folders(self.config, folder)
         if self._box is None and require_sandbox(self.config, forbidden=hidden):
-            self._box = own = Sandbox(config=self.config).start_box(hidden, lab=lab)
+            self._box = process_box(self.config, hidden, lab)
         self._limits = self._box.limits if self._box else None
         try:
             if self._box is not None:
@@ -97,9 +125,7 @@ class RobustExecute(Execute):
             else:
                 self._run_unsandboxed(nb, folder, env)
         finally:
-            if own is not None:
-                own.close()
-            elif self._box is not None and self._box.alive():
+            if self._box is not None and self._box.alive():
                 with contextlib.suppress(ZygoteError):  # the next submission's reset stops it if it must
                     self._box.reset()
         self.set_widgets_metadata()
