@@ -271,12 +271,12 @@ class _GPTWithout(GPT):
 
 
 @pytest.mark.parametrize(("skip", "test_id", "message"), [
-    ("lm_head", "05.gpt.visible", r"logits: shape \(B, T, C\) = \(2, 5, 32\), expected \(B, T, V\) = \(2, 5, 100\): "
+    ("lm_head", "05.GPT.visible", r"logits: shape \(B, T, C\) = \(2, 5, 32\), expected \(B, T, V\) = \(2, 5, 100\): "
                                   r"axis 2 \(V\) has size 32 = C, expected 100: the output projection is missing"),
-    ("final_norm", "05.gpt.visible", "logits: the final norm is missing"),
-    ("final_norm", "05.forward_hidden.visible", "forward_hidden: the final norm is missing"),
-    ("positions", "05.gpt.visible", "logits: the positions are missing"),
-    ("rope", "05.gpt.rope", "logits: RoPE is not used"),
+    ("final_norm", "05.GPT.visible", "logits: the final norm is missing"),
+    ("final_norm", "05.GPT.forward_hidden", "forward_hidden: the final norm is missing"),
+    ("positions", "05.GPT.visible", "logits: the positions are missing"),
+    ("rope", "05.GPT.rope", "logits: RoPE is not used"),
 ])
 def test_assembly_mistakes_are_named(skip, test_id, message):
     wrong = type(f"GPTWithout_{skip}", (_GPTWithout,), {"skip": skip})
@@ -288,7 +288,7 @@ def test_a_model_that_never_ties_is_explained():
         def __init__(self, config):
             super().__init__(config.replace(tie_weights=False))
 
-    assert "+3,200 = V x d: untied output projection?" in _judged("05.tying.visible", NeverTied)
+    assert "+3,200 = V x d: untied output projection?" in _judged("05.GPT.tying", NeverTied)
 
 
 def test_layernorm_without_bias_is_explained_per_component():

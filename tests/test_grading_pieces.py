@@ -43,7 +43,7 @@ def test_a_piece_has_one_name_in_notebook_cases_forbidden_and_round_trip(lab):
     for cell in tests:
         for test_id, obj in CHECK_CALL.findall(cell.source):
             assert CaseId.parse(test_id).piece == obj, test_id
-            assert re.fullmatch(f"test_{obj}(_[a-z_]+)?", cell.metadata.nbgrader["grade_id"]), test_id
+            assert re.fullmatch(f"test_{obj}(_[a-z0-9_]+)?", cell.metadata.nbgrader["grade_id"]), test_id
     round_trip = importlib.import_module(f"test_labs_{lab}")
     test_cells = {c.metadata.nbgrader["grade_id"] for c in tests}
     for student, (wrote, fails) in round_trip.WRONG.items():

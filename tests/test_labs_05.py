@@ -35,19 +35,19 @@ class GPT(nn.Module):
 '''
 RIGHT = {"tie": "c.tie_weights", "rope": "rope", "final": "self.final_norm(x)",
          "head": "self.lm_head(self.forward_hidden(idx))"}
-GPT_TESTS = {"test_gpt", "test_gpt_rope", "test_gpt_hidden"}
+GPT_TESTS = {"test_GPT", "test_GPT_rope", "test_GPT_hidden"}
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
     # forward returns the hidden states: logits (B, T, C), and an untied head whose parameters never load
-    "no-output-projection": ({"gpt": GPT_CELL.format(**RIGHT | {"head": "self.forward_hidden(idx)"})},
+    "no-output-projection": ({"GPT": GPT_CELL.format(**RIGHT | {"head": "self.forward_hidden(idx)"})},
                              GPT_TESTS),
-    "no-final-norm": ({"gpt": GPT_CELL.format(**RIGHT | {"final": "x"})},
-                      GPT_TESTS | {"test_forward_hidden", "test_forward_hidden_hidden"}),
+    "no-final-norm": ({"GPT": GPT_CELL.format(**RIGHT | {"final": "x"})},
+                      GPT_TESTS | {"test_GPT_forward_hidden", "test_GPT_forward_hidden_hidden"}),
     # learned positions (the visible test) work; every RoPE model fails
-    "rope-not-passed": ({"gpt": GPT_CELL.format(**RIGHT | {"rope": "None"})},
-                        {"test_gpt_rope", "test_gpt_hidden", "test_forward_hidden_hidden"}),
+    "rope-not-passed": ({"GPT": GPT_CELL.format(**RIGHT | {"rope": "None"})},
+                        {"test_GPT_rope", "test_GPT_hidden", "test_GPT_forward_hidden_hidden"}),
     # the logits are right (the head is loaded with the token table), but two matrices are counted
-    "never-tied": ({"gpt": GPT_CELL.format(**RIGHT | {"tie": "False"})}, {"test_tying", "test_tying_hidden"}),
+    "never-tied": ({"GPT": GPT_CELL.format(**RIGHT | {"tie": "False"})}, {"test_GPT_tying", "test_GPT_tying_hidden"}),
 }
 
 class TestLab05(RoundTrip):
@@ -55,7 +55,7 @@ class TestLab05(RoundTrip):
     WRONG = WRONG
     TOTAL = 16
     VALIDATE = Validation('no-output-projection', 2, (
-        'check("05.gpt.visible", GPT)',
+        'check("05.GPT.visible", GPT)',
         "(2, 5, 32), expected (B, T, V) = (2, 5, 100)",
         "the output projection is missing",
     ))

@@ -28,25 +28,28 @@ def parameter_breakdown(config):
 RIGHT = {"norm": '2 * c if config.norm == "layernorm" and config.norm_bias else c', "swiglu": "3 * c * f",
          "positions": 'config.context_length * c if config.position == "learned" else 0',
          "head": "(0 if config.tie_weights else v * c)"}
-TOTALS = {"test_total", "test_total_published", "test_total_hidden"}  # count_parameters sums the breakdown
+TOTALS = {"test_count_parameters", "test_count_parameters_published", "test_count_parameters_hidden"}  # the sum
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
     # seed-tiny and GPT-2 are tied, Llama-2 is not
-    "always-untied": ({"breakdown": BREAKDOWN.format(**RIGHT | {"head": "v * c"})},
-                      {"test_breakdown", "test_breakdown_gpt2", "test_breakdown_hidden"} | TOTALS),
+    "always-untied": ({"parameter_breakdown": BREAKDOWN.format(**RIGHT | {"head": "v * c"})},
+                      {"test_parameter_breakdown", "test_parameter_breakdown_gpt2", "test_parameter_breakdown_hidden"}
+                      | TOTALS),
     # seed-tiny and Llama-2 use SwiGLU, GPT-2 does not
-    "swiglu-two-matrices": ({"breakdown": BREAKDOWN.format(**RIGHT | {"swiglu": "2 * c * f"})},
-                            {"test_breakdown", "test_breakdown_llama", "test_breakdown_hidden"} | TOTALS),
+    "swiglu-two-matrices": ({"parameter_breakdown": BREAKDOWN.format(**RIGHT | {"swiglu": "2 * c * f"})},
+                            {"test_parameter_breakdown", "test_parameter_breakdown_llama",
+                             "test_parameter_breakdown_hidden"} | TOTALS),
     # only GPT-2 (and the seed's repo model) have LayerNorm with a bias
-    "layernorm-without-bias": ({"breakdown": BREAKDOWN.format(**RIGHT | {"norm": "c"})},
-                               {"test_breakdown_gpt2", "test_breakdown_hidden", "test_total_published",
-                                "test_total_hidden"}),
+    "layernorm-without-bias": ({"parameter_breakdown": BREAKDOWN.format(**RIGHT | {"norm": "c"})},
+                               {"test_parameter_breakdown_gpt2", "test_parameter_breakdown_hidden",
+                                "test_count_parameters_published", "test_count_parameters_hidden"}),
     # RoPE (seed-tiny, Llama-2) and no positions have no table
-    "positions-always-counted": ({"breakdown": BREAKDOWN.format(**RIGHT | {"positions": "config.context_length * c"})},
-                                 {"test_breakdown", "test_breakdown_llama", "test_breakdown_hidden"} | TOTALS),
+    "positions-always-counted": (
+        {"parameter_breakdown": BREAKDOWN.format(**RIGHT | {"positions": "config.context_length * c"})},
+        {"test_parameter_breakdown", "test_parameter_breakdown_llama", "test_parameter_breakdown_hidden"} | TOTALS),
     "total-counts-the-tied-head-twice": (
-        {"total": "def count_parameters(config):\n    return sum(parameter_breakdown(config).values()) + "
-                  "config.vocab_size * config.d_model"}, TOTALS),
+        {"count_parameters": "def count_parameters(config):\n    return sum(parameter_breakdown(config).values()) + "
+                             "config.vocab_size * config.d_model"}, TOTALS),
 }
 
 class TestLab06(RoundTrip):
@@ -54,15 +57,15 @@ class TestLab06(RoundTrip):
     WRONG = WRONG
     TOTAL = 13
     VALIDATE = Validation('always-untied', 4, (
-        'check("06.breakdown.visible", parameter_breakdown)',
+        'check("06.parameter_breakdown.visible", parameter_breakdown)',
         "(+3,200 = V x d: untied output projection?",
     ))
 
     def test_the_visible_presets_have_their_published_totals(self):
         from gptcourse.grading import case_seed, get_case
 
-        case = get_case("06.total.published")
+        case = get_case("06.count_parameters.published")
         totals = case.reference(case.make_inputs(case_seed(case)))
         assert totals == {"0.total": 124_439_808, "1.total": 6_738_415_616}
-        case = get_case("06.total.visible")
+        case = get_case("06.count_parameters.visible")
         assert case.reference(case.make_inputs(case_seed(case))) == {"0.total": 24_096, "1.total": 27_296}
