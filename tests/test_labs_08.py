@@ -52,17 +52,17 @@ def decode(ids, merges):
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
     # sorted by count, then by bytes, the first taken: the least pair wins the tie
-    "ties-least": ({"train": TRAIN.format(**RIGHT_TRAIN | {
+    "ties-least": ({"train_bpe": TRAIN.format(**RIGHT_TRAIN | {
         "pick": "min(counts, key=lambda p: (-counts[p], vocab[p[0]], vocab[p[1]]))"})},
-        {"test_train", "test_train_ties", "test_train_hidden"}),
-    "ties-first-counted": ({"train": TRAIN.format(**RIGHT_TRAIN | {"pick": "max(counts, key=counts.get)"})},
-                           {"test_train", "test_train_ties", "test_train_hidden"}),
-    "no-pretokenize": ({"train": TRAIN.format(**RIGHT_TRAIN | {"pieces": "[text]"})},
-                       {"test_train", "test_train_ties", "test_train_hidden"}),
+        {"test_train_bpe", "test_train_bpe_ties", "test_train_bpe_hidden"}),
+    "ties-first-counted": ({"train_bpe": TRAIN.format(**RIGHT_TRAIN | {"pick": "max(counts, key=counts.get)"})},
+                           {"test_train_bpe", "test_train_bpe_ties", "test_train_bpe_hidden"}),
+    "no-pretokenize": ({"train_bpe": TRAIN.format(**RIGHT_TRAIN | {"pieces": "[text]"})},
+                       {"test_train_bpe", "test_train_bpe_ties", "test_train_bpe_hidden"}),
     # the right half of a replaced pair stays; train_bpe and encode use merge_pair, so they go wrong too
-    "overlap-merged-twice": ({"merge": MERGE.format(step=1)},
-                             {"test_merge", "test_merge_overlap", "test_merge_hidden", "test_train", "test_train_ties",
-                              "test_train_hidden", "test_encode", "test_encode_hidden"}),
+    "overlap-merged-twice": ({"merge_pair": MERGE.format(step=1)},
+                             {"test_merge_pair", "test_merge_pair_overlap", "test_merge_pair_hidden", "test_train_bpe",
+                              "test_train_bpe_ties", "test_train_bpe_hidden", "test_encode", "test_encode_hidden"}),
     "decode-token-by-token-strict": ({"decode": DECODE}, {"test_decode_split", "test_decode_hidden"}),
 }
 
