@@ -90,6 +90,7 @@ TIE_RULES: dict[str, Callable[[list[Pair], dict[int, bytes]], Pair]] = {
     "least": lambda tied, vocab: min(tied, key=lambda p: (vocab[p[0]], vocab[p[1]])),
     "first": lambda tied, vocab: tied[0],
     "ids": lambda tied, vocab: max(tied),
+    "joined": lambda tied, vocab: max(tied, key=lambda p: vocab[p[0]] + vocab[p[1]]),
 }
 
 
@@ -104,14 +105,16 @@ def slow_train(text: str, vocab_size: int, tie: str = "greatest", pretokenize: b
     return merges
 
 
-def encode_with(text: str, merges: list[Pair], newest_first: bool = False, pretokenize: bool = True) -> list[int]:
-    """Each merge applied to each pre-token, one merge after the other (oldest first, or the mistake)."""
+def encode_with(text: str, merges: list[Pair], newest_first: bool = False, pretokenize: bool = True,
+                overlap: bool = False, code_points: bool = False) -> list[int]:
+    """Each merge applied to each pre-token, one merge after the other (oldest first), or with one of the usual
+    mistakes."""
     order = range(len(merges) - 1, -1, -1) if newest_first else range(len(merges))
     out: list[int] = []
     for word in regex.findall(GPT2_PATTERN, text) if pretokenize else [text]:
-        ids = list(word.encode("utf-8"))
+        ids = [ord(c) for c in word] if code_points else list(word.encode("utf-8"))
         for k in order:
-            ids = _merge_pair(ids, *merges[k], 256 + k)
+            ids = (merged_twice if overlap else _merge_pair)(ids, *merges[k], 256 + k)
         out.extend(ids)
     return out
 
@@ -295,6 +298,9 @@ def _train_mistakes(inputs: Inputs) -> dict[str, list[Pair]]:
         "inside each piece, so that no merge crosses a word boundary": train(pretokenize=False),
         "each distinct pre-token is counted once: weight its pairs by how often the pre-token occurs":
             train(weighted=False),
+        "ties are compared on the joined bytes vocab[a] + vocab[b]: compare the pair of byte strings "
+        "(vocab[a], vocab[b]), left token first (b'a' + b'bc' and b'ab' + b'c' join to the same bytes, and "
+        "b'ab' wins as the left token)": train(tie="joined"),
     }
 
 
@@ -358,6 +364,11 @@ def _encode_mistakes(inputs: Inputs) -> dict[str, list[int]]:
         "the ids are the raw bytes: apply the merges": list(text.encode("utf-8")),
         "each piece was cut into the longest tokens of the vocabulary, left to right: that is not BPE; apply the "
         "merges one after the other, in the order they were learned": longest_match(text, merges),
+        "overlapping occurrences of a pair are merged twice: merge_pair must continue at i + 2 after a "
+        "replacement, so (97, 97, 97) with the merge (97, 97) gives (256, 97)": encode_with(text, merges, overlap=True),
+        "the ids start as the characters' code points, ord(c): start from the UTF-8 bytes, "
+        "list(piece.encode('utf-8')) ('é' is the 2 bytes 195, 169; every id below 256 is a byte)":
+            encode_with(text, merges, code_points=True),
     }
 
 
@@ -396,6 +407,15 @@ def _decode_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     vocab = vocab_of(inputs["merges"])
     if g == "".join(vocab[i].decode("utf-8", "replace") for i in inputs["ids"]):
         raise fail(f"{what} returned {g!r:.60}, expected {e!r:.60}: each token was decoded on its own; {SPLIT_HINT}.")
+    data = b"".join(vocab[i] for i in inputs["ids"])
+    for why, wrong in {
+        "the bytes that are not UTF-8 were dropped (errors='ignore'): decode with errors='replace', which shows "
+        "each as U+FFFD, as GPT tokenizers do": data.decode("utf-8", "ignore"),
+        "the bytes were decoded as Latin-1, one character per byte: they are UTF-8, where 'é' is 2 bytes and '😀' "
+        "4, .decode('utf-8', errors='replace')": data.decode("latin-1"),
+    }.items():
+        if g == wrong:
+            raise fail(f"{what} returned {g!r:.60}, expected {e!r:.60}: {why}.")
     k = next((k for k, (a, b) in enumerate(zip(g, e, strict=False)) if a != b), min(len(g), len(e)))
     raise fail(f"{what} returned {g!r:.80}, expected {e!r:.80}: they differ first at character {k}.")
 
