@@ -3,7 +3,13 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
+import nbformat
+import pytest
 from lab_roundtrip import RoundTrip, Validation
+from nbgrader_course import ROOT
+
+from gptcourse.checks import CheckFailed
+from gptcourse.grading import check
 
 LAB = "08_bpe_tokenizer"
 MERGE = '''
@@ -42,28 +48,60 @@ def train_bpe(text, vocab_size):
 '''
 RIGHT_TRAIN = {"pieces": "regex.findall(GPT2_PATTERN, text)",
                "pick": "max(counts, key=lambda p: (counts[p], vocab[p[0]], vocab[p[1]]))"}
+ENCODE = '''
+def encode(text, merges):
+    out = []
+    for piece in regex.findall(GPT2_PATTERN, text):
+        ids = [ord(c) for c in piece]
+        for k, pair in enumerate(merges):
+            ids = merge_pair(ids, pair, 256 + k)
+        out.extend(ids)
+    return out
+'''
 DECODE = '''
 def decode(ids, merges):
-    vocab = {i: bytes([i]) for i in range(256)}
+    vocab = {{i: bytes([i]) for i in range(256)}}
     for k, (a, b) in enumerate(merges):
         vocab[256 + k] = vocab[a] + vocab[b]
-    return "".join(vocab[i].decode("utf-8") for i in ids)
+    return {text}
 '''
+JOINED = 'b"".join(vocab[i] for i in ids)'  # the bytes of all the tokens
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
     # sorted by count, then by bytes, the first taken: the least pair wins the tie
-    "ties-least": ({"train": TRAIN.format(**RIGHT_TRAIN | {
+    "ties-least": ({"train_bpe": TRAIN.format(**RIGHT_TRAIN | {
         "pick": "min(counts, key=lambda p: (-counts[p], vocab[p[0]], vocab[p[1]]))"})},
-        {"test_train", "test_train_ties", "test_train_hidden"}),
-    "ties-first-counted": ({"train": TRAIN.format(**RIGHT_TRAIN | {"pick": "max(counts, key=counts.get)"})},
-                           {"test_train", "test_train_ties", "test_train_hidden"}),
-    "no-pretokenize": ({"train": TRAIN.format(**RIGHT_TRAIN | {"pieces": "[text]"})},
-                       {"test_train", "test_train_ties", "test_train_hidden"}),
+        {"test_train_bpe", "test_train_bpe_ties", "test_train_bpe_hidden"}),
+    "ties-first-counted": ({"train_bpe": TRAIN.format(**RIGHT_TRAIN | {"pick": "max(counts, key=counts.get)"})},
+                           {"test_train_bpe", "test_train_bpe_ties", "test_train_bpe_hidden"}),
+    "no-pretokenize": ({"train_bpe": TRAIN.format(**RIGHT_TRAIN | {"pieces": "[text]"})},
+                       {"test_train_bpe", "test_train_bpe_ties", "test_train_bpe_hidden"}),
     # the right half of a replaced pair stays; train_bpe and encode use merge_pair, so they go wrong too
-    "overlap-merged-twice": ({"merge": MERGE.format(step=1)},
-                             {"test_merge", "test_merge_overlap", "test_merge_hidden", "test_train", "test_train_ties",
-                              "test_train_hidden", "test_encode", "test_encode_hidden"}),
-    "decode-token-by-token-strict": ({"decode": DECODE}, {"test_decode_split", "test_decode_hidden"}),
+    "overlap-merged-twice": ({"merge_pair": MERGE.format(step=1)},
+                             {"test_merge_pair", "test_merge_pair_overlap", "test_merge_pair_hidden", "test_train_bpe",
+                              "test_train_bpe_ties", "test_train_bpe_hidden", "test_encode", "test_encode_hidden"}),
+    "decode-token-by-token-strict": ({"decode": DECODE.format(text='"".join(vocab[i].decode("utf-8") for i in ids)')},
+                                     {"test_decode_split", "test_decode_hidden"}),
+    # ties compared on vocab[a] + vocab[b]: (b"a", b"bc") and (b"ab", b"c") join alike
+    "ties-joined-bytes": ({"train_bpe": TRAIN.format(**RIGHT_TRAIN | {
+        "pick": "max(counts, key=lambda p: (counts[p], vocab[p[0]] + vocab[p[1]]))"})},
+        {"test_train_bpe", "test_train_bpe_hidden"}),
+    "encode-code-points": ({"encode": ENCODE}, {"test_encode_hidden"}),  # ord(c), not the UTF-8 bytes
+    "decode-errors-ignore": ({"decode": DECODE.format(text=f'{JOINED}.decode("utf-8", "ignore")')},
+                             {"test_decode_hidden"}),
+    "decode-latin-1": ({"decode": DECODE.format(text=f'{JOINED}.decode("latin-1")')},
+                       {"test_decode_split", "test_decode_hidden"}),
+}
+# student -> (a case their code fails, what its message says)
+SAYS = {
+    "ties-least": ("08.train_bpe.ties", "ties are broken the other way"),
+    "no-pretokenize": ("08.train_bpe.visible", "the text is not pre-tokenized"),
+    "ties-joined-bytes": ("08.train_bpe.visible", "ties are compared on the joined bytes vocab[a] + vocab[b]"),
+    "overlap-merged-twice": ("08.encode.visible", "overlapping occurrences of a pair are merged twice"),
+    "encode-code-points": ("08.encode.hidden_unicode", "the ids start as the characters' code points, ord(c)"),
+    "decode-token-by-token-strict": ("08.decode.split", "join the bytes of all the tokens first and decode once"),
+    "decode-errors-ignore": ("08.decode.hidden_invalid", "the bytes that are not UTF-8 were dropped (errors='ignore')"),
+    "decode-latin-1": ("08.decode.split", "the bytes were decoded as Latin-1"),
 }
 
 
@@ -75,3 +113,17 @@ class TestLab08(RoundTrip):
         'check("08.decode.split", decode)',
         "join the bytes of all the tokens first and decode once",
     ))
+
+
+@pytest.mark.parametrize("student", sorted(SAYS))
+def test_each_named_mistake_gets_its_message(student):
+    """In-process (the round trip checks the scores): the solution's cells with this student's answers."""
+    test_id, says = SAYS[student]
+    namespace: dict = {}
+    for cell in nbformat.read(ROOT / "solutions" / LAB / f"{LAB}.ipynb", as_version=4).cells:
+        grading = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and not grading.get("grade"):
+            exec(WRONG[student][0].get(grading["grade_id"], cell.source), namespace)
+    with pytest.raises(CheckFailed) as failed:
+        check(test_id, namespace[test_id.split(".")[1]])
+    assert says in " ".join(str(failed.value).split())  # the message is wrapped for the notebook
