@@ -319,13 +319,13 @@ def test_training_mistakes_are_named():
     def unshifted_loss(model, tokens):
         return F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, :-1].flatten())
 
-    assert "the loss: the targets are not shifted" in _judged("07.loss.visible", unshifted_loss)
+    assert "the loss: the targets are not shifted" in _judged("07.next_token_loss.visible", unshifted_loss)
     assert "the loss is summed over the B x T positions" in _judged(
-        "07.loss.visible", lambda m, t: F.cross_entropy(m(t[:, :-1]).flatten(0, 1), t[:, 1:].flatten(),
-                                                        reduction="sum"))
-    no_zero_grad = _judged("07.step.twice", lambda *a: _train_step(*a, zero_grad=False))
+        "07.next_token_loss.visible",
+        lambda m, t: F.cross_entropy(m(t[:, :-1]).flatten(0, 1), t[:, 1:].flatten(), reduction="sum"))
+    no_zero_grad = _judged("07.train_step.twice", lambda *a: _train_step(*a, zero_grad=False))
     assert "the gradients accumulate from one step to the next" in no_zero_grad
-    assert "the gradients are not clipped" in _judged("07.step.visible", lambda *a: _train_step(*a, clip=False))
+    assert "the gradients are not clipped" in _judged("07.train_step.visible", lambda *a: _train_step(*a, clip=False))
 
 
 def _probs(logits, temperature=1.0, top_k=None, *, after_softmax=False, keep="<"):
@@ -339,14 +339,15 @@ def _probs(logits, temperature=1.0, top_k=None, *, after_softmax=False, keep="<"
 
 
 def test_sampling_mistakes_are_named():
-    after = _judged("07.probs.visible", lambda *a, **k: _probs(*a, **k, after_softmax=True))
+    after = _judged("07.next_token_probs.visible", lambda *a, **k: _probs(*a, **k, after_softmax=True))
     assert "the temperature is applied after the softmax" in after
-    assert "top-k keeps k - 1 tokens" in _judged("07.probs.top_k", lambda *a, **k: _probs(*a, **k, keep="<="))
+    assert "top-k keeps k - 1 tokens" in _judged("07.next_token_probs.top_k",
+                                                 lambda *a, **k: _probs(*a, **k, keep="<="))
 
     def first_position(model, idx, temperature=1.0, top_k=None, generator=None):
         return model(idx)[:, 0].argmax(dim=-1, keepdim=True)
 
-    assert "the logits of the first position were used" in _judged("07.sample.greedy", first_position)
+    assert "the logits of the first position were used" in _judged("07.sample_next_token.greedy", first_position)
 
 
 # ---- heads, RoPE, SwiGLU, the decoder block (labs 03 and 04): each wrong implementation written independently

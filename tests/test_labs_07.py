@@ -32,25 +32,29 @@ def sample_next_token(model, idx, temperature=1.0, top_k=None, generator=None):
         return logits.argmax(dim=-1, keepdim=True)
     return torch.multinomial(next_token_probs(logits, temperature, top_k), 1, generator=generator)
 '''
-STEP_TESTS = {"test_step", "test_step_twice", "test_step_hidden"}
+STEP_TESTS = {"test_train_step", "test_train_step_twice", "test_train_step_hidden"}
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
     # train_step uses the loss, so the steps go wrong too
-    "targets-not-shifted": ({"loss": "def next_token_loss(model, tokens):\n    x = tokens[:, :-1]\n"
+    "targets-not-shifted": ({"next_token_loss": "def next_token_loss(model, tokens):\n    x = tokens[:, :-1]\n"
                                      "    return F.cross_entropy(model(x).flatten(0, 1), x.flatten())"},
-                            {"test_loss", "test_loss_hidden"} | STEP_TESTS),
+                            {"test_next_token_loss", "test_next_token_loss_hidden"} | STEP_TESTS),
     # a single step from fresh gradients is right; the second adds the first step's gradients
-    "no-zero-grad": ({"step": STEP.format(**RIGHT_STEP | {"zero": "pass"})}, {"test_step_twice", "test_step_hidden"}),
-    "no-clip": ({"step": STEP.format(**RIGHT_STEP | {"clip": "pass"})}, STEP_TESTS),
-    # multinomial renormalises, so the draws follow temperature 1: a few draws may agree by chance (the visible
-    # ones do), 64 at temperature 1.5 do not
-    "temperature-after-softmax": ({"probs": PROBS.format(**RIGHT_PROBS | {
+    "no-zero-grad": ({"train_step": STEP.format(**RIGHT_STEP | {"zero": "pass"})},
+                     {"test_train_step_twice", "test_train_step_hidden"}),
+    "no-clip": ({"train_step": STEP.format(**RIGHT_STEP | {"clip": "pass"})}, STEP_TESTS),
+    # multinomial renormalises, so the draws follow temperature 1: a few draws may agree by chance, 64 at
+    # temperature 1.5 do not (the visible case's draws, from its id's seed, happen to differ too)
+    "temperature-after-softmax": ({"next_token_probs": PROBS.format(**RIGHT_PROBS | {
         "scale": "pass", "softmax": "logits.softmax(dim=-1) / temperature"})},
-        {"test_probs", "test_probs_top_k", "test_probs_hidden", "test_sample_hidden"}),
-    "top-k-keeps-k-minus-1": ({"probs": PROBS.format(**RIGHT_PROBS | {"keep": "<="})},
-                              {"test_probs_top_k", "test_probs_hidden"}),
-    "first-position": ({"sample": SAMPLE.format(position=0)},
-                       {"test_sample_greedy", "test_sample", "test_sample_hidden"}),
+        {"test_next_token_probs", "test_next_token_probs_top_k", "test_next_token_probs_hidden",
+         "test_sample_next_token", "test_sample_next_token_hidden"}),
+    # sample_next_token uses next_token_probs: the visible case (top_k=5) draws from k - 1 tokens
+    "top-k-keeps-k-minus-1": ({"next_token_probs": PROBS.format(**RIGHT_PROBS | {"keep": "<="})},
+                              {"test_next_token_probs_top_k", "test_next_token_probs_hidden",
+                               "test_sample_next_token"}),
+    "first-position": ({"sample_next_token": SAMPLE.format(position=0)},
+                       {"test_sample_next_token_greedy", "test_sample_next_token", "test_sample_next_token_hidden"}),
 }
 
 class TestLab07(RoundTrip):
@@ -58,6 +62,6 @@ class TestLab07(RoundTrip):
     WRONG = WRONG
     TOTAL = 24
     VALIDATE = Validation('no-zero-grad', 1, (
-        'check("07.step.twice", train_step)',
+        'check("07.train_step.twice", train_step)',
         "the gradients accumulate from one step to the next",
     ))

@@ -63,16 +63,18 @@ WRONG = {
     # fine for small logits; nan once exp() overflows
     "no-log-sum-exp": ({"cross_entropy": NAIVE_CROSS_ENTROPY},
                        {"test_cross_entropy_large", "test_cross_entropy_hidden"}),
-    "coupled-decay": ({"adamw": ADAMW.format(**RIGHT_ADAMW | {"decay": "grad = grad + weight_decay * param"})},
-                      {"test_adamw", "test_adamw_hidden"}),
-    "no-bias-correction": ({"adamw": ADAMW.format(**RIGHT_ADAMW | {"correction": ""})},
-                           {"test_adamw", "test_adamw_hidden"}),
-    "warmup-from-zero": ({"schedule": WARMUP_FROM_ZERO}, {"test_schedule", "test_schedule_hidden"}),
+    "coupled-decay": ({"adamw_step": ADAMW.format(**RIGHT_ADAMW | {"decay": "grad = grad + weight_decay * param"})},
+                      {"test_adamw_step", "test_adamw_step_hidden"}),
+    "no-bias-correction": ({"adamw_step": ADAMW.format(**RIGHT_ADAMW | {"correction": ""})},
+                           {"test_adamw_step", "test_adamw_step_hidden"}),
+    "warmup-from-zero": ({"lr_at": WARMUP_FROM_ZERO}, {"test_lr_at", "test_lr_at_hidden"}),
     # below max_norm nothing is clipped, so that test passes
-    "per-tensor-clip": ({"clip": PER_TENSOR_CLIP}, {"test_clip", "test_clip_hidden"}),
-    "undivided-accumulation": ({"accumulate": UNDIVIDED_ACCUMULATION}, {"test_accumulate", "test_accumulate_hidden"}),
-    "restore-without-optimizer": ({"restore": FORGETFUL_RESTORE}, {"test_restore", "test_restore_hidden"}),
-    "global-rng-state": ({"state": GLOBAL_RNG_STATE}, {"test_state", "test_state_hidden"}),
+    "per-tensor-clip": ({"clip_grad_norm": PER_TENSOR_CLIP}, {"test_clip_grad_norm", "test_clip_grad_norm_hidden"}),
+    "undivided-accumulation": ({"accumulate_gradients": UNDIVIDED_ACCUMULATION},
+                               {"test_accumulate_gradients", "test_accumulate_gradients_hidden"}),
+    "restore-without-optimizer": ({"restore_training_state": FORGETFUL_RESTORE},
+                                  {"test_restore_training_state", "test_restore_training_state_hidden"}),
+    "global-rng-state": ({"training_state": GLOBAL_RNG_STATE}, {"test_training_state", "test_training_state_hidden"}),
 }
 
 
@@ -81,6 +83,6 @@ class TestLab09(RoundTrip):
     WRONG = WRONG
     TOTAL = 32
     VALIDATE = Validation("no-bias-correction", 1, (
-        'check("09.adamw.visible", adamw_step)',
+        'check("09.adamw_step.visible", adamw_step)',
         "bias correction missing: step 1 is 10x too small",
     ))

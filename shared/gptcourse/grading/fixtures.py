@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -58,3 +59,11 @@ def unit_scale_weights(module: torch.nn.Module, gen: torch.Generator) -> dict[st
             mean, std = 1.0, 0.2
         weights[name] = mean + std * torch.randn(p.shape, generator=gen)
     return weights
+
+
+def gpt_inputs(config: GPTConfig, gen: torch.Generator) -> dict[str, Any]:
+    """A case's model, as {"config", "weights"} (weights at a working network's scale, drawn from `gen`), for
+    `reference_gpt(inputs["config"], inputs["weights"])`."""
+    with torch.device("meta"):  # shapes only: the weights are drawn from `gen`
+        skeleton = GPT(config)
+    return {"config": config, "weights": unit_scale_weights(skeleton, gen)}

@@ -4,8 +4,8 @@ generator)`.
 
 The model is gptcourse.GPT with reference weights (earlier labs' pieces come from the package); the optimizer is
 torch's SGD, whose update is plain enough that a missing clip or a gradient left over from the previous step shows
-in the parameters. The references below are written with torch alone (cross_entropy, clip_grad_norm_, SGD, topk,
-multinomial), not with gptcourse.train or gptcourse.generate (the functions) or their modules.
+in the parameters. The references are gptcourse's lm_loss, train_step, filter_logits and generate, each behind a
+function with the lab's arguments (the package's take x and y, or sample a whole continuation).
 """
 
 from __future__ import annotations
@@ -16,24 +16,18 @@ import torch
 from torch.nn import functional as F
 
 from ...checks import check_close, check_dtype, check_shape, fail, fmt_shape
+from ...inference.sampling import filter_logits, generate
 from ...model.config import GPTConfig
-from ...model.gpt import GPT
-from ..cases import Inputs, Outputs, case_family, register, sizes_rng, tensor_rng
-from ..fixtures import check_close_lazily, reference_gpt, unit_scale_weights
+from ...training.loop import lm_loss, train_step
+from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
+from ..fixtures import check_close_lazily, gpt_inputs, reference_gpt
+from ..piece import Piece, declare
 from ..student import as_tensor
 
 _TRAINING = ("gptcourse.train", "gptcourse.training.loop", "gptcourse.training.loop.lm_loss",
              "gptcourse.training.loop.train_step", "gptcourse.estimate_loss")
 _SAMPLING = ("gptcourse.generate", "gptcourse.inference.sampling", "gptcourse.filter_logits",
              "gptcourse.widgets.TemperatureSampler")
-FORBIDDEN: dict[str, tuple[str, ...]] = {"loss": _TRAINING, "step": _TRAINING, "probs": _SAMPLING,
-                                         "sample": _SAMPLING}
-
-
-def _model_inputs(config: GPTConfig, gen: torch.Generator) -> Inputs:
-    with torch.device("meta"):  # shapes only: the weights are drawn from `gen`
-        skeleton = GPT(config)
-    return {"config": config, "weights": unit_scale_weights(skeleton, gen)}
 
 
 def _model(inputs: Inputs) -> torch.nn.Module:
@@ -44,33 +38,25 @@ def _config(v: int, c: int, h: int, n: int, t_max: int, **changes: Any) -> GPTCo
     return GPTConfig(vocab_size=v, d_model=c, n_heads=h, n_layers=n, context_length=t_max, **changes)
 
 
-def _lm_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    logits = model(x)  # (B, T, V)
-    return F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction=reduction)  # (B*T, V) vs (B*T,)
-
-
 # ---- next_token_loss(model, tokens (B, T + 1)) -> the mean cross-entropy of predicting tokens[:, 1:]
+
+
+def _next_token_loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The reference: gptcourse's lm_loss on x = tokens[:, :-1], y = tokens[:, 1:]."""
+    return lm_loss(model, tokens[:, :-1], tokens[:, 1:])
 
 
 def _loss_inputs(config: GPTConfig, b: int, t: int, seed: int) -> Inputs:
     gen = tensor_rng(seed)
-    inputs = _model_inputs(config, gen)
-    inputs["tokens"] = torch.randint(0, config.vocab_size, (b, t + 1), generator=gen)  # (B, T + 1)
-    return inputs
+    return gpt_inputs(config, gen) | {"tokens": torch.randint(0, config.vocab_size, (b, t + 1), generator=gen)}
 
 
-def _loss_run(fn: Any, inputs: Inputs) -> Outputs:
+def _loss_call(fn: Any, inputs: Inputs) -> Outputs:
     tokens = inputs["tokens"]
     loss = fn(_model(inputs), tokens.clone())
     differentiable = isinstance(loss, torch.Tensor) and loss.requires_grad
     return {"loss": as_tensor(loss, f"next_token_loss(model, tokens {fmt_shape(tokens.shape)})"),
             "differentiable": differentiable}
-
-
-def _loss_reference(inputs: Inputs) -> Outputs:
-    tokens = inputs["tokens"]
-    with torch.no_grad():
-        return {"loss": _lm_loss(_model(inputs), tokens[:, :-1], tokens[:, 1:]), "differentiable": True}
 
 
 def _loss_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
@@ -80,19 +66,19 @@ def _loss_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         logits = model(x)  # (B, T, V)
         mistakes = {
             "the targets are not shifted: the target at position t is the next token, so x = tokens[:, :-1] and "
-            "y = tokens[:, 1:]": _lm_loss(model, x, x),
+            "y = tokens[:, 1:]": lm_loss(model, x, x),
             "x and y are swapped: the model reads x = tokens[:, :-1] and predicts y = tokens[:, 1:]":
-                _lm_loss(model, y, x),
+                lm_loss(model, y, x),
             "the logits went through a softmax first: F.cross_entropy takes the raw logits (it applies "
             "log_softmax itself)": F.cross_entropy(logits.softmax(-1).flatten(0, 1), y.flatten()),
             "the loss is summed over the B x T positions: average it (F.cross_entropy's default "
-            "reduction='mean')": _lm_loss(model, x, y, reduction="sum"),
+            "reduction='mean')": F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum"),
             "only the last position is scored: every position t predicts token t + 1":
                 F.cross_entropy(logits[:, -1], y[:, -1]),
         }
         if tokens.size(1) <= inputs["config"].context_length:
             mistakes["the targets are not shifted: x and y are both the whole sequence; use x = tokens[:, :-1] "
-                     "and y = tokens[:, 1:]"] = _lm_loss(model, tokens, tokens)
+                     "and y = tokens[:, 1:]"] = lm_loss(model, tokens, tokens)
     return mistakes
 
 
@@ -107,9 +93,6 @@ def _loss_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "loss.item() or a detached copy), so that loss.backward() reaches the parameters")
 
 
-_loss_case = case_family(_loss_run, _loss_reference, _loss_judge)
-
-
 def _loss_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     h = r.choice([1, 2, 4])
@@ -117,30 +100,40 @@ def _loss_hidden(seed: int) -> Inputs:
                         r.randint(2, 15), seed)
 
 
-SMALL = _config(23, 16, 2, 1, 8)
-register(
-    _loss_case("07.loss.visible", "next_token_loss on tokens (B, T + 1) = (3, 7), V=23",
-               lambda seed: _loss_inputs(SMALL, 3, 6, seed)),
-    _loss_case("07.loss.hidden_single", "next_token_loss on one pair of tokens (B=1, T + 1 = 2)",
-               lambda seed: _loss_inputs(_config(17, 12, 3, 1, 4), 1, 1, seed), hidden=True),
-    _loss_case("07.loss.hidden_sizes", "next_token_loss with other sizes", _loss_hidden, hidden=True),
-)
-
 # ---- train_step(model, optimizer, tokens, grad_clip) -> the loss before the update
+
+
+def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
+                grad_clip: float) -> torch.Tensor:
+    """The reference: gptcourse's train_step on x = tokens[:, :-1], y = tokens[:, 1:]."""
+    return train_step(model, optimizer, tokens[:, :-1], tokens[:, 1:], grad_clip)
+
+
+def _wrong_train_step(*, zero_grad: bool = True, clip: bool = True, shift: bool = True) -> Any:
+    """A train_step with one of the usual mistakes, run through the same call as the student's."""
+
+    def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
+             grad_clip: float) -> float:
+        x = tokens[:, :-1]  # (B, T)
+        if zero_grad:
+            optimizer.zero_grad()
+        loss = lm_loss(model, x, tokens[:, 1:] if shift else x)
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        return loss.item()
+
+    return step
 
 
 def _step_inputs(config: GPTConfig, b: int, t: int, steps: int, seed: int, momentum: float = 0.0,
                  weight_decay: float = 0.0) -> Inputs:
     gen = tensor_rng(seed)
-    inputs = _model_inputs(config, gen)
-    inputs |= {"batches": [torch.randint(0, config.vocab_size, (b, t + 1), generator=gen) for _ in range(steps)],
-               "lr": 0.5, "grad_clip": 0.5, "momentum": momentum, "weight_decay": weight_decay}
-    return inputs
-
-
-def _optimizer(model: torch.nn.Module, inputs: Inputs) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=inputs["lr"], momentum=inputs["momentum"],
-                           weight_decay=inputs["weight_decay"])
+    inputs = gpt_inputs(config, gen)
+    return inputs | {"batches": [torch.randint(0, config.vocab_size, (b, t + 1), generator=gen)
+                                 for _ in range(steps)],
+                     "lr": 0.5, "grad_clip": 0.5, "momentum": momentum, "weight_decay": weight_decay}
 
 
 def _flat(model: torch.nn.Module) -> torch.Tensor:
@@ -155,36 +148,14 @@ def _as_number(value: Any, what: str) -> float:
     raise fail(f"{what} returned {type(value).__name__}, expected the loss (a number or a 0-dim tensor)")
 
 
-def _step_run(fn: Any, inputs: Inputs) -> Outputs:
+def _step_call(fn: Any, inputs: Inputs) -> Outputs:
     model = _model(inputs).train()
-    optimizer = _optimizer(model, inputs)
+    optimizer = torch.optim.SGD(model.parameters(), lr=inputs["lr"], momentum=inputs["momentum"],
+                                weight_decay=inputs["weight_decay"])
     losses = [_as_number(fn(model, optimizer, tokens.clone(), inputs["grad_clip"]),
                          f"train_step(model, optimizer, tokens {fmt_shape(tokens.shape)}, grad_clip)")
               for tokens in inputs["batches"]]
     return {"losses": torch.tensor(losses, dtype=torch.float64), "parameters": _flat(model)}
-
-
-def _train(inputs: Inputs, *, zero_grad: bool = True, clip: bool = True, shift: bool = True) -> Outputs:
-    """What len(batches) training steps compute, right or with one of the usual mistakes."""
-    model = _model(inputs).train()
-    optimizer = _optimizer(model, inputs)
-    losses = []
-    for tokens in inputs["batches"]:
-        x = tokens[:, :-1]  # (B, T)
-        y = tokens[:, 1:] if shift else x  # (B, T)
-        if zero_grad:
-            optimizer.zero_grad()
-        loss = _lm_loss(model, x, y)
-        loss.backward()
-        if clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), inputs["grad_clip"])
-        optimizer.step()
-        losses.append(loss.item())
-    return {"losses": torch.tensor(losses, dtype=torch.float64), "parameters": _flat(model)}
-
-
-def _step_reference(inputs: Inputs) -> Outputs:
-    return _train(inputs)
 
 
 STEP_MISTAKES = {
@@ -197,15 +168,15 @@ STEP_MISTAKES = {
 
 
 def _step_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    start = _flat(_model(inputs))
-    if torch.equal(got["parameters"], start):
+    if torch.equal(got["parameters"], _flat(_model(inputs))):
         raise fail("the parameters did not change: call loss.backward() and then optimizer.step() (in that order: "
                    "step() uses the gradients that backward() computed)")
     variants: dict[str, Outputs] = {}
 
     def mistakes(output: str) -> dict[str, torch.Tensor]:
         if not variants:
-            variants.update({what: _train(inputs, **flags) for what, flags in STEP_MISTAKES.items()})
+            variants.update({what: _step_call(_wrong_train_step(**flags), inputs)
+                             for what, flags in STEP_MISTAKES.items()})
         return {what: v[output] for what, v in variants.items()}
 
     check_close_lazily(got["parameters"], expected["parameters"], "the parameters after training",
@@ -214,35 +185,12 @@ def _step_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                        lambda: mistakes("losses"))
 
 
-_step_case = case_family(_step_run, _step_reference, _step_judge)
-
-
-register(
-    _step_case("07.step.visible", "one train_step with SGD(lr=0.5), grad_clip=0.5, tokens (3, 7)",
-               lambda seed: _step_inputs(SMALL, 3, 6, 1, seed)),
-    _step_case("07.step.twice", "two train_steps in a row on two batches (gradients must not accumulate)",
-               lambda seed: _step_inputs(SMALL, 3, 6, 2, seed)),
-    _step_case("07.step.hidden_momentum", "three train_steps with momentum and weight decay, batch 1",
-               lambda seed: _step_inputs(_config(31, 12, 3, 2, 10), 1, 9, 3, seed, momentum=0.9,
-                                         weight_decay=0.01), hidden=True),
-    _step_case("07.step.hidden_tied_rope", "two train_steps of a tied RoPE model with other sizes",
-               lambda seed: _step_inputs(_config(29, 16, 4, 1, 12, position="rope", norm="rmsnorm", mlp="swiglu"),
-                                         2, sizes_rng(seed).randint(3, 11), 2, seed), hidden=True),
-)
-
 # ---- next_token_probs(logits (B, V), temperature, top_k) -> probabilities (B, V)
 
 
-def _filter_top_k(logits: torch.Tensor, k: int | None, strict: bool = False) -> torch.Tensor:
-    """-inf outside the k largest logits of each row; `strict` also drops the k-th (the off-by-one mistake)."""
-    if k is None:
-        return logits
-    kth = torch.topk(logits, min(k, logits.size(-1)), dim=-1).values[..., -1:]  # (B, 1)
-    return logits.masked_fill(logits <= kth if strict else logits < kth, float("-inf"))
-
-
-def _probs(logits: torch.Tensor, temperature: float, top_k: int | None) -> torch.Tensor:
-    return _filter_top_k(logits / temperature, top_k).softmax(dim=-1)
+def _next_token_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
+    """The reference: gptcourse's filter_logits on the logits divided by the temperature, then the softmax."""
+    return filter_logits(logits / temperature, top_k).softmax(dim=-1)
 
 
 def _probs_inputs(b: int, v: int, temperature: float, top_k: int | None, seed: int) -> Inputs:
@@ -250,18 +198,10 @@ def _probs_inputs(b: int, v: int, temperature: float, top_k: int | None, seed: i
     return {"logits": logits, "temperature": temperature, "top_k": top_k, "sizes": {"B": b, "V": v}}
 
 
-def _probs_what(inputs: Inputs) -> str:
-    return (f"next_token_probs(logits {fmt_shape(inputs['logits'].shape)}, temperature={inputs['temperature']}, "
-            f"top_k={inputs['top_k']})")
-
-
-def _probs_run(fn: Any, inputs: Inputs) -> Outputs:
+def _probs_call(fn: Any, inputs: Inputs) -> Outputs:
     out = fn(inputs["logits"].clone(), temperature=inputs["temperature"], top_k=inputs["top_k"])
-    return {"probs": as_tensor(out, _probs_what(inputs))}
-
-
-def _probs_reference(inputs: Inputs) -> Outputs:
-    return {"probs": _probs(inputs["logits"], inputs["temperature"], inputs["top_k"])}
+    return {"probs": as_tensor(out, f"next_token_probs(logits {fmt_shape(inputs['logits'].shape)}, temperature="
+                                    f"{inputs['temperature']}, top_k={inputs['top_k']})")}
 
 
 def probs_mistakes(logits: torch.Tensor, temperature: float, top_k: int | None) -> dict[str, torch.Tensor]:
@@ -269,25 +209,27 @@ def probs_mistakes(logits: torch.Tensor, temperature: float, top_k: int | None) 
     k, tau = top_k, temperature
     mistakes = {
         "the temperature is applied after the softmax: divide the logits by it first, softmax(logits / "
-        "temperature)": _filter_top_k(logits, k).softmax(-1) / tau,
+        "temperature)": filter_logits(logits, k).softmax(-1) / tau,
         "the temperature is not applied: divide the logits by it before the softmax":
-            _filter_top_k(logits, k).softmax(-1),
+            filter_logits(logits, k).softmax(-1),
         "the logits are multiplied by the temperature: divide them, so that a temperature below 1 sharpens the "
-        "distribution": _filter_top_k(logits * tau, k).softmax(-1),
+        "distribution": filter_logits(logits * tau, k).softmax(-1),
         "the softmax runs over the batch axis: each row (one sequence) is a distribution over the V tokens, "
-        "softmax(dim=-1)": _filter_top_k(logits / tau, k).softmax(0),
+        "softmax(dim=-1)": filter_logits(logits / tau, k).softmax(0),
     }
     if k is not None:
-        kept = _filter_top_k(logits / tau, k).isfinite()
+        scaled = logits / tau
+        kept = filter_logits(scaled, k).isfinite()
+        kth = torch.topk(scaled, min(k, scaled.size(-1)), dim=-1).values[..., -1:]  # (B, 1)
         mistakes |= {
             "top-k keeps k - 1 tokens: mask only the logits *below* the k-th largest (logits < kth), keep the "
-            "k-th itself": _filter_top_k(logits / tau, k, strict=True).softmax(-1),
+            "k-th itself": scaled.masked_fill(scaled <= kth, float("-inf")).softmax(-1),
             "top-k keeps k + 1 tokens: the k-th largest is torch.topk(logits, k).values[..., -1:], the last of "
-            "the k": _filter_top_k(logits / tau, k + 1).softmax(-1),
+            "the k": filter_logits(scaled, k + 1).softmax(-1),
             "the tokens outside the top k are set to 0, not -inf: exp(0) still gives them probability":
-                (logits / tau).masked_fill(~kept, 0.0).softmax(-1),
+                scaled.masked_fill(~kept, 0.0).softmax(-1),
             "the probabilities outside the top k are zeroed after the softmax without renormalising: set those "
-            "logits to -inf before the softmax, so the k left sum to 1": (logits / tau).softmax(-1) * kept,
+            "logits to -inf before the softmax, so the k left sum to 1": scaled.softmax(-1) * kept,
         }
     return mistakes
 
@@ -302,69 +244,40 @@ def _probs_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 mistakes=probs_mistakes(inputs["logits"], inputs["temperature"], inputs["top_k"]))
 
 
-_probs_case = case_family(_probs_run, _probs_reference, _probs_judge)
-
-
 def _probs_hidden(seed: int) -> Inputs:
     r = sizes_rng(seed)
     v = r.randint(20, 60)
     return _probs_inputs(r.randint(2, 5), v, round(r.uniform(0.3, 2.5), 2), r.randint(2, v - 1), seed)
 
 
-register(
-    _probs_case("07.probs.visible", "next_token_probs of logits (3, 12) at temperature 0.7, no top-k",
-                lambda seed: _probs_inputs(3, 12, 0.7, None, seed)),
-    _probs_case("07.probs.top_k", "next_token_probs of logits (3, 12) at temperature 1.5 with top_k=4",
-                lambda seed: _probs_inputs(3, 12, 1.5, 4, seed)),
-    _probs_case("07.probs.hidden_single", "next_token_probs with batch 1 and top_k=1 (greedy by filtering)",
-                lambda seed: _probs_inputs(1, 9, 1.0, 1, seed), hidden=True),
-    _probs_case("07.probs.hidden_all", "next_token_probs with top_k = V (nothing filtered)",
-                lambda seed: _probs_inputs(2, 7, 0.5, 7, seed), hidden=True),
-    _probs_case("07.probs.hidden_sizes", "next_token_probs with other sizes, temperatures and k", _probs_hidden,
-                hidden=True),
-)
-
 # ---- sample_next_token(model, idx, temperature, top_k, generator) -> (B, 1)
+
+
+def _sample_next_token(model: Any, idx: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                       generator: torch.Generator | None = None) -> torch.Tensor:
+    """The reference: the one token gptcourse's generate appends (without the KV cache: the same model calls)."""
+    return generate(model, idx, 1, temperature, top_k, use_cache=False, generator=generator)[:, -1:]
 
 
 def _sample_inputs(config: GPTConfig, b: int, t: int, temperature: float, top_k: int | None, seed: int) -> Inputs:
     gen = tensor_rng(seed)
-    inputs = _model_inputs(config, gen)
-    inputs |= {"idx": torch.randint(0, config.vocab_size, (b, t), generator=gen), "temperature": temperature,
-               "top_k": top_k, "sample_seed": seed}
-    return inputs
+    return gpt_inputs(config, gen) | {"idx": torch.randint(0, config.vocab_size, (b, t), generator=gen),
+                                      "temperature": temperature, "top_k": top_k, "sample_seed": seed}
 
 
-def _sample_what(inputs: Inputs) -> str:
-    return (f"sample_next_token(model, idx {fmt_shape(inputs['idx'].shape)}, temperature={inputs['temperature']}, "
-            f"top_k={inputs['top_k']}, generator)")
-
-
-def _sample_run(fn: Any, inputs: Inputs) -> Outputs:
+def _sample_call(fn: Any, inputs: Inputs) -> Outputs:
     generator = torch.Generator().manual_seed(inputs["sample_seed"])
     with torch.no_grad():
         out = fn(_model(inputs), inputs["idx"].clone(), temperature=inputs["temperature"], top_k=inputs["top_k"],
                  generator=generator)
-    return {"next_id": as_tensor(out, _sample_what(inputs))}
+    return {"next_id": as_tensor(out, f"sample_next_token(model, idx {fmt_shape(inputs['idx'].shape)}, "
+                                      f"temperature={inputs['temperature']}, top_k={inputs['top_k']}, generator)")}
 
 
-def _draw(logits: torch.Tensor, inputs: Inputs, **changes: Any) -> torch.Tensor:
-    """One token per row from last-position logits (B, V), with the case's seeded generator."""
-    settings = {"temperature": inputs["temperature"], "top_k": inputs["top_k"]} | changes
-    if settings["temperature"] == 0:
-        return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-    probs = _probs(logits, settings["temperature"], settings["top_k"])
-    return torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(inputs["sample_seed"]))  # (B, 1)
-
-
-def _last_logits(inputs: Inputs, position: int = -1) -> torch.Tensor:
-    window = inputs["idx"][:, -inputs["config"].context_length:]  # at most T_max tokens fit the model
-    with torch.no_grad():
-        return _model(inputs)(window)[:, position]  # (B, V)
-
-
-def _sample_reference(inputs: Inputs) -> Outputs:
-    return {"next_id": _draw(_last_logits(inputs), inputs)}
+def _first_position(model: Any, idx: torch.Tensor, temperature: float, top_k: int | None,
+                    generator: torch.Generator) -> torch.Tensor:
+    """A sampler that reads the first position's logits: in a causal model, those of the window's first token."""
+    return _sample_next_token(model, idx[:, -model.config.context_length:][:, :1], temperature, top_k, generator)
 
 
 def _sample_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -374,34 +287,60 @@ def _sample_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "sequence, ready for torch.cat([idx, next_id], dim=1): torch.multinomial(probs, 1) and "
                    "argmax(dim=-1, keepdim=True) give that shape")
     check_dtype(next_id, torch.int64, "the next tokens", "token ids are torch.long")
-    logits = _last_logits(inputs)
     mistakes = {"the logits of the first position were used: the next token follows the *last* position, "
-                "logits[:, -1]": _draw(_last_logits(inputs, position=0), inputs)}
+                "logits[:, -1]": _sample_call(_first_position, inputs)["next_id"]}
     if inputs["temperature"] > 0:
         mistakes |= {
             "the most likely token was taken (argmax): at temperature > 0, draw from the probabilities with "
-            "torch.multinomial(probs, 1, generator=generator)": _draw(logits, inputs, temperature=0),
+            "torch.multinomial(probs, 1, generator=generator)":
+                _sample_call(_sample_next_token, inputs | {"temperature": 0.0})["next_id"],
             "temperature and top-k were not applied: use next_token_probs(logits, temperature, top_k)":
-                _draw(logits, inputs, temperature=1.0, top_k=None),
+                _sample_call(_sample_next_token, inputs | {"temperature": 1.0, "top_k": None})["next_id"],
         }
     check_close(next_id, expected["next_id"], "the next tokens", atol=0, rtol=0, mistakes=mistakes)
 
 
-_sample_case = case_family(_sample_run, _sample_reference, _sample_judge)
-
-
+SMALL = _config(23, 16, 2, 1, 8)
 SAMPLER = _config(40, 16, 2, 1, 8)
-register(
-    _sample_case("07.sample.greedy", "sample_next_token at temperature 0 (greedy) on idx (5, 6)",
-                 lambda seed: _sample_inputs(SAMPLER, 5, 6, 0.0, None, seed)),
-    _sample_case("07.sample.visible", "sample_next_token at temperature 0.8 with top_k=5 on idx (6, 4)",
-                 lambda seed: _sample_inputs(SAMPLER, 6, 4, 0.8, 5, seed)),
-    _sample_case("07.sample.hidden_single", "sample_next_token on a single token (B=1, T=1), temperature 1.3",
-                 lambda seed: _sample_inputs(SAMPLER, 1, 1, 1.3, None, seed), hidden=True),
-    _sample_case("07.sample.hidden_long", "sample_next_token on idx longer than the context (crop to the last "
-                 "context_length tokens)", lambda seed: _sample_inputs(SAMPLER, 4, 11, 1.0, 10, seed), hidden=True),
-    # One draw per row can agree with the right one by chance, whatever the probabilities: 64 rows at a high
-    # temperature make a wrong temperature show in every student's draws, not only in some.
-    _sample_case("07.sample.hidden_many", "sample_next_token on 64 sequences at temperature 1.5",
-                 lambda seed: _sample_inputs(SAMPLER, 64, 3, 1.5, None, seed), hidden=True),
+PIECES = declare(
+    Piece("07", "next_token_loss", _next_token_loss, _loss_call, judge=_loss_judge, forbidden=_TRAINING,
+          visible=[("visible", "next_token_loss on tokens (B, T + 1) = (3, 7), V=23",
+                    lambda seed: _loss_inputs(SMALL, 3, 6, seed))],
+          hidden=[("hidden_single", "next_token_loss on one pair of tokens (B=1, T + 1 = 2)",
+                   lambda seed: _loss_inputs(_config(17, 12, 3, 1, 4), 1, 1, seed)),
+                  ("hidden_sizes", "next_token_loss with other sizes", _loss_hidden)]),
+    Piece("07", "train_step", _train_step, _step_call, judge=_step_judge, forbidden=_TRAINING,
+          visible=[("visible", "one train_step with SGD(lr=0.5), grad_clip=0.5, tokens (3, 7)",
+                    lambda seed: _step_inputs(SMALL, 3, 6, 1, seed)),
+                   ("twice", "two train_steps in a row on two batches (gradients must not accumulate)",
+                    lambda seed: _step_inputs(SMALL, 3, 6, 2, seed))],
+          hidden=[("hidden_momentum", "three train_steps with momentum and weight decay, batch 1",
+                   lambda seed: _step_inputs(_config(31, 12, 3, 2, 10), 1, 9, 3, seed, momentum=0.9,
+                                             weight_decay=0.01)),
+                  ("hidden_tied_rope", "two train_steps of a tied RoPE model with other sizes",
+                   lambda seed: _step_inputs(_config(29, 16, 4, 1, 12, position="rope", norm="rmsnorm",
+                                                     mlp="swiglu"), 2, sizes_rng(seed).randint(3, 11), 2, seed))]),
+    Piece("07", "next_token_probs", _next_token_probs, _probs_call, judge=_probs_judge, forbidden=_SAMPLING,
+          visible=[("visible", "next_token_probs of logits (3, 12) at temperature 0.7, no top-k",
+                    lambda seed: _probs_inputs(3, 12, 0.7, None, seed)),
+                   ("top_k", "next_token_probs of logits (3, 12) at temperature 1.5 with top_k=4",
+                    lambda seed: _probs_inputs(3, 12, 1.5, 4, seed))],
+          hidden=[("hidden_single", "next_token_probs with batch 1 and top_k=1 (greedy by filtering)",
+                   lambda seed: _probs_inputs(1, 9, 1.0, 1, seed)),
+                  ("hidden_all", "next_token_probs with top_k = V (nothing filtered)",
+                   lambda seed: _probs_inputs(2, 7, 0.5, 7, seed)),
+                  ("hidden_sizes", "next_token_probs with other sizes, temperatures and k", _probs_hidden)]),
+    Piece("07", "sample_next_token", _sample_next_token, _sample_call, judge=_sample_judge, forbidden=_SAMPLING,
+          visible=[("greedy", "sample_next_token at temperature 0 (greedy) on idx (5, 6)",
+                    lambda seed: _sample_inputs(SAMPLER, 5, 6, 0.0, None, seed)),
+                   ("visible", "sample_next_token at temperature 0.8 with top_k=5 on idx (6, 4)",
+                    lambda seed: _sample_inputs(SAMPLER, 6, 4, 0.8, 5, seed))],
+          hidden=[("hidden_single", "sample_next_token on a single token (B=1, T=1), temperature 1.3",
+                   lambda seed: _sample_inputs(SAMPLER, 1, 1, 1.3, None, seed)),
+                  ("hidden_long", "sample_next_token on idx longer than the context (crop to the last "
+                   "context_length tokens)", lambda seed: _sample_inputs(SAMPLER, 4, 11, 1.0, 10, seed)),
+                  # One draw per row can agree with the right one by chance, whatever the probabilities: 64 rows
+                  # at a high temperature make a wrong temperature show in every student's draws, not only some.
+                  ("hidden_many", "sample_next_token on 64 sequences at temperature 1.5",
+                   lambda seed: _sample_inputs(SAMPLER, 64, 3, 1.5, None, seed))]),
 )
