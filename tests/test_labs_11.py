@@ -53,12 +53,30 @@ class GroupedQueryAttention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, c))
 '''
+GENERATE = '''
+def generate_cached(model, prompt, max_new_tokens):
+    caches = [LayerCache(model.context_length) for _ in range(model.n_layers)]
+    tokens, new, steps = prompt, prompt, []
+    {before_loop}
+    for _ in range(max_new_tokens):
+        feed = {feed}
+        logits = model(feed, {positions}, caches)[:, -1]
+        steps.append(logits)
+        new = logits.argmax(dim=-1, keepdim=True)
+        tokens = torch.cat([tokens, new], dim=1)
+    return tokens, torch.stack(steps, dim=1)
+'''
+RIGHT_GENERATE = {"before_loop": "pass", "feed": "new", "positions": "new_positions(caches[0].length, feed.size(1))"}
+GENERATE_TESTS = {"test_generate_cached", "test_generate_cached_hidden"}
+POSITIONS_TESTS = {"test_new_positions", "test_new_positions_hidden", *GENERATE_TESTS}
 REPEAT = "k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)"
 RIGHT_GQA = {"repeat_before": "pass", "repeat_after": REPEAT, "diagonal": "t_k - t"}
 GQA_TESTS = {"test_GroupedQueryAttention_cached", "test_GroupedQueryAttention_hidden"}
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
-    "cache-at-zero": ({"LayerCache": CACHE.format(start=0)}, {"test_LayerCache", "test_LayerCache_hidden"}),
+    # the student's LayerCache holds their generation's keys and values, so its tests fail too
+    "cache-at-zero": ({"LayerCache": CACHE.format(start=0)}, {"test_LayerCache", "test_LayerCache_hidden",
+                                                             *GENERATE_TESTS}),
     # the token that crosses p is dropped: wrong on every row whose top token alone does not reach p
     "top-p-above-threshold": ({"top_p_filter": TOP_P.format(keep="probs.cumsum(dim=-1) <= top_p")},
                               {"test_top_p_filter", "test_top_p_filter_skewed", "test_top_p_filter_hidden"}),
@@ -72,13 +90,25 @@ WRONG = {
     "gqa-mask-top-left": ({"GroupedQueryAttention": GQA.format(**RIGHT_GQA | {"diagonal": "0"})}, GQA_TESTS),
     "gqa-caches-repeated-heads": ({"GroupedQueryAttention": GQA.format(**RIGHT_GQA | {"repeat_before": REPEAT,
                                                                      "repeat_after": "pass"})}, GQA_TESTS),
+    # the student's new_positions feeds their generation loop, so its tests fail too
+    "positions-from-zero": ({"new_positions": "def new_positions(past, t):\n    return torch.arange(t)"},
+                            POSITIONS_TESTS),
+    "positions-past-plus-one": ({"new_positions": "def new_positions(past, t):\n"
+                                                  "    return torch.arange(past + 1, past + 1 + t)"}, POSITIONS_TESTS),
+    "generate-feeds-whole-sequence": ({"generate_cached": GENERATE.format(**RIGHT_GENERATE | {
+        "feed": "tokens if steps else prompt"})}, GENERATE_TESTS),
+    "generate-refeeds-last-prompt-token": ({"generate_cached": GENERATE.format(**RIGHT_GENERATE | {
+        "before_loop": "model(prompt, new_positions(0, prompt.size(1)), caches); new = prompt[:, -1:]"})},
+        GENERATE_TESTS),
+    "generate-rope-positions-from-zero": ({"generate_cached": GENERATE.format(**RIGHT_GENERATE | {
+        "positions": "torch.arange(feed.size(1))"})}, GENERATE_TESTS),
 }
 
 
 class TestLab11(RoundTrip):
     LAB = LAB
     WRONG = WRONG
-    TOTAL = 26
+    TOTAL = 34
     VALIDATE = Validation("top-p-above-threshold", 2, (
         'check("11.top_p_filter.visible", top_p_filter)',
         "the smallest set of the most likely tokens whose mass reaches p",

@@ -1,10 +1,12 @@
 """Lab 11, inference: `LayerCache(capacity)` with `append(k, v)`, `attend_new_token(q, k, v)`,
-`top_p_filter(logits, top_p)`, `repeat_kv(x, n_rep)` and `GroupedQueryAttention(d_model, n_heads, n_kv_heads)`.
+`top_p_filter(logits, top_p)`, `repeat_kv(x, n_rep)`, `GroupedQueryAttention(d_model, n_heads, n_kv_heads)`,
+`new_positions(past, t)` and `generate_cached(model, prompt, max_new_tokens)`.
 
 Fixed names: the cache has `length` and `append(k, v)`, which returns every cached key and value (B, H, T_past + T,
 D); the attention layer has `q_proj` (C -> C), `k_proj` and `v_proj` (C -> H_kv D) and `o_proj` (C -> C), all
-nn.Linear without bias (Llama's names), and `forward(x, cache=None)`. The references are gptcourse's, except
-top-p's and the layer's (each says why at its `expected`).
+nn.Linear without bias (Llama's names), and `forward(x, cache=None)`; `generate_cached` drives a model called as
+`model(tokens, positions, caches)` and returns the tokens and each new token's logits. The references are
+gptcourse's, except top-p's, the layer's and the generation's (each says why at its `expected`).
 """
 
 from __future__ import annotations
@@ -13,11 +15,20 @@ import math
 from typing import Any
 
 import torch
+from torch import nn
+from torch.nn import functional as F
 
-from ...checks import check_close, check_shape, fail, fmt_shape
+from ...checks import CheckFailed, check_close, check_dtype, check_shape, fail, fmt_shape
 from ...inference.kv_cache import LayerCache
+from ...inference.sampling import generate
 from ...model.causal_attention import MultiHeadAttention, attention, repeat_kv
+from ...model.config import GPTConfig
+from ...model.gpt import GPT
+from ...model.mlp import make_mlp
+from ...model.norms import make_norm
+from ...model.positions import LearnedPositions, RotaryEmbedding, apply_rope
 from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
+from ..fixtures import load_gpt_weights, reference_gpt, unit_scale_weights
 from ..piece import Piece, declare
 from ..student import as_tensor, as_tensors, build_module
 
@@ -370,6 +381,231 @@ def _gqa_hidden(seed: int) -> Inputs:
                        chunks=[prefill] + [1] * (t - prefill) if r.random() < 0.5 else None)
 
 
+# ---- new_positions(past, t) -> the positions (T,) of t new tokens after `past` cached ones
+
+
+def _positions_inputs(past: int, t: int) -> Inputs:
+    return {"past": past, "t": t, "sizes": {"T": t}}
+
+
+def _positions_call(fn: Any, inputs: Inputs) -> Outputs:
+    past, t = inputs["past"], inputs["t"]
+    return {"positions": as_tensor(fn(past, t), f"new_positions(past={past}, t={t})")}
+
+
+def _gpt_positions(past: int, t: int) -> torch.Tensor:
+    """The positions gptcourse.GPT gives t new tokens when its cache holds `past`: a learned-position model is
+    prefilled with `past` tokens and its position table's lookup of the next t is recorded."""
+    config = GPTConfig(vocab_size=2, context_length=past + t, d_model=4, n_heads=1, n_layers=1)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():  # its random init must not move the caller's state
+        model, seen = GPT(config).eval(), []
+        cache = model.new_cache()
+        if past:
+            model(torch.zeros(1, past, dtype=torch.long), cache=cache)
+        hook = model.pos_emb.register_forward_hook(lambda module, args, out: seen.append(args[0]))
+        model(torch.zeros(1, t, dtype=torch.long), cache=cache)
+        hook.remove()
+    return seen[0]  # (T,)
+
+
+POSITIONS_FROM_ZERO = ("the positions start at 0 in every call: the new tokens come after the `past` cached ones, "
+                       "so they are at torch.arange(past, past + t)")
+POSITIONS_PAST_PLUS_ONE = ("the positions start at past + 1: positions count from 0, so the cache holds 0 ... past - 1 "
+                           "and the first new token is at position past")
+
+
+def _positions_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    past, t, positions = inputs["past"], inputs["t"], got["positions"]
+    if past and tuple(positions.shape) == (past + t,):
+        raise fail(f"new_positions(past={past}, t={t}) returned {past + t} positions, those of the whole sequence: "
+                   "return only the t new tokens', torch.arange(past, past + t) (the cached ones already have theirs)")
+    check_shape(positions, "T", inputs["sizes"], "the positions")
+    check_dtype(positions, torch.int64, "the positions", "they index the position table and the RoPE angles: "
+                "torch.long, as torch.arange(past, past + t) gives")
+    offset = torch.arange(t)  # (T,)
+    check_close(positions, expected["positions"], f"the positions of {t} new token(s) after {past} cached", atol=0,
+                rtol=0, mistakes={
+                    POSITIONS_FROM_ZERO: offset, POSITIONS_PAST_PLUS_ONE: offset + past + 1,
+                    "every new token got position past: the t new tokens are at past, past + 1, ..., past + t - 1":
+                        torch.full((t,), past)})
+
+
+def _positions_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    return _positions_inputs(r.randint(1, 40), r.randint(1, 6))
+
+
+# ---- generate_cached(model, prompt (B, P), max_new_tokens) -> (tokens (B, P + N), logits (B, N, V)), greedy
+
+
+class _CachedGPT(nn.Module):
+    """The model `generate_cached` drives: gptcourse.GPT's computation (same parameter names, so the same weights
+    load), but each call is handed its tokens' positions and one cache per layer, model(tokens, positions, caches)
+    -> logits (B, T, V), and records what it was fed for the judge. Not gptcourse.GPT, which a graded kernel of
+    this lab does not have (`package_view.py`); it attends with the mask the lab's section 5 states."""
+
+    def __init__(self, config: GPTConfig, weights: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        c = config
+        self.n_layers, self.context_length, self.n_heads, self.position = (c.n_layers, c.context_length, c.n_heads,
+                                                                           c.position)
+        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
+        self.pos_emb = LearnedPositions(c.context_length, c.d_model) if c.position == "learned" else None
+        self.rope = RotaryEmbedding(c.d_head, c.context_length, c.rope_theta) if c.position == "rope" else None
+        self.blocks = nn.ModuleList(nn.ModuleDict({
+            "norm1": make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias),
+            "attn": nn.ModuleDict({"qkv": nn.Linear(c.d_model, 3 * c.d_model, bias=c.attn_bias),
+                                   "out": nn.Linear(c.d_model, c.d_model, bias=c.attn_bias)}),
+            "norm2": make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias),
+            "mlp": make_mlp(c.mlp, c.d_model, c.hidden_width, c.mlp_bias)}) for _ in range(c.n_layers))
+        self.final_norm = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=c.lm_head_bias)
+        if c.tie_weights:
+            self.lm_head.weight = self.tok_emb.weight
+        load_gpt_weights(self, c, weights, "the lab's model")
+        self.fed: list[torch.Tensor] = []  # the tokens (B, T) of each call
+        self.positions: list[torch.Tensor] = []  # the positions (T,) of each call
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, caches: Any) -> torch.Tensor:
+        what = "model(tokens, positions, caches)"
+        if not isinstance(caches, (list, tuple)) or len(caches) != self.n_layers:
+            raise fail(f"{what}: caches must be a list of model.n_layers = {self.n_layers} caches, one per layer "
+                       f"(your LayerCache(model.context_length)), got {type(caches).__name__}")
+        if not isinstance(positions, torch.Tensor) or tuple(positions.shape) != (tokens.size(1),) or \
+                positions.is_floating_point():
+            got = fmt_shape(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
+            raise fail(f"{what}: positions must be a (T,) tensor of ints, one per token fed ({tokens.size(1)}), got "
+                       f"{got}: new_positions(cache.length, T)")
+        positions = positions.long()
+        if bool((positions < 0).any()) or bool((positions >= self.context_length).any()):
+            raise fail(f"{what}: positions {positions.tolist()} fall outside 0 ... context_length - 1 = "
+                       f"{self.context_length - 1}; after the prefill, feed only the newest token, at position "
+                       "cache.length (the cache holds the others)")
+        self.fed.append(tokens.detach().clone())
+        self.positions.append(positions.clone())
+        x = self.tok_emb(tokens)  # (B, T, C)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(positions)
+        rope = self.rope(positions) if self.rope is not None else None  # cos, sin, each (T, D)
+        for block, cache in zip(self.blocks, caches, strict=True):
+            x = x + self._attention(block["attn"], block["norm1"](x), rope, cache)
+            x = x + block["mlp"](block["norm2"](x))
+        return self.lm_head(self.final_norm(x))  # (B, T, V)
+
+    def _attention(self, attn: nn.ModuleDict, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                cache: Any) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = attn["qkv"](x).view(b, t, 3, self.n_heads, c // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, T, D)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        k, v = as_tensors(cache.append(k, v), ("keys", "values"), "cache.append(k, v)")  # (B, H, T_k, D)
+        t_k = k.size(2)
+        mask = torch.ones(t, t_k, dtype=torch.bool).tril(diagonal=t_k - t)  # the new queries are the last rows
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, D)
+        return attn["out"](y.transpose(1, 2).reshape(b, t, c))
+
+
+def _generate_inputs(config: GPTConfig, b: int, p: int, n: int, seed: int) -> Inputs:
+    gen = tensor_rng(seed)
+    with torch.device("meta"):  # shapes only: the weights are drawn from `gen`
+        skeleton = GPT(config)
+    return {"config": config, "weights": unit_scale_weights(skeleton, gen), "new": n,
+            "prompt": torch.randint(0, config.vocab_size, (b, p), generator=gen)}
+
+
+def _generate_call(fn: Any, inputs: Inputs) -> Outputs:
+    model, prompt, n = _CachedGPT(inputs["config"], inputs["weights"]).eval(), inputs["prompt"], inputs["new"]
+    with torch.no_grad():
+        out = fn(model, prompt.clone(), n)
+    tokens, logits = as_tensors(out, ("tokens", "logits"),
+                                f"generate_cached(model, prompt {fmt_shape(prompt.shape)}, max_new_tokens={n})")
+    return {"tokens": tokens, "logits": logits, "fed": torch.tensor([f.size(1) for f in model.fed], dtype=torch.long),
+            "fed_tokens": torch.cat([prompt[:, :0], *model.fed], dim=1), "positions": torch.cat(
+                [torch.zeros(0, dtype=torch.long), *model.positions])}
+
+
+def _generate_expected(inputs: Inputs) -> Outputs:
+    """Recomputation: gptcourse.generate without the cache runs the whole sequence at every step, and each new
+    token's logits are the model's at the position before it. The lab's interface (a model handed positions and
+    caches, returning the logits too) is not generate's, hence `expected`."""
+    model, prompt, n = reference_gpt(inputs["config"], inputs["weights"]), inputs["prompt"], inputs["new"]
+    tokens = generate(model, prompt, n, temperature=0, use_cache=False)  # (B, P + N)
+    with torch.no_grad():
+        logits = model(tokens[:, :-1])[:, prompt.size(1) - 1 :]  # (B, N, V)
+    p = prompt.size(1)  # the calls: a prefill of the prompt, then each new token but the last, once
+    return {"tokens": tokens, "logits": logits, "fed": torch.tensor([p] + [1] * (n - 1)),
+            "fed_tokens": tokens[:, :-1], "positions": torch.arange(p + n - 1)}
+
+
+def _generate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    prompt, n, config = inputs["prompt"], inputs["new"], inputs["config"]
+    (b, p), fed = prompt.shape, got["fed"].tolist()
+    tokens, logits = got["tokens"], got["logits"]
+    check_shape(tokens, "B T", {"B": b, "T": p + n}, "the returned tokens (the prompt and the new tokens)")
+    check_dtype(tokens, torch.int64, "the returned tokens", "token ids are torch.long")
+    if not torch.equal(tokens[:, :p], prompt):
+        raise fail("the returned tokens do not begin with the prompt: return torch.cat([prompt, new tokens], dim=1)")
+    if not fed or fed[0] != p:
+        raise fail(f"the first call fed {fed[0] if fed else 'nothing'} token(s), expected the whole prompt, P = {p}: "
+                   "the prefill caches the prompt's keys and values, and its last logits give the first new token")
+    if any(t != 1 for t in fed[1:]):
+        i = next(i for i, t in enumerate(fed) if i and t != 1)
+        whole = fed[i] == sum(fed[:i]) + 1
+        raise fail(f"call {i + 1} fed {fed[i]} tokens" + (", the whole sequence again" if whole else "") + ": after "
+                   "the prefill feed only the newest token, tokens[:, -1:]; the cache already holds the others, and "
+                   "feeding them again appends their keys and values a second time")
+    starts = [sum(fed[:i]) for i in range(len(fed))]  # each call's first position: the cache's length
+    stream = got["fed_tokens"]  # (B, total): every token fed, in order
+    if not torch.equal(stream, tokens[:, : stream.size(1)]):
+        refed = torch.cat([prompt, prompt[:, -1:], tokens[:, p:]], dim=1)[:, : stream.size(1)]
+        if torch.equal(stream, refed):
+            raise fail("the last prompt token was fed again after the prefill, so the cache holds it twice: the "
+                       "prefill's logits[:, -1] already predict the first new token; feed that one next")
+        i = next(i for i, (s, t) in enumerate(zip(starts, fed, strict=True))
+                 if not torch.equal(stream[:, s : s + t], tokens[:, s : s + t]))
+        raise fail(f"call {i + 1} fed a token that is not the sequence's next one: feed each new token once, the one "
+                   "just chosen (a token fed twice is appended to the cache twice)")
+    for i, (start, positions) in enumerate(zip(starts, got["positions"].split(fed), strict=True)):
+        right = torch.arange(start, start + fed[i])  # (T,)
+        if not torch.equal(positions, right):
+            if torch.equal(positions, right - start):
+                which = f"{POSITIONS_FROM_ZERO}; " + (
+                    "with RoPE its query and key are rotated as if it were first, so its angle to every cached key "
+                    "is wrong" if config.position == "rope" else "it gets row 0 of the learned position table")
+            else:
+                which = (POSITIONS_PAST_PLUS_ONE if torch.equal(positions, right + 1) else
+                         "each token's position is its index in the sequence")
+            raise fail(f"call {i + 1}, with {start} cached, gave its token(s) the positions {positions.tolist()}, "
+                       f"expected {right.tolist()}: {which}. Pass new_positions(cache.length, T), the cache's length "
+                       "before the call")
+    check_shape(logits, "B N V", {"B": b, "N": n, "V": config.vocab_size},
+                "the returned logits (each new token's, the row its argmax came from)")
+    try:
+        check_close(logits, expected["logits"], "the logits of each new token (cached vs recomputed)", atol=1e-4)
+    except CheckFailed as wrong:
+        raise fail(f"{wrong} The calls were right (the prompt, then one token each, at the cache's positions): "
+                   "does the cache (your LayerCache) return every key and value appended so far?") from None
+    if not torch.equal(tokens, expected["tokens"]):
+        raise fail("the new tokens are not the argmax of their logits: greedy decoding takes "
+                   "logits[:, -1].argmax(dim=-1, keepdim=True) at every step")
+
+
+def _generate_hidden(seed: int) -> Inputs:
+    r = sizes_rng(seed)
+    h = r.choice([1, 2])
+    position = r.choice(["learned", "rope"])
+    config = GPTConfig(vocab_size=r.randint(20, 40), context_length=48, d_model=8 * h, n_heads=h,
+                       n_layers=r.randint(1, 2), position=position, tie_weights=False)
+    return _generate_inputs(config, r.randint(1, 3), r.randint(1, 6), r.randint(2, 6), seed)
+
+
+# Untied heads: with a tied one a token's own embedding dominates its logits, so the model tends to repeat its
+# input, and a loop that feeds the wrong token could produce the right one.
+LLAMA = GPTConfig(vocab_size=32, context_length=48, d_model=16, n_heads=2, n_layers=2, position="rope",
+                  norm="rmsnorm", mlp="swiglu", attn_bias=False, mlp_bias=False, tie_weights=False)
+GPT2 = GPTConfig(vocab_size=29, context_length=48, d_model=12, n_heads=3, n_layers=2, tie_weights=False)
+
+
 PIECES = declare(
     Piece("11", "LayerCache", LayerCache, _cache_call, judge=_cache_judge, forbidden=_CACHE + _WHOLE,
           visible=[("visible", "LayerCache(12): a prefill of 4 positions, then 3 single tokens (B=2, H=2, D=4)",
@@ -410,4 +646,21 @@ PIECES = declare(
           hidden=[("hidden_mqa", "multi-query attention (n_kv_heads=1), cached one token at a time",
                    lambda seed: _gqa_inputs(1, 5, 4, 1, 2, seed, chunks=[1] * 5)),
                   ("hidden_sizes", "GroupedQueryAttention with other sizes", _gqa_hidden)]),
+    Piece("11", "new_positions", _gpt_positions, _positions_call, judge=_positions_judge,
+          forbidden=(*_SAMPLING, *_WHOLE),
+          visible=[("visible", "new_positions(past=6, t=3): three tokens after six cached",
+                    lambda seed: _positions_inputs(6, 3))],
+          hidden=[("hidden_prefill", "new_positions(past=0, t=5): the prefill, nothing cached yet",
+                   lambda seed: _positions_inputs(0, 5)),
+                  ("hidden_decode", "new_positions(past=37, t=1): one decode step",
+                   lambda seed: _positions_inputs(37, 1)),
+                  ("hidden_sizes", "new_positions with other past and t", _positions_hidden)]),
+    Piece("11", "generate_cached", generate, _generate_call, expected=_generate_expected, judge=_generate_judge,
+          forbidden=(*_SAMPLING, *_CACHE, *_ATTENTION, *_WHOLE),
+          visible=[("visible", "generate_cached: 6 greedy tokens after prompts (2, 5), a 2-layer RoPE model (Llama's "
+                    "norm and MLP), equal to recomputing the whole sequence at each step",
+                    lambda seed: _generate_inputs(LLAMA, 2, 5, 6, seed))],
+          hidden=[("hidden_learned", "generate_cached with learned positions (GPT-2's layout), a one-token prompt",
+                   lambda seed: _generate_inputs(GPT2, 1, 1, 5, seed)),
+                  ("hidden_sizes", "generate_cached with other sizes and positions", _generate_hidden)]),
 )
