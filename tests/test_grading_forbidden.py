@@ -1,8 +1,8 @@
 """A solution may not be the reference: every forbidden name of every lab, in every form a student can write it.
 
 Fast tests (no kernel): the static scan (`find_forbidden`) and the run-time check (`reference_behind`) on each
-(lab, piece, forbidden name) of each lab's `forbidden_names(lab)`, so a new lab is covered as soon as it declares
-FORBIDDEN; the labs' own solutions trigger neither; the judge zeroes a piece the kernel reports and survives a
+(lab, piece, forbidden name) of each lab's `forbidden_names(lab)`, so a new lab is covered as soon as its pieces
+declare `forbidden`; the labs' own solutions trigger neither; the judge zeroes a piece the kernel reports and survives a
 kernel that lies. Then ONE real nbgrader batch (labs 01-07, one kernel per submission) where every solution cell
 is replaced by the reference: imported, subclassed or wrapped, or reached in a way only the run-time check sees.
 """
@@ -89,7 +89,7 @@ def static_forms(path: str, obj: Any) -> dict[str, tuple[str, str]]:
 
 @pytest.mark.parametrize("lab, piece, name", NAMES, ids=NAME_IDS)
 def test_every_forbidden_name_resolves(lab, piece, name):
-    assert resolve(name, roots(lab)) is not None, f"lab {lab}'s FORBIDDEN[{piece!r}] names {name}, which is not there"
+    assert resolve(name, roots(lab)) is not None, f"lab {lab}'s piece {piece!r} forbids {name}, which is not there"
 
 
 @pytest.mark.parametrize("lab, piece, name", NAMES, ids=NAME_IDS)

@@ -91,20 +91,6 @@ class Case:
 
 
 
-def case_family(
-    run: Callable[[Any, Inputs], Outputs],
-    reference: Callable[[Inputs], Outputs],
-    judge: Callable[[Outputs, Outputs, Inputs], None],
-) -> Callable[..., Case]:
-    """The cases of one piece share run, reference and judge and differ in id, description and inputs:
-    `mask_case = case_family(run, reference, judge)`, then `mask_case(id, what, make_inputs, hidden=...)`."""
-
-    def make_case(case_id: str, what: str, make_inputs: Callable[[int], Inputs], hidden: bool = False) -> Case:
-        return Case(case_id, what, make_inputs, run, reference, judge, hidden)
-
-    return make_case
-
-
 CASES: dict[str, Case] = {}
 
 
@@ -148,18 +134,11 @@ def lab_cases(lab: str) -> list[Case]:
 
 def forbidden_names(lab: str) -> dict[str, tuple[str, ...]]:
     """Piece -> dotted names of the references a student must not import or call for it, in lab `lab` ("10"):
-    its pieces' `forbidden`, or the `FORBIDDEN` table of a lab not yet declared as pieces."""
+    its pieces' `forbidden`."""
     from .piece import lab_pieces
 
     registry()
-    pieces = {piece.name: piece.forbidden for piece in lab_pieces(lab) if piece.forbidden}
-    if pieces:
-        return pieces
-    try:
-        module = importlib.import_module(f"{__package__}.labs.lab{lab}")
-    except ModuleNotFoundError:
-        return {}
-    return dict(getattr(module, "FORBIDDEN", {}))
+    return {piece.name: piece.forbidden for piece in lab_pieces(lab) if piece.forbidden}
 
 
 def course_secret(environ: Mapping[str, str] = os.environ) -> str:

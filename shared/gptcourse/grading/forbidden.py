@@ -1,12 +1,12 @@
 """Finding the reference implementation in a student's work, twice: in the cells' source, and in the object a test
 checks.
 
-Each piece of a lab declares its `forbidden` names, ("gptcourse.attention", "gptcourse.training.loop", ...) (a lab
-not yet declared as pieces, a `FORBIDDEN = {piece: names}` table; `cases.forbidden_names` reads either): the
-references a student must not use for that piece. A name is resolved as Python resolves it, attribute of the
-object first, then submodule (`from gptcourse import attention` is the function that `gptcourse` exports); a
-module stands for itself and every function and class it defines ("anything from gptcourse.training.loop"). A
-reference is matched by identity, so re-exports and aliases are the same object:
+Each piece of a lab declares its `forbidden` names, ("gptcourse.attention", "gptcourse.training.loop", ...)
+(`cases.forbidden_names` reads them): the references a student must not use for that piece. A name is resolved
+as Python resolves it, attribute of the object first, then submodule (`from gptcourse import attention` is the
+function that `gptcourse` exports); a module stands for itself and every function and class it defines
+("anything from gptcourse.training.loop"). A reference is matched by identity, so re-exports and aliases are the
+same object:
 
     from gptcourse import attention as my_attention                       -> gptcourse.attention
     import gptcourse.model.causal_attention as A;  A.attention(q, k, v)   -> gptcourse.attention
@@ -104,7 +104,7 @@ def _members(module: types.ModuleType) -> Iterator[tuple[str, Any]]:
 
 def reference_table(forbidden: dict[str, tuple[str, ...]], import_missing: bool = True
                     ) -> tuple[dict[int, tuple[Any, str, set[str]]], dict[str, set[str]]]:
-    """({id(object): (object, canonical name, pieces)}, {unresolvable name: pieces}) for a lab's FORBIDDEN.
+    """({id(object): (object, canonical name, pieces)}, {unresolvable name: pieces}) for a lab's forbidden names.
 
     A module brings every function and class it defines, named `module.attr`; a name listed explicitly keeps
     its own spelling. A name the grader cannot resolve is matched by spelling only.

@@ -11,7 +11,7 @@ For every autograded test cell (a grade cell whose source, restored from the gra
    (torch.allclose, builtins, IPython's traceback display, NBGRADER_EXECUTION) is ignored;
 4. the cell's outputs are replaced: one line per passing test, or a single error output holding only the
    diagnostics (nbgrader scores a cell with an error output 0), never a traceback or the test's source.
-A piece whose reference implementation the student uses (the lab's `FORBIDDEN`, see `forbidden.py`) scores 0 in
+A piece whose reference implementation the student uses (its `Piece.forbidden`, see `forbidden.py`) scores 0 in
 every test of it, with a report line that says why. Two independent findings lead there:
 - the static scan of the cells' source (`find_forbidden`), here: imports, aliases, subclasses, attribute chains;
 - the run-time check in the kernel (`reference_behind`, called by `check`): a payload whose `reference` says the

@@ -5,7 +5,8 @@ A kernel that can read the package can also copy its reference implementation: `
 identity check recognises such a copy, and no list of routes is complete. So a box grading lab NN binds, read-only
 and exactly over the package folder, a copy of the package (`lab_view(lab)`) in which
 
-- every function and class the lab's `FORBIDDEN` names (a module: every function and class it defines) is a
+- every function and class the lab's pieces forbid (`Piece.forbidden`; a module: every function and class it
+  defines) is a
   stub: `def attention(*args, **kwargs)` raising "gptcourse.attention is not available while lab 02 is graded:
   write your own"; a class keeps its name and bases (so that module-level code subclassing it still imports)
   and raises when instantiated. Its body, its source and its bytecode are gone from every file of the copy;
