@@ -27,7 +27,11 @@ bwrap makes an unprivileged user namespace and the kernels run as that user, wit
 The zygote (`zygote.serve` with a `box`) is the box's main process: it preloads torch once, forks one kernel per
 request, and between two submissions graded in the same box `reset` kills every process left in the box's pid
 namespace (`kill(-1)`) and empties /scratch, /tmp and /dev/shm. `gptcourse autograde` keeps one box per worker;
-`nbgrader autograde` (RobustExecute) starts one per submission.
+`nbgrader autograde` (RobustExecute) one per grading command (`execute.process_box`).
+
+This module is the box's whole policy, outside and in: the end of it is what the zygote does inside the box to
+each kernel it forks (`drop_privileges`: limits, user, capabilities; `map_kernel_user`) and between two
+submissions (`reset_box`); `zygote.py` is only the fork server that calls them.
 
 Refusing to grade unsafely: `require_sandbox` tries a box once per process; if bwrap is missing or user
 namespaces are blocked it stops the whole autograde run (`SandboxUnavailable`, a SystemExit) with how to fix it,
@@ -37,15 +41,18 @@ unless `c.Sandbox.allow_unsandboxed = True`, which grades as before (kernels as 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import json
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -426,3 +433,123 @@ def box_environment(environ: Mapping[str, str]) -> dict[str, str]:
                # ipykernel's debugger warns on every start about Python 3.11's frozen modules; no one debugs here
                PYDEVD_DISABLE_FILE_VALIDATION="1")
     return env
+
+
+# ---- inside the box: what the zygote does to each kernel it forks, and between two submissions
+
+_PR_SET_DUMPABLE = 4
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_LAST_CAP = 63
+_CLONE_NEWUSER = 0x10000000
+
+
+def _prctl(*args: int) -> int:
+    return ctypes.CDLL(None, use_errno=True).prctl(*args)
+
+
+def undumpable() -> None:
+    """The zygote: no process of the box (a kernel) may trace it or read its memory."""
+    _prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def drop_privileges(box: dict[str, Any], handshake: tuple[int, int] | None) -> None:
+    """In a box's kernel: its limits, then no capability (bounding, ambient, effective, permitted, inheritable),
+    as the kernel user when the zygote is root. Exits the child if any step fails: a kernel never runs with more."""
+    import resource
+
+    limits = box["limits"]
+    for name, value in (("RLIMIT_AS", limits["memory_bytes"]), ("RLIMIT_NPROC", limits["processes"]),
+                        ("RLIMIT_FSIZE", limits["file_bytes"]), ("RLIMIT_CORE", 0)):
+        resource.setrlimit(getattr(resource, name), (value, value))
+    if box.get("ids"):
+        _own_user_namespace(handshake)  # (which gives a full bounding set, dropped next)
+    for cap in range(_LAST_CAP + 1):
+        _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last cap the kernel knows: ignored
+    _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if box.get("ids"):
+        uid, gid = box["ids"]
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    _clear_capabilities()
+    status = open("/proc/self/status").read()
+    if any(line.split()[1].strip("0") for line in status.splitlines()
+           if line.startswith(("CapEff:", "CapPrm:", "CapInh:", "CapAmb:", "CapBnd:"))) or os.geteuid() == 0:
+        raise PermissionError("a kernel would have kept privileges")
+    _prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+
+
+def _own_user_namespace(handshake: tuple[int, int]) -> None:
+    """Root in a box: move into a user namespace of this kernel's own, in which the zygote maps only the kernel
+    user to itself (`map_kernel_user`; only a process outside the namespace may). The kernel runs as that real
+    uid all the same, but its processes count against its process limit in this namespace alone, so kernels of
+    other boxes running as the same user neither share nor starve one limit."""
+    ready, mapped = handshake
+    if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWUSER) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER) failed")
+    os.write(ready, b"u")
+    if os.read(mapped, 1) != b"m":
+        raise PermissionError("the zygote did not map the kernel user")
+
+
+def map_kernel_user(pid: int, ids: tuple[int, int], handshake: tuple[int, int]) -> None:
+    """In the zygote: once kernel `pid` is in its own user namespace, map the kernel user's uid and gid there."""
+    ready, mapped = handshake
+    if os.read(ready, 1) != b"u":
+        return  # the child failed before; it exits
+    uid, gid = ids
+    for name, value in (("uid_map", uid), ("gid_map", gid)):
+        with open(f"/proc/{pid}/{name}", "w") as mapping:
+            mapping.write(f"{value} {value} 1\n")
+    os.write(mapped, b"m")
+
+
+def _clear_capabilities() -> None:
+    """capset(2): empty effective, permitted and inheritable sets of this process."""
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    data = (Data * 2)()
+    if ctypes.CDLL(None, use_errno=True).capset(ctypes.byref(Header(0x20080522, 0)), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
+def in_box() -> bool:
+    """Whether this is a box's zygote (pid 2, under bwrap's pid 1): kill(-1) outside a pid namespace would hit
+    everything."""
+    return os.getpid() == 2 and os.getppid() == 1
+
+
+def kill_the_rest() -> None:
+    """In a box: SIGKILL every process but this one and init, atomically (a fork bomb included)."""
+    if in_box():
+        with contextlib.suppress(OSError):
+            os.kill(-1, signal.SIGKILL)
+
+
+def reset_box(children: set[int]) -> dict[str, Any]:
+    """In a box: kill every other process in the box's pid namespace and empty its writable folders, so the next
+    submission finds nothing of the last one."""
+    if not in_box():
+        return {"error": "reset outside a box refused"}
+    for _ in range(100):
+        kill_the_rest()
+        for pid in list(children):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            children.discard(pid)
+        left = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]
+        if not left:
+            break
+        time.sleep(0.01)  # zombies that bwrap's init has not reaped yet
+    else:
+        return {"error": f"processes left in the box: {left}"}
+    for folder in (BOX_SCRATCH, BOX_TMP, "/dev/shm"):
+        empty_folder(folder)
+    return {"reset": True}

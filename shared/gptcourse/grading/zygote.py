@@ -15,7 +15,8 @@ Pieces:
 - `serve(path)`: the zygote (`python -m gptcourse.grading.zygote SOCKET`); one JSON line per request on a Unix
   socket: spawn a kernel, poll one. It exits, killing its kernels, when its stdin closes (its owner is gone).
   `serve(box=...)` (`--box JSON`) is the zygote as the main process of a sandbox (`sandbox.Box`): one connection,
-  an inherited socket; each kernel drops to the kernel user and every capability and gets the box's limits; it
+  an inherited socket; each kernel drops to the kernel user and every capability and gets the box's limits
+  (`sandbox.drop_privileges`: the box's policy lives in sandbox.py); it
   also signals its kernels (their pids are the box's), `reset`s the box between submissions, and kills a kernel
   with every process it started when their memory together hits the limit (`memory_limit.MemoryGuard`, looked at
   from the select loop: a thread would make forking unsafe). If forking is unsafe there, it forks and execs
@@ -59,17 +60,13 @@ from traitlets import Instance
 
 from .cases import SECRET_ENV
 from .memory_limit import TICK, MemoryGuard
+from .sandbox import drop_privileges, kill_the_rest, map_kernel_user, reset_box, undumpable
 
 # What a lab's kernel imports; a name that is not installed is skipped.
 PRELOAD = ("torch", "gptcourse", "gptcourse.grading", "ipykernel.kernelapp", "ipykernel.ipkernel",
            "ipykernel.debugger", "IPython.core.debugger", "IPython.core.completerlib",
            "IPython.extensions.storemagic", "ipywidgets", "sqlite3", "psutil", "tqdm")
 _PR_SET_PDEATHSIG = 1
-_PR_SET_DUMPABLE = 4
-_PR_CAPBSET_DROP = 24
-_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
-_LAST_CAP = 63
-_CLONE_NEWUSER = 0x10000000
 _CONNECT_TIMEOUT = 300.0  # preloading torch on a loaded machine
 
 
@@ -106,77 +103,6 @@ def preload(baseline: int) -> None:
     check_fork_safe(baseline)
 
 
-def _prctl(*args: int) -> int:
-    return ctypes.CDLL(None, use_errno=True).prctl(*args)
-
-
-def _drop_privileges(box: dict[str, Any], handshake: tuple[int, int] | None) -> None:
-    """In a box's kernel: its limits, then no capability (bounding, ambient, effective, permitted, inheritable),
-    as the kernel user when the zygote is root. Exits the child if any step fails: a kernel never runs with more."""
-    import resource
-
-    limits = box["limits"]
-    for name, value in (("RLIMIT_AS", limits["memory_bytes"]), ("RLIMIT_NPROC", limits["processes"]),
-                        ("RLIMIT_FSIZE", limits["file_bytes"]), ("RLIMIT_CORE", 0)):
-        resource.setrlimit(getattr(resource, name), (value, value))
-    if box.get("ids"):
-        _own_user_namespace(handshake)  # (which gives a full bounding set, dropped next)
-    for cap in range(_LAST_CAP + 1):
-        _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last cap the kernel knows: ignored
-    _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    if box.get("ids"):
-        uid, gid = box["ids"]
-        os.setgroups([])
-        os.setresgid(gid, gid, gid)
-        os.setresuid(uid, uid, uid)
-    _clear_capabilities()
-    status = open("/proc/self/status").read()
-    if any(line.split()[1].strip("0") for line in status.splitlines()
-           if line.startswith(("CapEff:", "CapPrm:", "CapInh:", "CapAmb:", "CapBnd:"))) or os.geteuid() == 0:
-        raise ZygoteError("a kernel would have kept privileges")
-    _prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
-
-
-def _own_user_namespace(handshake: tuple[int, int]) -> None:
-    """Root in a box: move into a user namespace of this kernel's own, in which the zygote maps only the kernel
-    user to itself (`_map_kernel_user`; only a process outside the namespace may). The kernel runs as that real
-    uid all the same, but its processes count against its process limit in this namespace alone, so kernels of
-    other boxes running as the same user neither share nor starve one limit."""
-    ready, mapped = handshake
-    if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWUSER) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER) failed")
-    os.write(ready, b"u")
-    if os.read(mapped, 1) != b"m":
-        raise ZygoteError("the zygote did not map the kernel user")
-
-
-def _map_kernel_user(pid: int, ids: tuple[int, int], handshake: tuple[int, int]) -> None:
-    """In the zygote: once kernel `pid` is in its own user namespace, map the kernel user's uid and gid there."""
-    ready, mapped = handshake
-    if os.read(ready, 1) != b"u":
-        return  # the child failed before; it exits
-    uid, gid = ids
-    for name, value in (("uid_map", uid), ("gid_map", gid)):
-        with open(f"/proc/{pid}/{name}", "w") as mapping:
-            mapping.write(f"{value} {value} 1\n")
-    os.write(mapped, b"m")
-
-
-def _clear_capabilities() -> None:
-    """capset(2): empty effective, permitted and inheritable sets of this process."""
-
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                    ("inheritable", ctypes.c_uint32)]
-
-    data = (Data * 2)()
-    if ctypes.CDLL(None, use_errno=True).capset(ctypes.byref(Header(0x20080522, 0)), data) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
-
-
 def _become_kernel(request: dict[str, Any], zygote_pid: int, inherited: list[Any],
                    box: dict[str, Any] | None = None, fork_safe: bool = True,
                    handshake: tuple[int, int] | None = None, guard: MemoryGuard | None = None) -> None:
@@ -193,7 +119,7 @@ def _become_kernel(request: dict[str, Any], zygote_pid: int, inherited: list[Any
         for sock in inherited:
             sock.close()
         if box is not None:
-            _drop_privileges(box, handshake)
+            drop_privileges(box, handshake)
         if not fork_safe:
             os.chdir(request["cwd"])
             env = {**request["env"], "JPY_PARENT_PID": str(zygote_pid)}
@@ -261,43 +187,6 @@ def _exit_code(status: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def _in_box() -> bool:
-    """Whether this is a box's zygote (pid 2, under bwrap's pid 1): kill(-1) outside a pid namespace would hit
-    everything."""
-    return os.getpid() == 2 and os.getppid() == 1
-
-
-def _kill_the_rest() -> None:
-    """In a box: SIGKILL every process but this one and init, atomically (a fork bomb included)."""
-    if _in_box():
-        with contextlib.suppress(OSError):
-            os.kill(-1, signal.SIGKILL)
-
-
-def _reset_box(children: set[int]) -> dict[str, Any]:
-    """In a box: kill every other process in the box's pid namespace and empty its writable folders, so the next
-    submission finds nothing of the last one."""
-    from .sandbox import BOX_SCRATCH, BOX_TMP, empty_folder
-
-    if not _in_box():
-        return {"error": "reset outside a box refused"}
-    for _ in range(100):
-        _kill_the_rest()
-        for pid in list(children):
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-            children.discard(pid)
-        left = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]
-        if not left:
-            break
-        time.sleep(0.01)  # zombies that bwrap's init has not reaped yet
-    else:
-        return {"error": f"processes left in the box: {left}"}
-    for folder in (BOX_SCRATCH, BOX_TMP, "/dev/shm"):
-        empty_folder(folder)
-    return {"reset": True}
-
-
 def serve(socket_path: str | None = None, box: dict[str, Any] | None = None) -> None:
     """The zygote's loop: preload, then answer {"op": "spawn", "args", "cwd", "env"} -> {"pid"} and
     {"op": "poll", "pid"} -> {"returncode": None or int} until stdin closes (or, in a box, its connection);
@@ -316,7 +205,7 @@ def serve(socket_path: str | None = None, box: dict[str, Any] | None = None) -> 
         listener.listen(64)  # clients may connect (and wait) while we preload
         selector.register(listener, selectors.EVENT_READ)
     else:
-        _prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # no kernel may trace it or read its memory
+        undumpable()  # no kernel may trace it or read its memory
         conn = socket.socket(fileno=box["fd"])
         buffers[conn] = b""
         selector.register(conn, selectors.EVENT_READ)
@@ -346,7 +235,7 @@ def serve(socket_path: str | None = None, box: dict[str, Any] | None = None) -> 
             children.add(pid)
             if ids:
                 try:
-                    _map_kernel_user(pid, ids, (to_zygote[0], to_kernel[1]))
+                    map_kernel_user(pid, ids, (to_zygote[0], to_kernel[1]))
                 finally:
                     for fd in (*to_zygote, *to_kernel):
                         os.close(fd)
@@ -363,8 +252,8 @@ def serve(socket_path: str | None = None, box: dict[str, Any] | None = None) -> 
             return {"signalled": True}
         if box is not None and request.get("op") in ("reset", "memory"):
             if guard.hit(now=True):  # a kill the loop has not seen yet belongs to the kernel just gone
-                _kill_the_rest()
-            reply = _reset_box(children) if request["op"] == "reset" else {}
+                kill_the_rest()
+            reply = reset_box(children) if request["op"] == "reset" else {}
             return {**reply, "memory_kills": guard.kills}
         return {"error": f"bad request {request!r}"}
 
@@ -372,7 +261,7 @@ def serve(socket_path: str | None = None, box: dict[str, Any] | None = None) -> 
         while True:
             events = selector.select(timeout=TICK if guard.active and children else None)
             if children and guard.hit():
-                _kill_the_rest()  # the kernel and every process it started; the grader's poll finds it dead
+                kill_the_rest()  # the kernel and every process it started; the grader's poll finds it dead
             for key, _ in events:
                 if key.fileobj is sys.stdin:
                     if not os.read(sys.stdin.fileno(), 4096):
