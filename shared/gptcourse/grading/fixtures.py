@@ -13,10 +13,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checks import check_close
+from ..checks import check_causal, check_close, check_shape, perturbed_copies
 from ..model.config import GPTConfig
 from ..model.gpt import GPT
-from .student import load_weights
+from .cases import Inputs, Outputs
+from .piece import Probe
+from .student import build_module, load_weights
 
 
 def reference_gpt(config: GPTConfig, weights: dict[str, torch.Tensor]) -> nn.Module:
@@ -67,3 +69,19 @@ def gpt_inputs(config: GPTConfig, gen: torch.Generator) -> dict[str, Any]:
     with torch.device("meta"):  # shapes only: the weights are drawn from `gen`
         skeleton = GPT(config)
     return {"config": config, "weights": unit_scale_weights(skeleton, gen)}
+
+
+def causal_probe(what: Callable[[Inputs], str], forward: Callable[[nn.Module, torch.Tensor, Inputs], torch.Tensor],
+                 label: str, piece: str) -> Probe:
+    """A case that a sequence module is causal: built with the case's `init` and `weights`, run (`forward`) on
+    copies of x (B, T, C) changed at later positions only (`perturbed_copies`), its earlier outputs never move."""
+
+    def call(cls: Any, inputs: Inputs) -> Outputs:
+        module = build_module(cls, what(inputs), inputs["init"], inputs["weights"])
+        return {"outputs": torch.stack([forward(module, x, inputs) for x in perturbed_copies(inputs["x"])])}
+
+    def judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+        check_shape(got["outputs"][0], "B T C", inputs["sizes"], label)
+        check_causal(got["outputs"], piece)
+
+    return Probe(call, judge)

@@ -60,6 +60,15 @@ def as_tensor(value: Any, what: str) -> torch.Tensor:
     return value.detach().cpu().as_subclass(torch.Tensor)
 
 
+def as_ids(value: Any, what: str) -> torch.Tensor:
+    """The student's token ids (a list of ints, or a tensor of them) as a 1-D int64 tensor."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise fail(f"{what} returned {value!r:.80}, expected a list of int ids")
+    return torch.tensor(list(value), dtype=torch.int64).reshape(-1)
+
+
 def as_tensors(value: Any, names: tuple[str, ...], what: str) -> tuple[torch.Tensor, ...]:
     """Unpack a returned tuple such as (output, weights), each a tensor."""
     if not isinstance(value, tuple) or len(value) != len(names):

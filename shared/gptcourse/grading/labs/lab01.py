@@ -21,7 +21,7 @@ from ...model.positions import LearnedPositions
 from ...text.char_tokenizer import CharTokenizer
 from ..cases import Inputs, Outputs, random_weights, sizes_rng, tensor_rng
 from ..piece import Piece, declare
-from ..student import as_tensor, build_module
+from ..student import as_ids, as_tensor, build_module
 
 _WHOLE = ("gptcourse.GPT",)
 
@@ -33,14 +33,6 @@ def _tokenizer_inputs(text: str, sample: str, unknown: str) -> Inputs:
     reference = CharTokenizer(text)
     return {"text": text, "sample": sample, "unknown": unknown, "ids": reference.encode(sample[::-1]),
             "unknown_char": next(ch for ch in unknown if ch not in reference.stoi)}
-
-
-def _as_ids(value: Any, what: str) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        value = value.tolist()
-    if not isinstance(value, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        raise fail(f"{what} returned {value!r:.80}, expected a list of int ids")
-    return torch.tensor(list(value), dtype=torch.int64).reshape(-1)
 
 
 def _as_text(value: Any, what: str) -> str:
@@ -58,7 +50,7 @@ def _tokenizer_call(cls: Any, inputs: Inputs) -> Outputs:
                    "(a property or an attribute)")
     outputs = {
         "vocab_size": vocab_size,
-        "ids": _as_ids(tok.encode(sample), f"encode({sample!r})"),
+        "ids": as_ids(tok.encode(sample), f"encode({sample!r})"),
         "decoded": _as_text(tok.decode(list(ids)), f"decode({ids})"),
         "roundtrip": _as_text(tok.decode(tok.encode(sample)), f"decode(encode({sample!r}))"),
         "unknown_error": "",

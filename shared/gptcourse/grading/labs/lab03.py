@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
-from ...checks import check_causal, check_close, check_shape, fail, perturbed_copies
+from ...checks import check_close, check_shape, fail
 from ...model.causal_attention import MultiHeadAttention
 from ...model.positions import RotaryEmbedding, apply_rope
 from ..cases import Inputs, Outputs, random_weights, sizes_rng, tensor_rng
-from ..piece import Piece, Probe, declare
+from ..fixtures import causal_probe
+from ..piece import Piece, declare
 from ..student import as_tensor, as_tensors, build_module, describe_error
 
 _MHA = ("gptcourse.MultiHeadAttention",)
@@ -317,19 +318,11 @@ def _mha_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(got["y"], expected["y"], "attention output", mistakes=mistakes)
 
 
-def _causal_call(cls: Any, inputs: Inputs) -> Outputs:
-    module = build_module(cls, _mha_what(inputs), inputs["init"], inputs["weights"])
-    return {"outputs": torch.stack([_mha_forward(module, x, inputs) for x in perturbed_copies(inputs["x"])])}
-
-
-def _causal_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    check_shape(got["outputs"][0], "B T C", inputs["sizes"], "attention output")
-    check_causal(got["outputs"], "MultiHeadAttention")
-
-
 def _mha_hidden(seed: int) -> Inputs:
     return _mha_inputs(*_hidden_sizes(seed, even_d=True), seed)
 
+
+_CAUSAL = causal_probe(_mha_what, _mha_forward, "attention output", "MultiHeadAttention")
 
 PIECES = declare(
     Piece("03", "split_heads", MultiHeadAttention, _split_call, expected=_split_expected, judge=_split_judge,
@@ -368,7 +361,7 @@ PIECES = declare(
                    ("rope", "MultiHeadAttention(16, 2) with RoPE on x (B, T, C) = (3, 6, 16)",
                     lambda seed: _mha_inputs(3, 6, 2, 8, seed)),
                    ("causal", "MultiHeadAttention with RoPE is causal: later inputs never change earlier outputs",
-                    lambda seed: _mha_inputs(2, 5, 2, 6, seed), Probe(_causal_call, _causal_judge))],
+                    lambda seed: _mha_inputs(2, 5, 2, 6, seed), _CAUSAL)],
           hidden=[("hidden_single", "MultiHeadAttention with RoPE on one token (B=1, T=1)",
                    lambda seed: _mha_inputs(1, 1, 2, 4, seed)),
                   ("hidden_one_head", "MultiHeadAttention with a single head (H=1, D=C)",

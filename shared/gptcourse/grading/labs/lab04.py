@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ...checks import check_causal, check_close, check_shape, fail, perturbed_copies
+from ...checks import check_close, check_shape, fail
 from ...model.block import DecoderBlock
 from ...model.config import GPTConfig
 from ...model.mlp import SwiGLU
@@ -24,6 +24,7 @@ from ...model.norms import RMSNorm
 from ...model.params import block_breakdown
 from ...model.positions import RotaryEmbedding
 from ..cases import Inputs, Outputs, random_weights, sizes_rng, tensor_rng
+from ..fixtures import causal_probe
 from ..piece import Piece, Probe, declare
 from ..student import as_tensor, build_module
 
@@ -244,16 +245,6 @@ def _block_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(got["y"], expected["y"], "block output", mistakes=mistakes)
 
 
-def _causal_call(cls: Any, inputs: Inputs) -> Outputs:
-    module = build_module(cls, _block_what(inputs), inputs["init"], inputs["weights"])
-    return {"outputs": torch.stack([_block_forward(module, x, inputs) for x in perturbed_copies(inputs["x"])])}
-
-
-def _causal_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    check_shape(got["outputs"][0], "B T C", inputs["sizes"], "block output")
-    check_causal(got["outputs"], "DecoderBlock")
-
-
 _COMPONENTS = {"norm1.": "norms", "norm2.": "norms", "attn.": "attention", "mlp.": "mlp"}
 
 
@@ -288,6 +279,8 @@ def _block_hidden(seed: int) -> Inputs:
                          seed)
 
 
+_CAUSAL = causal_probe(_block_what, _block_forward, "block output", "DecoderBlock")
+
 PIECES = declare(
     Piece("04", "RMSNorm", RMSNorm, _norm_call, judge=_norm_judge, forbidden=_NORM + _WHOLE,
           visible=[("visible", "RMSNorm(8) on x (B, T, C) = (2, 5, 8)", lambda seed: _norm_inputs(2, 5, 8, seed))],
@@ -307,7 +300,7 @@ PIECES = declare(
                    ("rope", "DecoderBlock(16, 2, 24) with RoPE on x (B, T, C) = (3, 6, 16)",
                     lambda seed: _block_inputs(3, 6, 2, 8, 24, seed)),
                    ("causal", "DecoderBlock with RoPE is causal: later inputs never change earlier outputs",
-                    lambda seed: _block_inputs(2, 5, 2, 6, 20, seed), Probe(_causal_call, _causal_judge)),
+                    lambda seed: _block_inputs(2, 5, 2, 6, 20, seed), _CAUSAL),
                    ("params", "DecoderBlock(32, 4, 64)'s parameters by component (the seed-tiny block: 10,432)",
                     lambda seed: {"init": {"d_model": 32, "n_heads": 4, "d_ff": 64}},
                     Probe(_params_call, _params_judge))],

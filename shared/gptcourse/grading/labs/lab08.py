@@ -26,6 +26,7 @@ from ...text.bpe import GPT2_PATTERN, BPETokenizer, _merge_pair, pretoken_counts
 from ...text.corpus import load_text
 from ..cases import Inputs, Outputs, sizes_rng
 from ..piece import Piece, declare
+from ..student import as_ids
 
 _FORBIDDEN = ("gptcourse.BPETokenizer", "gptcourse.text.bpe")
 Pair = tuple[int, int]
@@ -144,14 +145,6 @@ def _what(piece: str, inputs: Inputs) -> str:
     return CALLS[piece].format(**inputs)
 
 
-def _as_ids(value: Any, what: str) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        value = value.tolist()
-    if not isinstance(value, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        raise fail(f"{what} returned {value!r:.80}, expected a list of int ids")
-    return torch.tensor(list(value), dtype=torch.int64).reshape(-1)
-
-
 def _name(i: int, vocab: Mapping[int, bytes]) -> str:
     return f"{i} {vocab[i]!r}" if i in vocab else str(i)
 
@@ -243,7 +236,7 @@ def _count_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 
 def _merge_call(fn: Any, inputs: Inputs) -> Outputs:
     out = fn(list(inputs["ids"]), tuple(inputs["pair"]), inputs["new_id"])
-    return {"ids": _as_ids(out, _what("merge_pair", inputs))}
+    return {"ids": as_ids(out, _what("merge_pair", inputs))}
 
 
 def _merge_mistakes(inputs: Inputs) -> dict[str, Sequence[int]]:
@@ -351,7 +344,7 @@ def _train_inputs(text: str, vocab_size: int) -> Callable[[int], Inputs]:
 
 
 def _encode_call(fn: Any, inputs: Inputs) -> Outputs:
-    return {"ids": _as_ids(fn(inputs["text"], list(inputs["merges"])), _what("encode", inputs))}
+    return {"ids": as_ids(fn(inputs["text"], list(inputs["merges"])), _what("encode", inputs))}
 
 
 def _encode_mistakes(inputs: Inputs) -> dict[str, list[int]]:
