@@ -281,8 +281,20 @@ class SiteTab:
 
     def open(self, path: str) -> None:
         self.page.goto(urljoin(self.base, path), wait_until="load")
+        self.settle()
+
+    def follow(self, link: str) -> None:
+        """Click a link and wait until the new page has settled."""
+        self.page.locator(link).click()
+        self.page.wait_for_load_state("load")
+        self.settle()
+
+    def settle(self) -> None:
+        """Wait until the page has asked for everything (MathJax loads its fonts late): leaving a page earlier
+        aborts its last requests, which the traffic record would report as failures."""
         self.page.wait_for_load_state("networkidle")
         self.page.evaluate("() => window.MathJax?.startup?.promise")  # typesetting finished (pages with math)
+        self.page.wait_for_load_state("networkidle")
 
 
 @contextmanager
@@ -443,13 +455,11 @@ def test_next_and_previous_walk_through_the_lessons(tab: SiteTab) -> None:
     tab.open(expected[0])
     visited = [expected[0]]
     while len(visited) < len(expected):
-        tab.page.locator("a.right-next").click()
-        tab.page.wait_for_load_state("load")
+        tab.follow("a.right-next")
         visited.append(tab.page.url.removeprefix(tab.base))
     assert visited == expected
     for lesson in reversed(expected[:-1]):
-        tab.page.locator("a.left-prev").click()
-        tab.page.wait_for_load_state("load")
+        tab.follow("a.left-prev")
         assert tab.page.url.removeprefix(tab.base) == lesson
     assert tab.traffic.problems() == []
 
