@@ -340,6 +340,13 @@ def _relative(built: Built, page: Path) -> str:
     return page.relative_to(built.site).as_posix()
 
 
+def _site_path(base: str, url: str | None) -> str | None:
+    """A link's address as a path in the site (as `visits` names pages), None for no link or one off the site."""
+    if url is None or not url.startswith(base):
+        return None
+    return url.removeprefix(base).split("#")[0]
+
+
 def _lesson_page(lesson: Path) -> str:
     return f"lessons/{lesson.stem}.html"
 
@@ -347,7 +354,7 @@ def _lesson_page(lesson: Path) -> str:
 @dataclass(frozen=True)
 class Visit:
     """What one page showed: the problems of its traffic, its typeset formulas, MathJax's errors, TeX source left in
-    its prose, and the natural widths of its figures."""
+    its prose, the natural widths of its figures, and where its `next` and `previous` links go (None: no link)."""
 
     page: str
     problems: list[str]
@@ -355,11 +362,15 @@ class Visit:
     tex_errors: int
     raw_math: list[str]
     figure_widths: list[int]
+    next: str | None
+    previous: str | None
 
 
 PAGE_FACTS = """async () => {
     const article = document.querySelector('article');
-    if (!article) return {formulas: 0, texErrors: 0, prose: '', widths: []};
+    const link = selector => document.querySelector(selector)?.href ?? null;
+    const links = {next: link('a.right-next'), previous: link('a.left-prev')};
+    if (!article) return {formulas: 0, texErrors: 0, prose: '', widths: [], ...links};
     const prose = article.cloneNode(true);
     prose.querySelectorAll('pre, code, .highlight, mjx-container, script').forEach(e => e.remove());
     const figures = [...article.querySelectorAll('img')].filter(img => img.getAttribute('src').includes('_images/'));
@@ -368,6 +379,7 @@ PAGE_FACTS = """async () => {
         texErrors: article.querySelectorAll('mjx-merror').length,
         prose: prose.innerText,
         widths: await Promise.all(figures.map(img => img.decode().then(() => img.naturalWidth, () => 0))),
+        ...links,
     };
 }"""
 
@@ -384,8 +396,10 @@ def visits(built: Built, browser: Browser, site_url: str) -> dict[str, Visit]:
             tab.traffic.clear()
             tab.open(path)
             facts = tab.page.evaluate(PAGE_FACTS)
+            site_path = partial(_site_path, tab.base)
             found[path] = Visit(path, tab.traffic.problems(), facts["formulas"], facts["texErrors"],
-                                RAW_MATH.findall(facts["prose"]), facts["widths"])
+                                RAW_MATH.findall(facts["prose"]), facts["widths"], site_path(facts["next"]),
+                                site_path(facts["previous"]))
             if path in screenshots:
                 tab.page.screenshot(path=str(ARTIFACTS / screenshots[path]))
                 if facts["widths"]:  # and the lesson's first figure
@@ -445,22 +459,25 @@ def test_search_finds_the_lesson_that_teaches_it(built: Built, tab: SiteTab, que
 
 
 @pytest.mark.browser
-def test_next_and_previous_walk_through_the_lessons(tab: SiteTab) -> None:
-    """From lesson 00, the `next` link visits every lesson in order; `previous` walks back; the sidebar lists them."""
+def test_next_and_previous_walk_through_the_lessons(visits: dict[str, Visit], tab: SiteTab) -> None:
+    """From lesson 00, the `next` links visit every lesson in order; `previous` walks back; the sidebar lists them;
+    and clicking `next` goes there."""
     expected = [_lesson_page(p) for p in LESSONS]
+    forward = [expected[0]]
+    while len(forward) < len(expected) and visits[forward[-1]].next in visits:
+        forward.append(visits[forward[-1]].next)
+    assert forward == expected
+    backward = [expected[-1]]
+    while len(backward) < len(expected) and visits[backward[-1]].previous in visits:
+        backward.append(visits[backward[-1]].previous)
+    assert backward == expected[::-1]
     tab.open("index.html")
     sidebar = tab.page.locator("nav.bd-links a").evaluate_all("links => links.map(a => a.getAttribute('href'))")
     for lesson in expected:
         assert lesson in sidebar, f"the sidebar does not list {lesson}"
     tab.open(expected[0])
-    visited = [expected[0]]
-    while len(visited) < len(expected):
-        tab.follow("a.right-next")
-        visited.append(tab.page.url.removeprefix(tab.base))
-    assert visited == expected
-    for lesson in reversed(expected[:-1]):
-        tab.follow("a.left-prev")
-        assert tab.page.url.removeprefix(tab.base) == lesson
+    tab.follow("a.right-next")
+    assert tab.page.url.removeprefix(tab.base) == expected[1]
     assert tab.traffic.problems() == []
 
 
