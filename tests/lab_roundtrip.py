@@ -5,6 +5,7 @@ A lab module subclasses `RoundTrip` as `class TestLabNN(RoundTrip)` and sets LAB
 and VALIDATE (a mistake, how many cells `nbgrader validate` must report, and what the report must say). The
 release it generates must be the committed labs/LAB; one autograde batch grades the solution, the untouched
 release and every mistake; lab-specific tests are methods of the subclass and can use the same `scores`.
+`check_named_mistake` checks, in-process, that a mistake's message names it (the round trip checks its scores).
 """
 
 from __future__ import annotations
@@ -12,13 +13,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import nbformat
 import pytest
 from nbgrader_course import ROOT, Course
+
+from gptcourse.checks import CheckFailed
+from gptcourse.grading import check
 
 
 def files(folder: Path) -> dict[str, bytes]:
     """{path relative to `folder`: contents} of every file under it."""
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def check_named_mistake(lab: str, answers: dict[str, str], test_id: str, says: str) -> None:
+    """The solution's cells of `lab` with `answers` ({grade_id: source}) in place fail case `test_id` with a
+    message containing `says`."""
+    namespace: dict = {}
+    for cell in nbformat.read(ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4).cells:
+        grading = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and not grading.get("grade"):
+            exec(answers.get(grading["grade_id"], cell.source), namespace)
+    with pytest.raises(CheckFailed) as failed:
+        check(test_id, namespace[test_id.split(".")[1]])
+    assert says in " ".join(str(failed.value).split())  # the message is wrapped for the notebook
 
 
 @dataclass(frozen=True)

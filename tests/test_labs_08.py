@@ -3,13 +3,8 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-import nbformat
 import pytest
-from lab_roundtrip import RoundTrip, Validation
-from nbgrader_course import ROOT
-
-from gptcourse.checks import CheckFailed
-from gptcourse.grading import check
+from lab_roundtrip import RoundTrip, Validation, check_named_mistake
 
 LAB = "08_bpe_tokenizer"
 MERGE = '''
@@ -117,13 +112,4 @@ class TestLab08(RoundTrip):
 
 @pytest.mark.parametrize("student", sorted(SAYS))
 def test_each_named_mistake_gets_its_message(student):
-    """In-process (the round trip checks the scores): the solution's cells with this student's answers."""
-    test_id, says = SAYS[student]
-    namespace: dict = {}
-    for cell in nbformat.read(ROOT / "solutions" / LAB / f"{LAB}.ipynb", as_version=4).cells:
-        grading = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and not grading.get("grade"):
-            exec(WRONG[student][0].get(grading["grade_id"], cell.source), namespace)
-    with pytest.raises(CheckFailed) as failed:
-        check(test_id, namespace[test_id.split(".")[1]])
-    assert says in " ".join(str(failed.value).split())  # the message is wrapped for the notebook
+    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])

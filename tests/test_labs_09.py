@@ -3,13 +3,20 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-from lab_roundtrip import RoundTrip, Validation
+import pytest
+from lab_roundtrip import RoundTrip, Validation, check_named_mistake
 
 LAB = "09_training_by_hand"
 NAIVE_CROSS_ENTROPY = '''
 def cross_entropy(logits, targets):
     probs = logits.exp() / logits.exp().sum(dim=-1, keepdim=True)
     return -probs.gather(1, targets[:, None]).log().mean()
+'''
+EPS_CROSS_ENTROPY = '''
+def cross_entropy(logits, targets):
+    probs = (logits - logits.max(dim=-1, keepdim=True).values).exp()
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    return -(probs.gather(1, targets[:, None]) + 1e-9).log().mean()
 '''
 ADAMW = '''
 def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay):
@@ -21,13 +28,14 @@ def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, we
     return param - lr * m_hat / (v_hat.sqrt() + eps), exp_avg, exp_avg_sq
 '''
 RIGHT_ADAMW = {"decay": "param = param * (1 - lr * weight_decay)", "correction": " / (1 - beta1**step)"}
-WARMUP_FROM_ZERO = '''
+LR_AT = '''
 def lr_at(step, max_lr, min_lr, warmup_steps, total_steps):
     if step < warmup_steps:
-        return max_lr * step / warmup_steps
+        return max_lr * {warmup} / warmup_steps
     progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
-    return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+    return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * {swing}
 '''
+RIGHT_LR_AT = {"warmup": "(step + 1)", "swing": "(max_lr - min_lr)"}
 PER_TENSOR_CLIP = '''
 def clip_grad_norm(parameters, max_norm):
     norms = []
@@ -36,6 +44,14 @@ def clip_grad_norm(parameters, max_norm):
             norms.append(p.grad.norm())
             p.grad.mul_(min(1.0, max_norm / (norms[-1].item() + 1e-6)))
     return torch.stack(norms).norm()
+'''
+CLIP_BY_VALUE = '''
+def clip_grad_norm(parameters, max_norm):
+    grads = [p.grad for p in parameters if p.grad is not None]
+    norm = torch.cat([g.flatten() for g in grads]).norm()
+    for g in grads:
+        g.clamp_(-max_norm, max_norm)
+    return norm
 '''
 UNDIVIDED_ACCUMULATION = '''
 def accumulate_gradients(model, tokens, micro_batches):
@@ -63,18 +79,44 @@ WRONG = {
     # fine for small logits; nan once exp() overflows
     "no-log-sum-exp": ({"cross_entropy": NAIVE_CROSS_ENTROPY},
                        {"test_cross_entropy_large", "test_cross_entropy_hidden"}),
+    # the eps keeps the loss finite, and caps it: wrong wherever a target's probability rounds to 0, and off in
+    # accumulate_gradients (which uses the student's cross_entropy) where one target's is 2e-9, as in its visible case
+    "log-plus-eps": ({"cross_entropy": EPS_CROSS_ENTROPY}, {"test_cross_entropy_large", "test_cross_entropy_hidden",
+                                                            "test_accumulate_gradients"}),
     "coupled-decay": ({"adamw_step": ADAMW.format(**RIGHT_ADAMW | {"decay": "grad = grad + weight_decay * param"})},
                       {"test_adamw_step", "test_adamw_step_hidden"}),
     "no-bias-correction": ({"adamw_step": ADAMW.format(**RIGHT_ADAMW | {"correction": ""})},
                            {"test_adamw_step", "test_adamw_step_hidden"}),
-    "warmup-from-zero": ({"lr_at": WARMUP_FROM_ZERO}, {"test_lr_at", "test_lr_at_hidden"}),
+    "bias-correction-step-plus-one": ({"adamw_step": ADAMW.format(**RIGHT_ADAMW | {
+        "decay": RIGHT_ADAMW["decay"] + "\n    step = step + 1"})}, {"test_adamw_step", "test_adamw_step_hidden"}),
+    "warmup-from-zero": ({"lr_at": LR_AT.format(**RIGHT_LR_AT | {"warmup": "step"})},
+                         {"test_lr_at", "test_lr_at_hidden"}),
+    "cosine-over-max-lr": ({"lr_at": LR_AT.format(**RIGHT_LR_AT | {"swing": "max_lr"})},
+                           {"test_lr_at", "test_lr_at_hidden"}),
     # below max_norm nothing is clipped, so that test passes
     "per-tensor-clip": ({"clip_grad_norm": PER_TENSOR_CLIP}, {"test_clip_grad_norm", "test_clip_grad_norm_hidden"}),
+    "clip-by-value": ({"clip_grad_norm": CLIP_BY_VALUE}, {"test_clip_grad_norm", "test_clip_grad_norm_hidden"}),
     "undivided-accumulation": ({"accumulate_gradients": UNDIVIDED_ACCUMULATION},
                                {"test_accumulate_gradients", "test_accumulate_gradients_hidden"}),
     "restore-without-optimizer": ({"restore_training_state": FORGETFUL_RESTORE},
                                   {"test_restore_training_state", "test_restore_training_state_hidden"}),
     "global-rng-state": ({"training_state": GLOBAL_RNG_STATE}, {"test_training_state", "test_training_state_hidden"}),
+}
+
+# student -> (a case their code fails, what its message says)
+SAYS = {
+    "no-log-sum-exp": ("09.cross_entropy.large", "exp() overflows float32 past 88"),
+    "log-plus-eps": ("09.cross_entropy.large", "log(p + 1e-09) caps each row's loss at -log(1e-09) = 20.7"),
+    "coupled-decay": ("09.adamw_step.visible", "weight decay applied to the gradient, not decoupled"),
+    "no-bias-correction": ("09.adamw_step.visible", "bias correction missing: step 1 is 10x too small"),
+    "bias-correction-step-plus-one": ("09.adamw_step.visible", "the bias correction uses step + 1"),
+    "warmup-from-zero": ("09.lr_at.visible", "the warmup starts at 0"),
+    "cosine-over-max-lr": ("09.lr_at.visible", "the cosine swings over max_lr, not max_lr - min_lr"),
+    "per-tensor-clip": ("09.clip_grad_norm.visible", "each tensor was clipped on its own"),
+    "clip-by-value": ("09.clip_grad_norm.visible", "each entry was clamped to [-max_norm, max_norm]"),
+    "undivided-accumulation": ("09.accumulate_gradients.visible", "the gradient is 2x too large"),
+    "restore-without-optimizer": ("09.restore_training_state.visible", "the optimizer's state was not restored"),
+    "global-rng-state": ("09.training_state.visible", "torch's global random state"),
 }
 
 
@@ -86,3 +128,8 @@ class TestLab09(RoundTrip):
         'check("09.adamw_step.visible", adamw_step)',
         "bias correction missing: step 1 is 10x too small",
     ))
+
+
+@pytest.mark.parametrize("student", sorted(SAYS))
+def test_each_named_mistake_gets_its_message(student):
+    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])

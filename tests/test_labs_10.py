@@ -3,7 +3,8 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-from lab_roundtrip import RoundTrip, Validation
+import pytest
+from lab_roundtrip import RoundTrip, Validation, check_named_mistake
 
 LAB = "10_finetuning_and_rewards"
 POOL = '''
@@ -16,13 +17,15 @@ LABELS = '''
 def response_labels(input_ids, prompt_lengths, attention_mask):
     index = attention_mask.cumsum(dim=-1) - 1
     keep = (index {keep} prompt_lengths[:, None]) & attention_mask.bool()
-    return input_ids.masked_fill(~keep, -100)
+    labels = input_ids.masked_fill(~keep, -100)
+    return {ret}
 '''
+RIGHT_LABELS = {"keep": ">=", "ret": "labels"}
 LORA = '''
 class LoRALinear(nn.Module):
     def __init__(self, base, rank, alpha):
         super().__init__()
-        self.base = base.requires_grad_(False)
+        self.base = {freeze}
         self.scaling = alpha / rank
         self.A = nn.Parameter(torch.randn(rank, base.in_features) / math.sqrt(base.in_features))
         self.B = nn.Parameter(torch.{b_init}(base.out_features, rank))
@@ -30,28 +33,60 @@ class LoRALinear(nn.Module):
     def forward(self, x):
         return self.base(x) + (x @ self.A.T @ self.B.T) * self.scaling
 '''
+RIGHT_LORA = {"freeze": "base.requires_grad_(False)", "b_init": "zeros"}
+BRADLEY_TERRY = "def bradley_terry_loss(chosen, rejected):\n    return {loss}"
+BT_TESTS = {"test_bradley_terry_loss_large", "test_bradley_terry_loss_hidden"}
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
     "pool-position-minus-one": ({"last_real_token": POOL.format(last="torch.full((b,), t - 1)")},
                                 {"test_last_real_token", "test_last_real_token_hidden"}),  # left-padded: -1 is real
     "pool-mask-sum": ({"last_real_token": POOL.format(last="attention_mask.sum(-1) - 1")},
                       {"test_last_real_token_left", "test_last_real_token_hidden"}),
-    "labels-mask-the-response": ({"response_labels": LABELS.format(keep="<")},
+    "labels-mask-the-response": ({"response_labels": LABELS.format(**RIGHT_LABELS | {"keep": "<"})},
                                  {"test_response_labels", "test_response_labels_left",
                                   "test_response_labels_hidden"}),
-    "lora-b-random": ({"LoRALinear": LORA.format(b_init="randn")},
+    # pre-shifted for the loss, which shifts again
+    "labels-shifted": ({"response_labels": LABELS.format(**RIGHT_LABELS | {
+        "ret": "torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)"})},
+        {"test_response_labels", "test_response_labels_left", "test_response_labels_hidden"}),
+    "lora-b-random": ({"LoRALinear": LORA.format(**RIGHT_LORA | {"b_init": "randn"})},
                       {"test_LoRALinear", "test_LoRALinear_sequence", "test_LoRALinear_hidden"}),
-    "bt-naive-log-sigmoid": ({"bradley_terry_loss": "def bradley_terry_loss(chosen, rejected):\n"
-                                    "    return -torch.log(torch.sigmoid(chosen - rejected)).mean()"},
-                             {"test_bradley_terry_loss_hidden"}),
+    "lora-base-bias-trainable": ({"LoRALinear": LORA.format(**RIGHT_LORA | {
+        "freeze": "base\n        base.weight.requires_grad_(False)"})},
+        {"test_LoRALinear", "test_LoRALinear_sequence", "test_LoRALinear_hidden"}),
+    # right for small rewards; inf once sigmoid(d) rounds to 0
+    "bt-naive-log-sigmoid": ({"bradley_terry_loss": BRADLEY_TERRY.format(
+        loss="-torch.log(torch.sigmoid(chosen - rejected)).mean()")}, BT_TESTS),
+    "bt-log-plus-eps": ({"bradley_terry_loss": BRADLEY_TERRY.format(
+        loss="-torch.log(torch.sigmoid(chosen - rejected) + 1e-8).mean()")}, BT_TESTS),
+    "bt-mean-before-log-sigmoid": ({"bradley_terry_loss": BRADLEY_TERRY.format(
+        loss="-F.logsigmoid((chosen - rejected).mean())")}, {"test_bradley_terry_loss", *BT_TESTS}),
+}
+# student -> (a case their code fails, what its message says)
+SAYS = {
+    "pool-position-minus-one": ("10.last_real_token.visible", "position -1 was read"),
+    "pool-mask-sum": ("10.last_real_token.left", "the last real token was taken at attention_mask.sum(-1) - 1"),
+    "labels-mask-the-response": ("10.response_labels.visible", "the response is masked instead of the prompt"),
+    "labels-shifted": ("10.response_labels.visible", "the labels are shifted by one"),
+    "lora-b-random": ("10.LoRALinear.visible", "B must start at zero"),
+    "lora-base-bias-trainable": ("10.LoRALinear.visible", "the base layer is trainable (base.bias)"),
+    "bt-naive-log-sigmoid": ("10.bradley_terry_loss.large", "Use F.logsigmoid(d)"),
+    "bt-log-plus-eps": ("10.bradley_terry_loss.large", "log(sigmoid(d) + 1e-08) caps each pair's loss"),
+    "bt-mean-before-log-sigmoid": ("10.bradley_terry_loss.visible",
+                                   "the differences were averaged before the log-sigmoid"),
 }
 
 
 class TestLab10(RoundTrip):
     LAB = LAB
     WRONG = WRONG
-    TOTAL = 31
+    TOTAL = 32
     VALIDATE = Validation("pool-position-minus-one", 1, (
         'check("10.last_real_token.visible", last_real_token)',
         "position -1 was read",
     ))
+
+
+@pytest.mark.parametrize("student", sorted(SAYS))
+def test_each_named_mistake_gets_its_message(student):
+    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])

@@ -3,7 +3,8 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-from lab_roundtrip import RoundTrip, Validation
+import pytest
+from lab_roundtrip import RoundTrip, Validation, check_named_mistake
 
 LAB = "11_inference"
 CACHE = '''
@@ -19,8 +20,9 @@ class LayerCache:
         self.k[:, :, {start}:{start} + k.size(2)] = k
         self.v[:, :, {start}:{start} + k.size(2)] = v
         self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+        return {ret}
 '''
+RIGHT_CACHE = {"start": "self.length", "ret": "self.k[:, :, :end], self.v[:, :, :end]"}
 TOP_P = '''
 def top_p_filter(logits, top_p):
     ordered, order = logits.sort(dim=-1, descending=True)
@@ -75,15 +77,22 @@ GQA_TESTS = {"test_GroupedQueryAttention_cached", "test_GroupedQueryAttention_hi
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
     # the student's LayerCache holds their generation's keys and values, so its tests fail too
-    "cache-at-zero": ({"LayerCache": CACHE.format(start=0)}, {"test_LayerCache", "test_LayerCache_hidden",
-                                                             *GENERATE_TESTS}),
+    "cache-at-zero": ({"LayerCache": CACHE.format(**RIGHT_CACHE | {"start": "0"})},
+                      {"test_LayerCache", "test_LayerCache_hidden", *GENERATE_TESTS}),
+    "cache-whole-buffer": ({"LayerCache": CACHE.format(**RIGHT_CACHE | {"ret": "self.k, self.v"})},
+                           {"test_LayerCache", "test_LayerCache_hidden", *GENERATE_TESTS}),
     # the token that crosses p is dropped: wrong on every row whose top token alone does not reach p
     "top-p-above-threshold": ({"top_p_filter": TOP_P.format(keep="probs.cumsum(dim=-1) <= top_p")},
                               {"test_top_p_filter", "test_top_p_filter_skewed", "test_top_p_filter_hidden"}),
     # one query and a top-left mask: right only when the single key is the token itself (hidden_first)
     "one-token-causal-mask": ({"attend_new_token": "def attend_new_token(q, k, v):\n"
                                             "    return F.scaled_dot_product_attention(q, k, v, is_causal=True)"},
-                              {"test_attend_new_token", "test_attend_new_token_hidden"}),
+                              {"test_attend_new_token", "test_attend_new_token_large", "test_attend_new_token_hidden"}),
+    # right for small scores; NaN once exp() overflows
+    "attend-naive-softmax": ({"attend_new_token": "def attend_new_token(q, k, v):\n"
+                                                  "    w = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).exp()\n"
+                                                  "    return w / w.sum(dim=-1, keepdim=True) @ v"},
+                             {"test_attend_new_token_large"}),
     # the student's repeat_kv feeds their attention layer, so its tests fail too (one kv head is the same either way)
     "repeat-tiled": ({"repeat_kv": "def repeat_kv(x, n_rep):\n    return x.repeat(1, n_rep, 1, 1)"},
                      {"test_repeat_kv", "test_repeat_kv_hidden", "test_GroupedQueryAttention", *GQA_TESTS}),
@@ -104,13 +113,35 @@ WRONG = {
         "positions": "torch.arange(feed.size(1))"})}, GENERATE_TESTS),
 }
 
+# student -> (a case their code fails, what its message says)
+SAYS = {
+    "cache-at-zero": ("11.LayerCache.visible", "the cache is written at position 0 every step"),
+    "cache-whole-buffer": ("11.LayerCache.visible", "all 12 positions of the buffer, expected the 4 written"),
+    "top-p-above-threshold": ("11.top_p_filter.visible", "top-p keeps the tokens *above* the threshold"),
+    "one-token-causal-mask": ("11.attend_new_token.visible", "the new token sees only the first key"),
+    "attend-naive-softmax": ("11.attend_new_token.large", "exp() overflows float32 past 88"),
+    "repeat-tiled": ("11.repeat_kv.visible", "the kv heads are tiled"),
+    "gqa-mask-top-left": ("11.GroupedQueryAttention.cached", "the cached tokens see only the first keys"),
+    "gqa-caches-repeated-heads": ("11.GroupedQueryAttention.cached", "append k and v *before* repeat_kv"),
+    "positions-from-zero": ("11.new_positions.visible", "the positions start at 0 in every call"),
+    "positions-past-plus-one": ("11.new_positions.visible", "the positions start at past + 1"),
+    "generate-feeds-whole-sequence": ("11.generate_cached.visible", "the whole sequence again"),
+    "generate-refeeds-last-prompt-token": ("11.generate_cached.visible", "the last prompt token was fed again"),
+    "generate-rope-positions-from-zero": ("11.generate_cached.visible", "with RoPE its query and key are rotated"),
+}
+
 
 class TestLab11(RoundTrip):
     LAB = LAB
     WRONG = WRONG
-    TOTAL = 34
+    TOTAL = 36
     VALIDATE = Validation("top-p-above-threshold", 2, (
         'check("11.top_p_filter.visible", top_p_filter)',
         "the smallest set of the most likely tokens whose mass reaches p",
         "top_p_filter masked every token of a row: the most likely token always stays",
     ))
+
+
+@pytest.mark.parametrize("student", sorted(SAYS))
+def test_each_named_mistake_gets_its_message(student):
+    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])

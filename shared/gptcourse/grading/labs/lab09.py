@@ -65,7 +65,9 @@ def _ce_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             -(z.softmax(-1).gather(1, t[:, None])).mean(),
         "log-sum-exp without its shift back: log(sum exp(z - m)) needs + m (the row's max) added back":
             (torch.logsumexp(z, -1) - z.max(-1).values - z.gather(1, t[:, None]).squeeze(1)).mean(),
-    }
+    } | {f"log(p + {eps:g}) caps each row's loss at -log({eps:g}) = {-math.log(eps):.1f}: a target far below its row's "
+         "best logit has p = 0 in float32. Compute log p without forming p: z[target] - log-sum-exp(z)":
+         -(z.softmax(-1).gather(1, t[:, None]) + eps).log().mean() for eps in (1e-6, 1e-8, 1e-9, 1e-10, 1e-12)}
 
 
 def _ce_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -131,7 +133,8 @@ def _adamw_call(fn: Any, inputs: Inputs) -> Outputs:
 def _wrong_adamw_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
                       step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, *,
                       decoupled: bool = True, correct_m: bool = True, correct_v: bool = True,
-                      decay_times_lr: bool = True, eps_inside: bool = False) -> tuple[torch.Tensor, ...]:
+                      decay_times_lr: bool = True, eps_inside: bool = False,
+                      step_offset: int = 0) -> tuple[torch.Tensor, ...]:
     """An adamw_step with one of the usual mistakes, run through the same call as the student's."""
     if decoupled:
         param = param * (1 - (lr * weight_decay if decay_times_lr else weight_decay))
@@ -139,6 +142,7 @@ def _wrong_adamw_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Te
         grad = grad + weight_decay * param  # L2 regularisation folded into the gradient (Adam, not AdamW)
     m = beta1 * exp_avg + (1 - beta1) * grad
     v = beta2 * exp_avg_sq + (1 - beta2) * grad * grad
+    step += step_offset
     m_hat = m / (1 - beta1**step) if correct_m else m
     v_hat = v / (1 - beta2**step) if correct_v else v
     return param - lr * m_hat / ((v_hat + eps).sqrt() if eps_inside else v_hat.sqrt() + eps), m, v
@@ -157,6 +161,8 @@ def _adamw_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "the decay misses the learning rate: param * (1 - lr * weight_decay), not param * (1 - weight_decay)":
             {"decay_times_lr": False},
         "eps is inside the square root: sqrt(v_hat) + eps": {"eps_inside": True},
+        "the bias correction uses step + 1: `step` is already 1 at the first update, so divide m by "
+        "(1 - beta1**step) and v by (1 - beta2**step)": {"step_offset": 1},
     }
     check_close_lazily(got["params"], expected["params"], "the parameters after each step", lambda: {
         why: _adamw_call(partial(_wrong_adamw_step, **flags), inputs)["params"] for why, flags in mistakes.items()},
@@ -187,13 +193,14 @@ def _schedule_inputs(max_lr: float, min_lr: float, warmup: int, total: int) -> I
 
 def _wrong_lr_at(step: int, max_lr: float, min_lr: float, warmup_steps: int, total_steps: int, *,
                  warmup_from_zero: bool = False, floor: bool = True, after_warmup: bool = True,
-                 hold: bool = True) -> float:
+                 hold: bool = True, span: bool = True) -> float:
     """An lr_at with one of the usual mistakes, run through the same call as the student's."""
     lo = min_lr if floor else 0.0
     if step < warmup_steps:
         return max_lr * (step if warmup_from_zero else step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps) if after_warmup else step / total_steps
-    return lo + 0.5 * (1 + math.cos(math.pi * (min(1.0, progress) if hold else progress))) * (max_lr - lo)
+    swing = max_lr - lo if span else max_lr
+    return lo + 0.5 * (1 + math.cos(math.pi * (min(1.0, progress) if hold else progress))) * swing
 
 
 def _schedule_call(fn: Any, inputs: Inputs) -> Outputs:
@@ -219,6 +226,8 @@ def _schedule_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "(total_steps - warmup_steps)": {"after_warmup": False},
         "after total_steps the cosine climbs back up: hold min_lr from total_steps on (clamp progress to 1)":
             {"hold": False},
+        "the cosine swings over max_lr, not max_lr - min_lr, so it starts at max_lr + min_lr: min_lr + 0.5 * (1 + "
+        "cos(pi * progress)) * (max_lr - min_lr)": {"span": False},
     }
     return {why: _schedule_call(partial(_wrong_lr_at, **flags), inputs)["lrs"] for why, flags in mistakes.items()}
 
@@ -266,6 +275,9 @@ def _clip_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "the norms of the tensors were added: the global norm is sqrt(sum of squares), not a sum of norms":
             torch.cat([g.flatten() * min(1.0, c / (sum(torch.linalg.vector_norm(h) for h in grads).item() + 1e-6))
                        for g in grads]),
+        "each entry was clamped to [-max_norm, max_norm] (clipping by value): clipping by norm scales every "
+        "gradient by the one factor min(1, max_norm / (norm + 1e-6))":
+            torch.cat([g.flatten().clamp(-c, c) for g in grads]),
     }
 
 

@@ -185,6 +185,9 @@ def _labels_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "the prompt was counted from position 0 of the row: with left padding the prompt starts after the pads, "
         "so count real tokens (attention_mask.cumsum(-1) - 1 is each real token's index in its sequence)":
             keeping((torch.arange(ids.size(1))[None, :] >= prompt) & real),
+        "the labels are shifted by one: labels[:, t] is the token at t itself (or -100); the loss does the shift, "
+        "comparing logits[:, t] with labels[:, t + 1]": F.pad(keeping((index >= prompt) & real)[:, 1:], (0, 1),
+                                                             value=IGNORE_INDEX),
     }
 
 
@@ -230,7 +233,11 @@ def _bt_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
             F.logsigmoid(d).mean(),
         "the log is missing: the loss is -log sigmoid(chosen - rejected)": -torch.sigmoid(d).mean(),
         "the loss is summed over the pairs: average it with .mean()": -F.logsigmoid(d).sum(),
-    }
+        "the differences were averaged before the log-sigmoid: the loss is the mean of each pair's "
+        "-log sigmoid(chosen - rejected)": -F.logsigmoid(d.mean()),
+    } | {f"log(sigmoid(d) + {eps:g}) caps each pair's loss at -log({eps:g}) = {-math.log(eps):.1f}: for a pair far the "
+         "wrong way round sigmoid(d) is 0 in float32. Use F.logsigmoid(d), which never forms sigmoid(d)":
+         -(torch.sigmoid(d) + eps).log().mean() for eps in (1e-6, 1e-8, 1e-9, 1e-10, 1e-12)}
     check_close(loss.double(), expected["loss"].double(), "the loss", atol=1e-5, mistakes=mistakes)
     if not got["differentiable"]:
         raise fail("the loss does not require grad: return the tensor computed from the rewards (not .item() or a "
@@ -302,8 +309,10 @@ def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     if tuple(got["at_init"].shape) != (*x_shape[:-1], d_out):
         raise fail(f"the output has shape {fmt_shape(got['at_init'].shape)}, expected "
                    f"{fmt_shape((*x_shape[:-1], d_out))}: like the base layer's, (..., out_features)")
-    if "base.weight" in got["trainable"].split():
-        raise fail("the base layer is trainable: freeze it (base.requires_grad_(False)), so that only A and B learn")
+    base = [name for name in got["trainable"].split() if name.startswith("base.")]
+    if base:
+        raise fail(f"the base layer is trainable ({', '.join(base)}): freeze the whole layer "
+                   "(base.requires_grad_(False) freezes its weight and its bias), so that only A and B learn")
     if got["trainable"] != "A B":
         raise fail(f"the trainable parameters are [{got['trainable']}], expected [A B]")
     if got["a_is_zero"]:
@@ -361,7 +370,9 @@ PIECES = declare(
           hidden=[("hidden_mixed", "response_labels with other sizes, rows padded on either side", _labels_hidden)]),
     Piece("10", "bradley_terry_loss", bradley_terry_loss, _bt_call, judge=_bt_judge,
           forbidden=("gptcourse.bradley_terry_loss", "gptcourse.finetuning.losses"),
-          visible=[("visible", "bradley_terry_loss of 6 pairs of rewards", lambda seed: _bt_inputs(6, 1.5, seed))],
+          visible=[("visible", "bradley_terry_loss of 6 pairs of rewards", lambda seed: _bt_inputs(6, 1.5, seed)),
+                   ("large", "bradley_terry_loss with rewards of size 100, one pair far the wrong way round "
+                    "(sigmoid rounds to 0: log-sigmoid needed)", lambda seed: _bt_inputs(5, 100.0, seed))],
           hidden=[("hidden_large", "bradley_terry_loss with rewards of size 100 (sigmoid rounds to 0 or 1)",
                    lambda seed: _bt_inputs(5, 100.0, seed)),
                   ("hidden_sizes", "bradley_terry_loss with other sizes, a single pair among them", _bt_hidden)]),

@@ -120,6 +120,9 @@ def _cache_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     for i, length in enumerate(expected["lengths"]):
         for part in ("keys", "values"):
             name = f"the {part} returned by append call {i + 1}"
+            if got[part][i].dim() == 4 and got[part][i].size(2) == inputs["capacity"] != length:
+                raise fail(f"{name}: all {inputs['capacity']} positions of the buffer, expected the {length} written: "
+                           "return buffer[:, :, :length], or attention reads the empty slots as keys")
             check_shape(got[part][i], "B H T D", sizes | {"T": length}, name)
             new = inputs["steps"][i][0 if part == "keys" else 1]  # (B, H, T, D), what this call appended
             t = new.size(2)
@@ -143,6 +146,14 @@ def _one_token_inputs(b: int, h: int, t: int, d: int, seed: int) -> Inputs:
     gen = tensor_rng(seed)
     q, k, v = (torch.randn(b, h, n, d, generator=gen) for n in (1, t, t))
     return {"q": 1.5 * q, "k": k, "v": v, "sizes": _sizes(b, h, 1, d)}  # the sizes of the output
+
+
+def _one_token_large(b: int, h: int, t: int, seed: int) -> Inputs:
+    """Scores in the hundreds, where exp() overflows float32 (past 88): whole numbers, and D = 4 so sqrt(D) = 2,
+    so that every order of the products and the scaling gives the same scores exactly."""
+    gen = tensor_rng(seed)
+    q, k = torch.randint(-100, 101, (b, h, 1, 4), generator=gen), torch.randint(-3, 4, (b, h, t, 4), generator=gen)
+    return {"q": q.float(), "k": k.float(), "v": torch.randn(b, h, t, 4, generator=gen), "sizes": _sizes(b, h, 1, 4)}
 
 
 def _one_token_call(fn: Any, inputs: Inputs) -> Outputs:
@@ -173,6 +184,17 @@ def _one_token_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "the softmax runs over the query axis (dim=-2): with one query every weight is 1; take it over the keys, "
         "dim=-1": scores.softmax(dim=-2) @ v,
     }
+
+
+def _one_token_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    y = got["y"]
+    check_shape(y, "B H T D", inputs["sizes"], "attend_new_token output")
+    if not bool(torch.isfinite(y).all()):
+        top = float((inputs["q"] @ inputs["k"].transpose(-2, -1)).abs().max()) / math.sqrt(inputs["q"].size(-1))
+        raise fail(f"attend_new_token output has NaN or inf for scores as large as {top:.0f}: exp() overflows "
+                   "float32 past 88. Subtract each row's largest score before exp (the softmax is unchanged by a "
+                   "shift), as torch.softmax does")
+    check_close(y, expected["y"], "attend_new_token output", mistakes=_one_token_mistakes(inputs))
 
 
 def _one_token_hidden(seed: int) -> Inputs:
@@ -613,10 +635,12 @@ PIECES = declare(
           hidden=[("hidden_full", "LayerCache filled one token at a time up to its capacity, batch 1",
                    lambda seed: _cache_inputs(1, 3, 2, [1] * 6, 6, seed)),
                   ("hidden_sizes", "LayerCache with other sizes and chunks", _cache_hidden)]),
-    Piece("11", "attend_new_token", _new_token_attention, _one_token_call, mistakes=_one_token_mistakes,
-          label="attend_new_token output", shape="B H T D", forbidden=_ATTENTION + _WHOLE,
+    Piece("11", "attend_new_token", _new_token_attention, _one_token_call, judge=_one_token_judge,
+          forbidden=_ATTENTION + _WHOLE,
           visible=[("visible", "attend_new_token with q (2, 3, 1, 4) against 7 cached keys",
-                    lambda seed: _one_token_inputs(2, 3, 7, 4, seed))],
+                    lambda seed: _one_token_inputs(2, 3, 7, 4, seed)),
+                   ("large", "attend_new_token with scores in the hundreds (exp() overflows: a stable softmax needed)",
+                    lambda seed: _one_token_large(2, 2, 6, seed))],
           hidden=[("hidden_first", "attend_new_token on the first token (T=1: it sees only itself)",
                    lambda seed: _one_token_inputs(1, 2, 1, 4, seed)),
                   ("hidden_sizes", "attend_new_token with other sizes", _one_token_hidden)]),
