@@ -5,8 +5,8 @@
 import machinery, `sys.modules`, a module's `__dict__`, the installed source (the module's file, every
 `gptcourse` on sys.path, `inspect.getsource`) exec'd afresh, a function rebuilt from its code object, and a
 by-reference pickle. Each must give a stub that raises "not available" when called, or nothing.
-(b) One nbgrader batch per lab (02, 10): submissions whose only filled cells reach the reference through those
-routes earn 0 for those pieces; the solution still earns full marks (its tests/test_labs_NN.py checks every lab).
+(b) Submissions whose only filled cells reach the reference through those routes earn 0 for those pieces: they
+are rows of the WRONG tables of labs 02 and 10 (tests/reference_routes.py), graded in those labs' round trips.
 """
 
 from __future__ import annotations
@@ -126,62 +126,3 @@ def test_every_route_to_a_reference_gives_a_stub_or_nothing(lab, tmp_path):
     assert not real, f"lab {lab}'s kernel reached a reference: {real}"
     for module, name in wanted:  # the routes that always find the name find its stub
         assert found[f"{module}.{name} import_module"] == found[f"{module}.{name} pickle"] == "stub"
-
-
-# (b) Submissions whose only filled cell copies the reference through routes that neither the source scan nor the
-# kernel's identity check follows: the package's file found from `check`, run with `exec` or `compile` fetched
-# through pickle's machinery, and a function rebuilt from a code object.
-ROUTE = '''
-import inspect, io, math, os, pickle, types
-import torch
-from torch.nn import functional as F
-from gptcourse.grading import check
-
-_file = os.path.join(os.path.dirname(os.path.dirname(inspect.getfile(check))), *{relative!r}.split("/"))
-_machinery = pickle.Unpickler(io.BytesIO())
-'''
-SOURCE_EXEC = ROUTE + '''
-_names = {{"__name__": "__main__", "__package__": {package!r}}}
-try:
-    _machinery.find_class("builtins", "exec")(open(_file).read(), _names)
-except Exception:  # a lab module registers its cases twice: what it defined before that is there
-    pass
-{student} = _names[{name!r}]
-'''
-CODE_OBJECT = ROUTE + '''
-_module = _machinery.find_class("builtins", "compile")(open(_file).read(), _file, "exec")
-_code = next(c for c in _module.co_consts if getattr(c, "co_name", None) == {name!r})
-_builtins = _machinery.find_class("builtins", "abs").__self__
-{student} = types.FunctionType(_code, {{"__builtins__": _builtins, "math": math, "torch": torch, "F": F, {extra}}},
-                               None, (None,) * _code.co_argcount)
-'''
-ROUTES = {
-    "02_causal_attention": {
-        "head-source-exec": ({"AttentionHead": SOURCE_EXEC.format(relative="model/causal_attention.py",
-                                                         package="gptcourse.model", name="AttentionHead",
-                                                         student="AttentionHead")},
-                             {"test_AttentionHead", "test_AttentionHead_hidden"}),
-        "attention-code-object": ({"attention": CODE_OBJECT.format(
-            relative="model/causal_attention.py", name="attention", student="attention",
-            extra='"causal_mask": lambda t, tk, device: causal_mask(t)')},
-                                  {"test_attention", "test_attention_causal", "test_attention_hidden",
-                                   "test_AttentionHead", "test_AttentionHead_hidden"}),
-    },
-    "10_finetuning_and_rewards": {
-        "mask-reference-source": ({"padding_mask": SOURCE_EXEC.format(relative="model/causal_attention.py",
-                                                                      package="gptcourse.model",
-                                                                      name="padding_mask", student="padding_mask")},
-                                  {"test_padding_mask", "test_padding_mask_left", "test_padding_mask_hidden"}),
-        "bt-code-object": ({"bradley_terry_loss": CODE_OBJECT.format(
-            relative="finetuning/losses.py", name="bradley_terry_loss", student="bradley_terry_loss", extra="")},
-                           {"test_bradley_terry_loss", "test_bradley_terry_loss_hidden"}),
-    },
-}
-
-
-@pytest.mark.parametrize("lab", sorted(ROUTES))
-def test_a_copied_reference_earns_nothing_and_the_solution_full_marks(lab, course):
-    scores = course.grade_class(lab, ROUTES[lab])
-    assert scores["solution"] == course.expected_scores(lab)
-    assert {student: scores[student] for student in ROUTES[lab]} == \
-        {student: course.expected_scores(lab, fails) for student, (_, fails) in ROUTES[lab].items()}

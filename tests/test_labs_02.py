@@ -4,6 +4,7 @@ mistake loses exactly the points of the tests it should fail."""
 from __future__ import annotations
 
 from lab_roundtrip import RoundTrip, Validation
+from reference_routes import copied_references
 
 LAB = "02_causal_attention"
 ATTENTION = '''
@@ -35,6 +36,7 @@ class AttentionHead(nn.Module):
     def forward(self, x):
         return attention(self.query(x), self.key(x), x)
 '''}, {"test_AttentionHead", "test_AttentionHead_hidden"}),
+    **copied_references(LAB),  # the reference copied by routes the scan does not follow
 }
 
 class TestLab02(RoundTrip):

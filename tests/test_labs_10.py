@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from lab_roundtrip import RoundTrip, Validation, check_named_mistake
+from reference_routes import copied_references
 
 LAB = "10_finetuning_and_rewards"
 POOL = '''
@@ -61,6 +62,7 @@ WRONG = {
         loss="-torch.log(torch.sigmoid(chosen - rejected) + 1e-8).mean()")}, BT_TESTS),
     "bt-mean-before-log-sigmoid": ({"bradley_terry_loss": BRADLEY_TERRY.format(
         loss="-F.logsigmoid((chosen - rejected).mean())")}, {"test_bradley_terry_loss", *BT_TESTS}),
+    **copied_references(LAB),  # the reference copied by routes the scan does not follow
 }
 # student -> (a case their code fails, what its message says)
 SAYS = {
