@@ -352,6 +352,25 @@ def test_greedy_until_stop_equals_generate_one_prompt_at_a_time_cut_at_the_stop(
         greedy_until_stop(model, prompts, config.vocab_size, 1)
 
 
+def test_greedy_until_stop_runs_only_the_rows_still_running():
+    """A row that has stopped leaves the batch: the cost of one answer that runs on is one row, not the batch."""
+    model = _model(GPT2_LIKE).double()
+    prompts = _sequences(GPT2_LIKE.vocab_size, LENGTHS)
+    stop_id = greedy_until_stop(model, prompts[:1], 0, 1)[0][0]  # prompt 0's first token: it stops at once
+    shapes = []
+    hook = model.register_forward_pre_hook(lambda module, args: shapes.append(tuple(args[0].shape)))
+    try:
+        said = greedy_until_stop(model, prompts, stop_id, 6)
+    finally:
+        hook.remove()
+    running = [sum(len(answer) > step for answer in said) for step in range(len(shapes))]
+    assert said[0] == [stop_id] and [b for b, _ in shapes] == running and running[1] < len(prompts)
+    longest = [max(len(p) + min(len(a), step) for p, a in zip(prompts, said, strict=True)
+                    if len(a) > step)
+               for step in range(len(shapes))]
+    assert [t for _, t in shapes] == longest  # padded to the longest running row, no wider
+
+
 def test_keywordless_line_kinds_are_the_line_kinds_without_their_keyword():
     text = load_text()
     keywords = {0: ("#",), 1: ("def", "class"), 2: ("return",), 3: ("if", "elif", "for", "while")}

@@ -1,11 +1,10 @@
 """Greedy answers to a batch of prompts that stop at an end-of-text token, as an instruction-tuned model is used.
 
-The prompts are padded on the left, so that every row's last token sits in the last column and each step appends
-one column; positions count real tokens only (`GPT.forward_hidden`), so a row computes what it computes alone.
+Each step runs the rows still running as one batch, padded on the left, so that every row's last token sits in the
+last column; positions count real tokens only (`GPT.forward_hidden`), so a row computes what it computes alone.
 A row stops when it emits `stop_id`, when its prompt and answer fill the context window, or after
-`max_new_tokens`; a stopped row gets pads (mask 0) from then on, and decoding ends when every row has stopped.
-Each step recomputes the last context-window of columns (a KV cache does not take a padding mask here): a running
-row's real tokens are always among them, since they are right-aligned and fit in the window.
+`max_new_tokens`; a stopped row leaves the batch, so one answer that runs on costs one row, not the whole batch.
+Each step recomputes every running row (a KV cache does not take a padding mask here).
 """
 
 from __future__ import annotations
@@ -28,28 +27,26 @@ def greedy_until_stop(model: GPT, prompts: Sequence[Sequence[int]], stop_id: int
         raise ValueError(f"stop_id must be a token id in [0, {model.config.vocab_size}), got {stop_id}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    lengths = torch.tensor([len(p) for p in prompts])  # (B,): each row's real tokens
-    if lengths.numel() and int(lengths.max()) >= limit:
-        raise ValueError(f"a prompt of {int(lengths.max())} tokens leaves no room to answer in the context window "
+    longest = max((len(p) for p in prompts), default=0)
+    if longest >= limit:
+        raise ValueError(f"a prompt of {longest} tokens leaves no room to answer in the context window "
                          f"of {limit} tokens")
-    ids, mask = pad_batch(prompts, pad_id=pad_id, side="left")  # (B, T) each
+    sequences = [list(p) for p in prompts]  # each row's prompt and answer so far
     answers: list[list[int]] = [[] for _ in prompts]
-    running = torch.ones(len(prompts), dtype=torch.bool)  # (B,): rows that have not stopped yet
+    running = list(range(len(prompts)))  # rows that have not stopped yet
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
             for _ in range(max_new_tokens):
-                logits = model(ids[:, -limit:], attention_mask=mask[:, -limit:])[:, -1]  # (B, V): each row's last
-                next_id = logits.argmax(dim=-1).masked_fill(~running, pad_id)  # (B,)
-                for row in running.nonzero().flatten().tolist():
-                    answers[row].append(int(next_id[row]))
-                ids = torch.cat([ids, next_id[:, None]], dim=1)
-                mask = torch.cat([mask, running.long()[:, None]], dim=1)
-                lengths += running.long()
-                running &= (next_id != stop_id) & (lengths < limit)
-                if not running.any():
+                if not running:
                     break
+                ids, mask = pad_batch([sequences[row] for row in running], pad_id=pad_id, side="left")  # (B, T)
+                next_ids = model(ids, attention_mask=mask)[:, -1].argmax(dim=-1)  # (B,): each row's next token
+                for row, token in zip(running, next_ids.tolist(), strict=True):
+                    sequences[row].append(token)
+                    answers[row].append(token)
+                running = [row for row in running if answers[row][-1] != stop_id and len(sequences[row]) < limit]
     finally:
         model.train(was_training)
     return answers
