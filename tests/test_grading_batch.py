@@ -211,6 +211,16 @@ def test_batch_kernels_get_their_share_of_the_cores(zygote, tmp_path):
     one_thread.close()
 
 
+def test_a_forked_kernels_first_optimizer_step_imports_nothing(zygote, tmp_path):
+    """The zygote preloaded what torch's first AdamW step imports (torch._dynamo): no kernel pays for it again."""
+    from nbgrader.preprocessors import Execute
+
+    step = ("import sys, torch\nbefore = set(sys.modules)\np = torch.nn.Parameter(torch.zeros(3))\n"
+            "p.grad = torch.ones(3)\ntorch.optim.AdamW([p]).step()\n"
+            "print(sorted(m for m in set(sys.modules) - before if m.startswith('torch._'))[:5])")
+    assert run_notebook([step], with_zygote(Execute, zygote), tmp_path) == ["[]\n"]
+
+
 def test_timeout_interrupts_the_forked_kernel_which_goes_on(zygote, tmp_path):
     from nbgrader.preprocessors import Execute
 
