@@ -169,6 +169,17 @@ def check_known_mistakes(
             raise fail(f"{name}: {description}.")
 
 
+LOG_EPSILONS = (1e-6, 1e-8, 1e-9, 1e-10, 1e-12)  # what students add inside a log to keep it finite
+
+
+def eps_in_log_mistakes(probability: torch.Tensor, written: str, each: str, advice: str) -> dict[str, torch.Tensor]:
+    """The mean loss -log(probability + eps) for each eps of LOG_EPSILONS, named as a known mistake: the eps keeps
+    the loss finite and caps each `each`'s loss at -log(eps) (`written`: how the probability reads in the
+    message, `advice`: how to compute its log without forming it)."""
+    return {f"log({written} + {eps:g}) caps each {each}'s loss at -log({eps:g}) = {-math.log(eps):.1f}: {advice}":
+            -(probability + eps).log().mean() for eps in LOG_EPSILONS}
+
+
 def check_close(
     got: torch.Tensor,
     expected: torch.Tensor,

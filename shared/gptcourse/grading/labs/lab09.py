@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ...checks import check_close, fail, fmt_shape
+from ...checks import check_close, eps_in_log_mistakes, fail, fmt_shape
 from ...model.config import GPTConfig
 from ...text.corpus import get_batch
 from ...training.clipping import clip_grad_norm
@@ -65,9 +65,8 @@ def _ce_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             -(z.softmax(-1).gather(1, t[:, None])).mean(),
         "log-sum-exp without its shift back: log(sum exp(z - m)) needs + m (the row's max) added back":
             (torch.logsumexp(z, -1) - z.max(-1).values - z.gather(1, t[:, None]).squeeze(1)).mean(),
-    } | {f"log(p + {eps:g}) caps each row's loss at -log({eps:g}) = {-math.log(eps):.1f}: a target far below its row's "
-         "best logit has p = 0 in float32. Compute log p without forming p: z[target] - log-sum-exp(z)":
-         -(z.softmax(-1).gather(1, t[:, None]) + eps).log().mean() for eps in (1e-6, 1e-8, 1e-9, 1e-10, 1e-12)}
+    } | eps_in_log_mistakes(z.softmax(-1).gather(1, t[:, None]), "p", "row", "a target far below its row's best "
+                            "logit has p = 0 in float32. Compute log p without forming p: z[target] - log-sum-exp(z)")
 
 
 def _ce_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ...checks import check_close, check_dtype, check_shape, fail, fmt_shape
+from ...checks import check_close, check_dtype, check_shape, eps_in_log_mistakes, fail, fmt_shape
 from ...finetuning.lora import LoRALinear
 from ...finetuning.losses import IGNORE_INDEX, bradley_terry_loss, response_labels
 from ...model.causal_attention import causal_mask, padding_mask
@@ -235,9 +235,8 @@ def _bt_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "the loss is summed over the pairs: average it with .mean()": -F.logsigmoid(d).sum(),
         "the differences were averaged before the log-sigmoid: the loss is the mean of each pair's "
         "-log sigmoid(chosen - rejected)": -F.logsigmoid(d.mean()),
-    } | {f"log(sigmoid(d) + {eps:g}) caps each pair's loss at -log({eps:g}) = {-math.log(eps):.1f}: for a pair far the "
-         "wrong way round sigmoid(d) is 0 in float32. Use F.logsigmoid(d), which never forms sigmoid(d)":
-         -(torch.sigmoid(d) + eps).log().mean() for eps in (1e-6, 1e-8, 1e-9, 1e-10, 1e-12)}
+    } | eps_in_log_mistakes(torch.sigmoid(d), "sigmoid(d)", "pair", "for a pair far the wrong way round sigmoid(d) "
+                            "is 0 in float32. Use F.logsigmoid(d), which never forms sigmoid(d)")
     check_close(loss.double(), expected["loss"].double(), "the loss", atol=1e-5, mistakes=mistakes)
     if not got["differentiable"]:
         raise fail("the loss does not require grad: return the tensor computed from the rewards (not .item() or a "
