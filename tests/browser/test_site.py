@@ -392,11 +392,11 @@ def visits(built: Built, browser: Browser, site_url: str) -> dict[str, Visit]:
                    **{_lesson_page(p): "lesson.png" for p in LESSONS if p.stem.startswith("03")}}
     found = {}
     with _site_tab(browser, site_url) as tab:
+        site_path = partial(_site_path, tab.base)
         for path in map(partial(_relative, built), built.pages()):
             tab.traffic.clear()
             tab.open(path)
             facts = tab.page.evaluate(PAGE_FACTS)
-            site_path = partial(_site_path, tab.base)
             found[path] = Visit(path, tab.traffic.problems(), facts["formulas"], facts["texErrors"],
                                 RAW_MATH.findall(facts["prose"]), facts["widths"], site_path(facts["next"]),
                                 site_path(facts["previous"]))
