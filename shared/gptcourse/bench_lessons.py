@@ -4,8 +4,9 @@
     python -m gptcourse.bench_lessons 07 10 --simd all  # some lessons, also as a CPU without AVX computes
     python -m gptcourse.bench_lessons --beside busy-loop --wait-policy ACTIVE   # what spinning threads cost
 
-Each lesson is executed with `jupyter nbconvert --execute` in a fresh kernel (as Run All in JupyterLab, the output
-thrown away); its wall time and CPU time (the converter, its kernel and what they start, from the operating
+Each lesson is executed top to bottom in a fresh kernel (as Run All in JupyterLab; `gptcourse.notebook_run`, which
+is nbclient as `jupyter nbconvert --execute` runs it, minus a widget capture that can hang it; the output is thrown
+away); its wall time and CPU time (the converter, its kernel and what they start, from the operating
 system's accounting of the finished process tree) are printed per condition:
 - alone: nothing else of ours runs (the machine's load average is printed: a shared machine is never idle);
 - beside: while a neighbour keeps running, either another lesson executed in a loop (`--neighbour`, default
@@ -24,7 +25,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -44,10 +44,9 @@ class Timing:
     ok: bool
 
 
-def execute_command(notebook: Path, output_dir: str) -> list[str]:
-    """Run `notebook` top to bottom in a fresh kernel, writing the executed copy to `output_dir`."""
-    return [sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", "--output-dir", output_dir,
-            "--ExecutePreprocessor.timeout=1800", str(notebook)]
+def execute_command(notebook: Path) -> list[str]:
+    """Run `notebook` top to bottom in a fresh kernel (exit status 1 if a cell fails)."""
+    return [sys.executable, "-m", "gptcourse.notebook_run", str(notebook)]
 
 
 def timed_run(command: list[str], env: dict[str, str]) -> tuple[float, float, bool]:
@@ -65,7 +64,7 @@ def neighbour(kind: str, notebook: Path | None, env: dict[str, str]) -> Iterator
     if kind == "busy-loop" or notebook is None:
         command = [sys.executable, "-c", BUSY_LOOP]
     else:
-        run = execute_command(notebook, tempfile.gettempdir())
+        run = execute_command(notebook)
         loop = f"import subprocess\nwhile True:\n    subprocess.run({run!r}, stdout=subprocess.DEVNULL)"
         command = [sys.executable, "-c", loop]
     proc = subprocess.Popen(command, env=env, start_new_session=True)
@@ -81,16 +80,15 @@ def neighbour(kind: str, notebook: Path | None, env: dict[str, str]) -> Iterator
 def measure(lessons: list[Path], simd: list[str], beside: str, neighbour_lesson: Path | None,
             wait_policy: str | None) -> Iterator[Timing]:
     """Each lesson alone, then beside the neighbour, for each SIMD setting."""
-    with tempfile.TemporaryDirectory() as out:
-        for level in simd:
-            env = {**os.environ, **SIMD[level]}
-            if wait_policy:
-                env["OMP_WAIT_POLICY"] = wait_policy
-            for lesson in lessons:
-                yield Timing(lesson.stem, level, "alone", *timed_run(execute_command(lesson, out), env))
-                with neighbour(beside, neighbour_lesson, env):
-                    what = neighbour_lesson.stem if neighbour_lesson is not None else beside
-                    yield Timing(lesson.stem, level, what, *timed_run(execute_command(lesson, out), env))
+    for level in simd:
+        env = {**os.environ, **SIMD[level]}
+        if wait_policy:
+            env["OMP_WAIT_POLICY"] = wait_policy
+        for lesson in lessons:
+            yield Timing(lesson.stem, level, "alone", *timed_run(execute_command(lesson), env))
+            with neighbour(beside, neighbour_lesson, env):
+                what = neighbour_lesson.stem if neighbour_lesson is not None else beside
+                yield Timing(lesson.stem, level, what, *timed_run(execute_command(lesson), env))
 
 
 def find_lessons(folder: Path, numbers: list[str]) -> list[Path]:

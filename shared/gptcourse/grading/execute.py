@@ -47,6 +47,7 @@ from nbgrader import utils
 from nbgrader.preprocessors import Execute
 from traitlets import Integer
 
+from ..notebook_run import drop_widget_capture
 from .cases import kernel_environment
 from .kernel_inputs import FILE_NAME, INPUTS_ENV, write_inputs
 from .report import add_line, cell_label
@@ -102,6 +103,7 @@ class RobustExecute(Execute):
         from nbclient import NotebookClient
 
         NotebookClient.__init__(self, nb, km)
+        drop_widget_capture(self)  # a student's interact() must not hang the grader (`notebook_run.py`)
         self.reset_execution_trackers()
         self._check_assign_resources(resources)
         self.shutdown_kernel = "immediate"
