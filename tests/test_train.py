@@ -93,9 +93,9 @@ def test_default_recipe_keeps_the_lesson_signature():
 def test_cli_prints_loss_iterations_and_time(tmp_path, capsys):
     path = tmp_path / "corpus.txt"
     path.write_text(CORPUS, encoding="utf-8")
-    main(["--text", str(path), "--steps", "8", "--no-progress", "--final-eval-batches", "2"])
+    main(["--text", str(path), "--steps", "8", "--no-progress", "--eval-batches", "2", "--final-eval-batches", "2"])
     out = capsys.readouterr().out
-    assert out.startswith("val loss ") and "on 2) after 8 iterations in " in out, out
+    assert out.startswith("val loss ") and "(2 batches; " in out and "on 2) after 8 iterations in " in out, out
 
 
 def test_block_size_longer_than_context_is_refused():

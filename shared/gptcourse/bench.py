@@ -89,6 +89,7 @@ FULL = {
     "generate_tokens": 256,
     "generate_rounds": 3,
     "cli_rounds": 7,
+    "cli_warmup": 1,
     "gqa_shape": Shape(6, 8, 384, 256, 8),  # the big shape with 8 heads (6 do not split into 4 groups)
     "bpe_chars": None,  # the whole default corpus
     "bpe_vocab_size": 1024,
@@ -102,7 +103,8 @@ QUICK = {
     "attention_rounds": 3,
     "generate_tokens": 16,
     "generate_rounds": 2,
-    "cli_rounds": 2,
+    "cli_rounds": 1,
+    "cli_warmup": 0,  # each call starts a process that imports torch and Jupyter: seconds, and no speed is read here
     "gqa_shape": Shape(2, 4, 32, 16, 4),
     "bpe_chars": 20_000,
     "bpe_vocab_size": 300,
@@ -452,14 +454,14 @@ def bench_attention_memory_kept(length: int, rounds: int) -> dict | None:
     return json.loads(proc.stdout)[0]
 
 
-def bench_command_line(rounds: int) -> dict:
+def bench_command_line(rounds: int, warmup: int) -> dict:
     """`gptcourse --help` and `gptcourse check-env` against `python -c pass`, each a fresh process, interleaved:
     the command line imports torch and jupyter only for the command that needs them."""
     python = [sys.executable, "-c", "pass"]
     cli = [sys.executable, "-m", "gptcourse.cli"]
     commands = {"python": python, "help": [*cli, "--help"], "check_env": [*cli, "check-env"]}
     seconds = median_seconds({name: (lambda c=c: subprocess.run(c, capture_output=True, check=True))
-                              for name, c in commands.items()}, rounds, warmup=1)
+                              for name, c in commands.items()}, rounds, warmup)
     return {"python_ms": 1e3 * seconds["python"], "help_ms": 1e3 * seconds["help"],
             "check_env_ms": 1e3 * seconds["check_env"], "help_over_python": seconds["help"] / seconds["python"],
             "check_env_over_python": seconds["check_env"] / seconds["python"]}
@@ -476,7 +478,7 @@ def run(quick: bool = False) -> dict:
     training = [bench_training(shape, rounds, plan["peak_size"])
                 for shape, rounds in zip(plan["shapes"], plan["train_rounds"], strict=True)]
     gen = bench_generation(big, plan["generate_tokens"], plan["generate_rounds"])
-    cli = bench_command_line(plan["cli_rounds"])
+    cli = bench_command_line(plan["cli_rounds"], plan["cli_warmup"])
     optimizer = bench_optimizer(plan["shapes"][0], plan["train_rounds"][0])
     gqa = bench_gqa_generation(plan["gqa_shape"], plan["generate_tokens"], plan["generate_rounds"])
     bpe = bench_bpe(plan["bpe_chars"], plan["bpe_vocab_size"], plan["bpe_rounds"])
