@@ -79,6 +79,16 @@ def test_filter_logits_equals_hugging_face_warpers(top_k, top_p):
         assert torch.equal(filter_logits(logits, top_k=top_k, top_p=top_p), expected)
 
 
+def test_top_p_of_logits_in_the_hundreds_is_that_of_the_same_logits_shifted_down():
+    """exp() overflows float32 past 88: the softmax inside top-p must subtract each row's largest logit."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.stack([torch.randperm(16, generator=gen) * 0.5 for _ in range(4)])  # distinct, exact when shifted
+    kept = filter_logits(logits, top_p=0.8).isfinite()
+    assert 0 < kept.sum() < kept.numel()
+    shifted = logits + torch.tensor([[100.0], [300.0], [600.0], [900.0]])
+    assert torch.equal(filter_logits(shifted, top_p=0.8).isfinite(), kept)
+
+
 def test_top_p_keeps_the_smallest_set_that_reaches_p():
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     kept = lambda p: filter_logits(probs.log(), top_p=p).isfinite()[0].tolist()  # noqa: E731

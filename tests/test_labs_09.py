@@ -25,9 +25,11 @@ def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, we
     exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad * grad
     m_hat = exp_avg{correction}
     v_hat = exp_avg_sq / (1 - beta2**step)
-    return param - lr * m_hat / (v_hat.sqrt() + eps), exp_avg, exp_avg_sq
+    return {update}, exp_avg, exp_avg_sq
 '''
-RIGHT_ADAMW = {"decay": "param = param * (1 - lr * weight_decay)", "correction": " / (1 - beta1**step)"}
+RIGHT_ADAMW = {"decay": "param = param * (1 - lr * weight_decay)", "correction": " / (1 - beta1**step)",
+               "update": "param - lr * m_hat / (v_hat.sqrt() + eps)"}
+ADAMW_TESTS = {"test_adamw_step", "test_adamw_step_decay", "test_adamw_step_hidden"}
 LR_AT = '''
 def lr_at(step, max_lr, min_lr, warmup_steps, total_steps):
     if step < warmup_steps:
@@ -84,11 +86,18 @@ WRONG = {
     "log-plus-eps": ({"cross_entropy": EPS_CROSS_ENTROPY}, {"test_cross_entropy_large", "test_cross_entropy_hidden",
                                                             "test_accumulate_gradients"}),
     "coupled-decay": ({"adamw_step": ADAMW.format(**RIGHT_ADAMW | {"decay": "grad = grad + weight_decay * param"})},
-                      {"test_adamw_step", "test_adamw_step_hidden"}),
-    "no-bias-correction": ({"adamw_step": ADAMW.format(**RIGHT_ADAMW | {"correction": ""})},
-                           {"test_adamw_step", "test_adamw_step_hidden"}),
+                      ADAMW_TESTS),
+    # off by lr**2 * weight_decay * update a step: within the first visible case's tolerance (lr=0.01,
+    # weight_decay=0.1); the decay case catches it, and so does the hidden case this student draws (lr=0.05)
+    "decay-after-update": ({"adamw_step": ADAMW.format(**RIGHT_ADAMW | {
+        "decay": "pass", "update": f"({RIGHT_ADAMW['update']}) * (1 - lr * weight_decay)"})},
+        ADAMW_TESTS - {"test_adamw_step"}),
+    "decay-divided-by-sqrt-v": ({"adamw_step": ADAMW.format(**RIGHT_ADAMW | {
+        "decay": "pass", "update": "param - lr * (m_hat + weight_decay * param) / (v_hat.sqrt() + eps)"})},
+        ADAMW_TESTS),
+    "no-bias-correction": ({"adamw_step": ADAMW.format(**RIGHT_ADAMW | {"correction": ""})}, ADAMW_TESTS),
     "bias-correction-step-plus-one": ({"adamw_step": ADAMW.format(**RIGHT_ADAMW | {
-        "decay": RIGHT_ADAMW["decay"] + "\n    step = step + 1"})}, {"test_adamw_step", "test_adamw_step_hidden"}),
+        "decay": RIGHT_ADAMW["decay"] + "\n    step = step + 1"})}, ADAMW_TESTS),
     "warmup-from-zero": ({"lr_at": LR_AT.format(**RIGHT_LR_AT | {"warmup": "step"})},
                          {"test_lr_at", "test_lr_at_hidden"}),
     "cosine-over-max-lr": ({"lr_at": LR_AT.format(**RIGHT_LR_AT | {"swing": "max_lr"})},
@@ -108,6 +117,9 @@ SAYS = {
     "no-log-sum-exp": ("09.cross_entropy.large", "exp() overflows float32 past 88"),
     "log-plus-eps": ("09.cross_entropy.large", "log(p + 1e-09) caps each row's loss at -log(1e-09) = 20.7"),
     "coupled-decay": ("09.adamw_step.visible", "weight decay applied to the gradient, not decoupled"),
+    "decay-after-update": ("09.adamw_step.decay", "weight decay applied after the update: it shrinks the "
+                           "already-updated weight"),
+    "decay-divided-by-sqrt-v": ("09.adamw_step.visible", "weight decay divided by sqrt(v_hat) + eps"),
     "no-bias-correction": ("09.adamw_step.visible", "bias correction missing: step 1 is 10x too small"),
     "bias-correction-step-plus-one": ("09.adamw_step.visible", "the bias correction uses step + 1"),
     "warmup-from-zero": ("09.lr_at.visible", "the warmup starts at 0"),
@@ -123,8 +135,8 @@ SAYS = {
 class TestLab09(RoundTrip):
     LAB = LAB
     WRONG = WRONG
-    TOTAL = 32
-    VALIDATE = Validation("no-bias-correction", 1, (
+    TOTAL = 34
+    VALIDATE = Validation("no-bias-correction", 2, (
         'check("09.adamw_step.visible", adamw_step)',
         "bias correction missing: step 1 is 10x too small",
     ))

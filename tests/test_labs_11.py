@@ -26,10 +26,11 @@ RIGHT_CACHE = {"start": "self.length", "ret": "self.k[:, :, :end], self.v[:, :, 
 TOP_P = '''
 def top_p_filter(logits, top_p):
     ordered, order = logits.sort(dim=-1, descending=True)
-    probs = ordered.softmax(dim=-1)
+    probs = {probs}
     keep = {keep}
     return logits.masked_fill(~keep.scatter(-1, order, keep), float("-inf"))
 '''
+RIGHT_TOP_P = {"probs": "ordered.softmax(dim=-1)", "keep": "probs.cumsum(dim=-1) - probs < top_p"}
 GQA = '''
 class GroupedQueryAttention(nn.Module):
     def __init__(self, d_model, n_heads, n_kv_heads):
@@ -82,8 +83,12 @@ WRONG = {
     "cache-whole-buffer": ({"LayerCache": CACHE.format(**RIGHT_CACHE | {"ret": "self.k, self.v"})},
                            {"test_LayerCache", "test_LayerCache_hidden", *GENERATE_TESTS}),
     # the token that crosses p is dropped: wrong on every row whose top token alone does not reach p
-    "top-p-above-threshold": ({"top_p_filter": TOP_P.format(keep="probs.cumsum(dim=-1) <= top_p")},
-                              {"test_top_p_filter", "test_top_p_filter_skewed", "test_top_p_filter_hidden"}),
+    "top-p-above-threshold": ({"top_p_filter": TOP_P.format(**RIGHT_TOP_P | {"keep": "probs.cumsum(dim=-1) <= top_p"})},
+                              {"test_top_p_filter", "test_top_p_filter_skewed", "test_top_p_filter_large",
+                               "test_top_p_filter_hidden"}),
+    # right for ordinary logits; NaN probabilities, so every token masked, on the rows where exp() overflows
+    "top-p-naive-softmax": ({"top_p_filter": TOP_P.format(**RIGHT_TOP_P | {
+        "probs": "ordered.exp() / ordered.exp().sum(dim=-1, keepdim=True)"})}, {"test_top_p_filter_large"}),
     # one query and a top-left mask: right only when the single key is the token itself (hidden_first)
     "one-token-causal-mask": ({"attend_new_token": "def attend_new_token(q, k, v):\n"
                                             "    return F.scaled_dot_product_attention(q, k, v, is_causal=True)"},
@@ -118,6 +123,8 @@ SAYS = {
     "cache-at-zero": ("11.LayerCache.visible", "the cache is written at position 0 every step"),
     "cache-whole-buffer": ("11.LayerCache.visible", "all 12 positions of the buffer, expected the 4 written"),
     "top-p-above-threshold": ("11.top_p_filter.visible", "top-p keeps the tokens *above* the threshold"),
+    "top-p-naive-softmax": ("11.top_p_filter.large", "exp() overflows float32 past 88, so exp(logits) / "
+                            "exp(logits).sum() is inf / inf = NaN there"),
     "one-token-causal-mask": ("11.attend_new_token.visible", "the new token sees only the first key"),
     "attend-naive-softmax": ("11.attend_new_token.large", "exp() overflows float32 past 88"),
     "repeat-tiled": ("11.repeat_kv.visible", "the kv heads are tiled"),
@@ -134,8 +141,8 @@ SAYS = {
 class TestLab11(RoundTrip):
     LAB = LAB
     WRONG = WRONG
-    TOTAL = 36
-    VALIDATE = Validation("top-p-above-threshold", 2, (
+    TOTAL = 38
+    VALIDATE = Validation("top-p-above-threshold", 3, (
         'check("11.top_p_filter.visible", top_p_filter)',
         "the smallest set of the most likely tokens whose mass reaches p",
         "top_p_filter masked every token of a row: the most likely token always stays",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import math
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.nn import functional as F
@@ -131,27 +131,39 @@ def _adamw_call(fn: Any, inputs: Inputs) -> Outputs:
 
 def _wrong_adamw_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
                       step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, *,
-                      decoupled: bool = True, correct_m: bool = True, correct_v: bool = True,
-                      decay_times_lr: bool = True, eps_inside: bool = False,
+                      decay: Literal["first", "gradient", "after", "in_step"] = "first", correct_m: bool = True,
+                      correct_v: bool = True, decay_times_lr: bool = True, eps_inside: bool = False,
                       step_offset: int = 0) -> tuple[torch.Tensor, ...]:
-    """An adamw_step with one of the usual mistakes, run through the same call as the student's."""
-    if decoupled:
-        param = param * (1 - (lr * weight_decay if decay_times_lr else weight_decay))
-    else:
+    """An adamw_step with one of the usual mistakes, run through the same call as the student's. `decay`: where
+    the weight decay goes, "first" (right: the weight is shrunk before the update)."""
+    shrink = 1 - (lr * weight_decay if decay_times_lr else weight_decay)
+    if decay == "first":
+        param = param * shrink
+    elif decay == "gradient":
         grad = grad + weight_decay * param  # L2 regularisation folded into the gradient (Adam, not AdamW)
     m = beta1 * exp_avg + (1 - beta1) * grad
     v = beta2 * exp_avg_sq + (1 - beta2) * grad * grad
     step += step_offset
     m_hat = m / (1 - beta1**step) if correct_m else m
     v_hat = v / (1 - beta2**step) if correct_v else v
-    return param - lr * m_hat / ((v_hat + eps).sqrt() if eps_inside else v_hat.sqrt() + eps), m, v
+    if decay == "in_step":
+        m_hat = m_hat + weight_decay * param  # the decay joins the update, and sqrt(v_hat) + eps divides it
+    param = param - lr * m_hat / ((v_hat + eps).sqrt() if eps_inside else v_hat.sqrt() + eps)
+    return param * shrink if decay == "after" else param, m, v
 
 
 def _adamw_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     b1 = inputs["beta1"]
     mistakes = {
         "weight decay applied to the gradient, not decoupled: AdamW shrinks the weight itself, param * (1 - lr "
-        "* weight_decay), and m and v see the plain gradient": {"decoupled": False},
+        "* weight_decay), and m and v see the plain gradient": {"decay": "gradient"},
+        "weight decay applied after the update: it shrinks the already-updated weight, (param - lr * update) * (1 - "
+        "lr * weight_decay), off by lr**2 * weight_decay * update. Shrink the weight first, param * (1 - lr * "
+        "weight_decay), then subtract lr * m_hat / (sqrt(v_hat) + eps), in torch.optim.AdamW's order":
+            {"decay": "after"},
+        "weight decay divided by sqrt(v_hat) + eps: weight_decay * param joined m_hat, so the adaptive scale "
+        "rescales the decay too (most where gradients are small). Decoupled decay stays outside the Adam update: "
+        "param * (1 - lr * weight_decay), then param - lr * m_hat / (sqrt(v_hat) + eps)": {"decay": "in_step"},
         f"bias correction missing: step 1 is {1 / (1 - b1):.0f}x too small. Divide m by (1 - beta1**step) and "
         "v by (1 - beta2**step)": {"correct_m": False},
         "bias correction missing on both moments: step 1 comes out about 3x too large. Divide m by "
@@ -521,7 +533,10 @@ PIECES = declare(
                      "torch.optim._functional"),
           visible=[("visible", "three adamw_steps on 12 numbers, lr=0.01, betas (0.9, 0.999), weight_decay=0.1",
                     lambda seed: _adamw_inputs(12, 3, seed, lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8,
-                                               weight_decay=0.1))],
+                                               weight_decay=0.1)),
+                   ("decay", "three adamw_steps on 12 numbers, lr=0.1, weight_decay=0.5 (a 5% shrink a step: where "
+                    "the decay goes shows)", lambda seed: _adamw_inputs(12, 3, seed, lr=0.1, beta1=0.9, beta2=0.999,
+                                                                       eps=1e-8, weight_decay=0.5))],
           hidden=[("hidden_sizes", "adamw_steps with other sizes, steps and hyper-parameters", _adamw_hidden)]),
     Piece("09", "lr_at", _lr_at, _schedule_call, mistakes=_schedule_mistakes,
           label="the learning rates at steps 0 .. total_steps + 4", atol=1e-12, rtol=1e-9,

@@ -210,6 +210,15 @@ def _top_p_inputs(b: int, v: int, top_p: float, spread: float, seed: int) -> Inp
     return {"logits": logits, "top_p": top_p, "sizes": {"B": b, "V": v}}
 
 
+def _top_p_large(b: int, v: int, top_p: float, seed: int) -> Inputs:
+    """Every other row shifted into the hundreds, where exp() overflows float32 (past 88); a shift by the row's
+    largest logit is exact there (each row's logits are within a factor 2 of each other), so a stable softmax
+    gives those rows the probabilities of an ordinary row."""
+    inputs = _top_p_inputs(b, v, top_p, 1.5, seed)
+    inputs["logits"][1::2] += torch.randint(100, 1000, (b // 2, 1), generator=tensor_rng(seed + 1))
+    return inputs
+
+
 def _top_p_call(fn: Any, inputs: Inputs) -> Outputs:
     logits = inputs["logits"]
     out = fn(logits.clone(), inputs["top_p"])
@@ -241,6 +250,13 @@ def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     if bool(want.logical_not().any()) and bool(kept.all()):
         raise fail("top_p_filter set no logit to -inf: the tokens outside the nucleus must become -inf (not 0, "
                    "which exp() turns into probability), so that the softmax gives them nothing")
+    wrong = (kept != want).any(dim=-1)  # (B,): the rows with a token decided the other way
+    whole = kept.all(dim=-1) | ~kept.any(dim=-1)  # (B,): the rows kept or masked entirely
+    if bool(wrong.any()) and bool((~wrong | (torch.isinf(logits.exp()).any(dim=-1) & whole)).all()):
+        raise fail(f"top_p_filter {'kept' if bool(kept[wrong].all()) else 'masked'} every token of the rows with "
+                   f"logits as large as {float(logits[wrong].max()):.0f}, and is right on the others: exp() overflows "
+                   "float32 past 88, so exp(logits) / exp(logits).sum() is inf / inf = NaN there. Subtract each "
+                   "row's largest logit before exp (the softmax is unchanged by a shift), or use torch.softmax")
     mistakes = {
         "top-p keeps the tokens *above* the threshold: the smallest set of the most likely tokens whose mass "
         "reaches p; the token that crosses p stays (keep a token while the mass before it is < p)":
@@ -649,7 +665,9 @@ PIECES = declare(
           visible=[("visible", "top_p_filter of logits (4, 20) with top_p=0.9",
                     lambda seed: _top_p_inputs(4, 20, 0.9, 1.5, seed)),
                    ("skewed", "top_p_filter of a skewed distribution (4, 30) with top_p=0.5",
-                    lambda seed: _top_p_inputs(4, 30, 0.5, 4.0, seed))],
+                    lambda seed: _top_p_inputs(4, 30, 0.5, 4.0, seed)),
+                   ("large", "top_p_filter of logits (4, 16) with top_p=0.8, two rows in the hundreds (exp() "
+                    "overflows: a stable softmax needed)", lambda seed: _top_p_large(4, 16, 0.8, seed))],
           hidden=[("hidden_all", "top_p_filter with top_p=1.0 (nothing is filtered)",
                    lambda seed: _top_p_inputs(2, 9, 1.0, 1.0, seed)),
                   ("hidden_sizes", "top_p_filter with other sizes, spreads and p", _top_p_hidden)]),
