@@ -332,16 +332,17 @@ def test_tasks_are_deterministic_and_labelled_right():
 
 
 @pytest.mark.parametrize("config", [GPT2_LIKE, LLAMA_LIKE], ids=["learned", "rope"])
-def test_greedy_until_stop_equals_generate_one_prompt_at_a_time_cut_at_the_stop(config):
-    model = _model(config).double()  # float64: the padded batch and the lone prompt pick the same argmax
-    prompts = _sequences(config.vocab_size, LENGTHS)
+def test_greedy_until_stop_equals_recomputed_greedy_one_prompt_at_a_time_cut_at_the_stop(config):
+    model = _model(config).double()  # float64: the cached batch and the recomputed lone prompt pick the same argmax
+    prompts = _sequences(config.vocab_size, [*LENGTHS, 5, 8])  # two lengths twice: rows that share a batch
     limit = config.context_length
-    full = [generate(model, torch.tensor([p]), limit - len(p), temperature=0.0)[0, len(p):].tolist()
-            for p in prompts]  # each prompt until its window is full
+    full = [generate(model, torch.tensor([p]), limit - len(p), temperature=0.0, use_cache=False)[0, len(p):].tolist()
+            for p in prompts]  # each prompt alone, every step recomputed, until its window is full
     stop_id = full[0][3]  # prompt 0 stops at its 4th token at the latest; the others wherever stop_id comes
     expected = [answer[: answer.index(stop_id) + 1] if stop_id in answer else answer for answer in full]
     assert greedy_until_stop(model, prompts, stop_id, limit) == expected
     assert len(expected[0]) <= 4 and expected[0][-1] == stop_id
+    assert len(expected[0]) != len(expected[4])  # the two rows of length 5 stop at different steps
     filled = [len(p) + len(answer) == limit and answer[-1] != stop_id
               for p, answer in zip(prompts, expected, strict=True)]
     assert any(filled)  # some prompt never emits stop_id and ends with its window full
@@ -352,10 +353,11 @@ def test_greedy_until_stop_equals_generate_one_prompt_at_a_time_cut_at_the_stop(
         greedy_until_stop(model, prompts, config.vocab_size, 1)
 
 
-def test_greedy_until_stop_runs_only_the_rows_still_running():
-    """A row that has stopped leaves the batch: the cost of one answer that runs on is one row, not the batch."""
+def test_greedy_until_stop_feeds_each_token_once():
+    """With the KV cache a step feeds one new token per running row: every prompt token and every answer token but
+    the last goes through the model once, and a row that has stopped is fed nothing more."""
     model = _model(GPT2_LIKE).double()
-    prompts = _sequences(GPT2_LIKE.vocab_size, LENGTHS)
+    prompts = _sequences(GPT2_LIKE.vocab_size, [*LENGTHS, 5, 8])
     stop_id = greedy_until_stop(model, prompts[:1], 0, 1)[0][0]  # prompt 0's first token: it stops at once
     shapes = []
     hook = model.register_forward_pre_hook(lambda module, args: shapes.append(tuple(args[0].shape)))
@@ -363,12 +365,10 @@ def test_greedy_until_stop_runs_only_the_rows_still_running():
         said = greedy_until_stop(model, prompts, stop_id, 6)
     finally:
         hook.remove()
-    running = [sum(len(answer) > step for answer in said) for step in range(len(shapes))]
-    assert said[0] == [stop_id] and [b for b, _ in shapes] == running and running[1] < len(prompts)
-    longest = [max(len(p) + min(len(a), step) for p, a in zip(prompts, said, strict=True)
-                    if len(a) > step)
-               for step in range(len(shapes))]
-    assert [t for _, t in shapes] == longest  # padded to the longest running row, no wider
+    assert said[0] == [stop_id] and any(len(a) == 6 for a in said)
+    assert sum(b * t for b, t in shapes) == sum(len(p) + len(a) - 1 for p, a in zip(prompts, said, strict=True))
+    assert len(shapes) == sum(max(len(a) for p, a in zip(prompts, said, strict=True) if len(p) == n)
+                              for n in set(map(len, prompts)))  # each length's rows run as one batch
 
 
 def test_keywordless_line_kinds_are_the_line_kinds_without_their_keyword():

@@ -1,10 +1,9 @@
 """Greedy answers to a batch of prompts that stop at an end-of-text token, as an instruction-tuned model is used.
 
-Each step runs the rows still running as one batch, padded on the left, so that every row's last token sits in the
-last column; positions count real tokens only (`GPT.forward_hidden`), so a row computes what it computes alone.
-A row stops when it emits `stop_id`, when its prompt and answer fill the context window, or after
-`max_new_tokens`; a stopped row leaves the batch, so one answer that runs on costs one row, not the whole batch.
-Each step recomputes every running row (a KV cache does not take a padding mask here).
+Prompts of the same length run together as one batch, without padding, and with a KV cache: the first step feeds
+the prompts, each later step only the token each row has just chosen, so a step costs one position per row instead
+of the whole prefix. A row stops when it emits `stop_id`, when its prompt and answer fill the context window, or
+after `max_new_tokens`; a stopped row is cut from its group's batch (and from the cache) at once.
 """
 
 from __future__ import annotations
@@ -14,11 +13,10 @@ from collections.abc import Sequence
 import torch
 
 from ..model.gpt import GPT
-from .padding import pad_batch
 
 
-def greedy_until_stop(model: GPT, prompts: Sequence[Sequence[int]], stop_id: int, max_new_tokens: int,
-                      pad_id: int = 0) -> list[list[int]]:
+def greedy_until_stop(model: GPT, prompts: Sequence[Sequence[int]], stop_id: int,
+                      max_new_tokens: int) -> list[list[int]]:
     """Each prompt's greedy continuation, up to and including its first `stop_id`; one that never emits it ends
     after `max_new_tokens` tokens or when prompt + answer fill the context window (so `answer[-1] == stop_id`
     says whether it stopped by itself)."""
@@ -31,22 +29,29 @@ def greedy_until_stop(model: GPT, prompts: Sequence[Sequence[int]], stop_id: int
     if longest >= limit:
         raise ValueError(f"a prompt of {longest} tokens leaves no room to answer in the context window "
                          f"of {limit} tokens")
-    sequences = [list(p) for p in prompts]  # each row's prompt and answer so far
     answers: list[list[int]] = [[] for _ in prompts]
-    running = list(range(len(prompts)))  # rows that have not stopped yet
+    groups: dict[int, list[int]] = {}  # prompt length -> the rows with a prompt that long
+    for row, prompt in enumerate(prompts):
+        groups.setdefault(len(prompt), []).append(row)
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            for _ in range(max_new_tokens):
-                if not running:
-                    break
-                ids, mask = pad_batch([sequences[row] for row in running], pad_id=pad_id, side="left")  # (B, T)
-                next_ids = model(ids, attention_mask=mask)[:, -1].argmax(dim=-1)  # (B,): each row's next token
-                for row, token in zip(running, next_ids.tolist(), strict=True):
-                    sequences[row].append(token)
-                    answers[row].append(token)
-                running = [row for row in running if answers[row][-1] != stop_id and len(sequences[row]) < limit]
+            for length, running in groups.items():
+                cache = model.new_cache()
+                feed = torch.tensor([list(prompts[row]) for row in running], dtype=torch.long)  # (B, length)
+                for _ in range(min(max_new_tokens, limit - length)):
+                    next_ids = model(feed, cache=cache)[:, -1].argmax(dim=-1)  # (B,): each row's next token
+                    for row, token in zip(running, next_ids.tolist(), strict=True):
+                        answers[row].append(token)
+                    keep = [i for i, row in enumerate(running) if answers[row][-1] != stop_id]
+                    if not keep:
+                        break
+                    if len(keep) < len(running):
+                        kept = torch.tensor(keep)
+                        cache.keep_rows(kept)
+                        next_ids, running = next_ids[kept], [running[i] for i in keep]
+                    feed = next_ids[:, None]  # (B, 1): only the new token; the cache holds the rest
     finally:
         model.train(was_training)
     return answers

@@ -60,6 +60,11 @@ class LayerCache:
         self.length = end
         return self.k, self.v
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the batch rows `rows` (indices into B) of the cached keys and values."""
+        if self._k is not None and self._v is not None:
+            self._k, self._v = self._k[rows], self._v[rows]  # (B', H, capacity, D)
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the k and v buffers (all `capacity` positions, as allocated)."""
@@ -79,6 +84,11 @@ class KVCache:
     @property
     def length(self) -> int:
         return self.layers[0].length if self.layers else 0
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the batch rows `rows` in every layer, as when some sequences of a batch stop generating."""
+        for layer in self.layers:
+            layer.keep_rows(rows)
 
     @property
     def nbytes(self) -> int:
