@@ -1,23 +1,23 @@
 """`gptcourse similarity LAB`: each submission's code compared with the lab's reference source, the public
-solutions and every classmate, with copydetect's winnowing (the algorithm of MOSS); evidence for the instructor,
-never a change to a score.
+solution and every classmate, with copydetect's fingerprints (MOSS's k-grams); evidence for the instructor, never a
+change to a score. docs/grading.md, "Copies", says what is compared and why the default threshold is 0.45.
 
 What is compared: per piece (`grading/labs/labNN.py`), the code of the submission's solution cell of that
 `grade_id`, with
-- `reference:<module>`: the source, in the installed package, of the piece's reference and of the gptcourse
-  functions and classes a grading wrapper around it calls (`inspect.getsource`);
+- the reference: the whole module of each gptcourse object the piece's reference is or (for a grading wrapper)
+  calls, each piece matched in its own modules; one row, `reference:<module>` (their common prefix);
 - `solutions:<lab>`: the solution cell of solutions/<lab>/<lab>.ipynb (public for self-study), marker lines cut;
 - every other submission's cell of the same piece.
-Code given in the release (labs/<lab>/<lab>.ipynb: the starter code, signatures and docstrings, test cells) is
-copydetect's boilerplate and never counts. A piece whose public solution leaves fewer than `MIN_TOKENS` tokens
-beyond that boilerplate (a one-line mask) is too short for any detector to tell honest from copied: it is listed,
-not scored.
+Code given in the release (labs/<lab>/<lab>.ipynb: signatures, docstrings, starter and test cells) is copydetect's
+boilerplate and never counts. A piece whose public solution has fewer than `MIN_TOKENS` fingerprinted tokens
+beyond it (a one-line mask) is too short to tell honest from copied: listed, not scored.
 
-The shares: copydetect tokenizes (names become V, strings S, comments and whitespace go), fingerprints k-grams
-of `NOISE_TOKENS` tokens and winnows them; the share of a student's code is the number of its tokens inside
-matched k-grams over the number of its fingerprinted tokens, summed over the pieces compared. A pair is flagged
-when the larger of its students' shares reaches the threshold. Submissions are hostile input: they are read as
-JSON and never run, and the HTML report escapes every character of them and runs no script.
+The shares: copydetect tokenizes (names become V, strings S, comments and whitespace go) and takes every k-gram of
+`NOISE_TOKENS` tokens as a fingerprint (its defaults: window 1, so no winnowing choice, and the result does not
+depend on Python's per-process string hashing); a side's share is its fingerprinted tokens inside k-grams the other
+side has too, over all its fingerprinted tokens, summed over the pieces compared. A pair is flagged when the larger
+share held by a student reaches the threshold. Submissions are hostile input: read as JSON, never run; the HTML
+report escapes every character of them and allows no script and no request.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 NOISE_TOKENS = 25  # copydetect's noise threshold k (its default): matches shorter than this never count
-GUARANTEE_TOKENS = 25  # copydetect's default too: window 1, every k-gram is a fingerprint (see `fingerprint`)
+GUARANTEE_TOKENS = 25  # copydetect's default too: window 1, every k-gram is a fingerprint
 MIN_TOKENS = 80  # a piece whose public solution has fewer fingerprinted tokens is not scored
 DEFAULT_THRESHOLD = 0.45  # see docs/grading.md, "Copies": chosen from tests/test_grading_similarity.py's data
 MAX_NOTEBOOK_BYTES = 20_000_000  # a larger file is listed as unreadable, not parsed
@@ -125,6 +125,7 @@ def solution_cells(notebook: Any, names: Iterable[str]) -> dict[str, str]:
 
 
 def code_cells(notebook: Any) -> list[str]:
+    """The code of every code cell (of the release: the boilerplate)."""
     cells = notebook.get("cells") if isinstance(notebook, dict) else None
     return [_cell_code(c) for c in cells or [] if isinstance(c, dict) and c.get("cell_type") == "code"]
 
