@@ -11,8 +11,6 @@ is flagged. Prints the machine's cores and load, the command's wall-clock and CP
 
 from __future__ import annotations
 
-import argparse
-import os
 import random
 import sys
 import tempfile
@@ -20,7 +18,16 @@ from pathlib import Path
 
 import nbformat
 
-from .bench_grading import answered, copy_course, gptcourse, run, submit
+from .bench_grading import (
+    answered,
+    bench_parser,
+    copy_course,
+    gptcourse,
+    load_average,
+    parse_bench_arguments,
+    run,
+    submit,
+)
 
 TARGET_SECONDS = 60.0
 
@@ -53,25 +60,14 @@ def build_class(course: Path, lab: str, students: int, seed: int = 0) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gptcourse.grading.bench_similarity", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lab", default="09_training_by_hand")
-    parser.add_argument("--students", type=int, default=200)
-    parser.add_argument("--course", type=Path, default=Path("."), help="the course root (default: .)")
-    args = parser.parse_args(argv)
-    if not (args.course / "nbgrader_config.py").exists():
-        parser.error(f"{args.course.resolve()} is not the course root (no nbgrader_config.py): pass --course")
-    cores = len(os.sched_getaffinity(0))
-    print(f"machine: {cores} cores available ({os.cpu_count()} in total), load average "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    args = parse_bench_arguments(bench_parser(__spec__.name, __doc__, "09_training_by_hand", 200), argv)
     with tempfile.TemporaryDirectory(prefix="gptcourse-bench-") as tmp:
         course = copy_course(args.course, Path(tmp) / "course")
         submit(course, args.lab, build_class(course, args.lab, args.students))
         seconds, cpu = run(gptcourse("similarity", args.lab), course)
         summary = (course / "grading" / "similarity" / args.lab / "similarity.csv").read_text().count("\n") - 1
     print(f"{args.lab}: {args.students} submissions, {summary} pairs compared: {seconds:.1f} s wall-clock, "
-          f"{cpu:.1f} s CPU (target: at most {TARGET_SECONDS:.0f} s); load average after "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+          f"{cpu:.1f} s CPU (target: at most {TARGET_SECONDS:.0f} s); load average after {load_average()}")
     return 0 if seconds <= TARGET_SECONDS else 1
 
 
