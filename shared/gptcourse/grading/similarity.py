@@ -292,10 +292,13 @@ class Submission:
     prints: dict[str, Fingerprint] = field(default_factory=dict)
 
 
-def read_submissions(folders: dict[str, Path], lab: Lab) -> list[Submission]:
+def read_submissions(folders: dict[str, Path], lab: Lab, progress: bool = True) -> list[Submission]:
     """Each student's solution cells of the scored pieces, fingerprinted; the rest listed with why."""
+    from tqdm.auto import tqdm
+
     found = []
-    for student, folder in sorted(folders.items()):
+    for student, folder in tqdm(sorted(folders.items()), unit="submission", disable=not progress,
+                                dynamic_ncols=True, desc="reading"):
         path = submitted_notebook(folder, lab.lab)
         if path is None:
             found.append(Submission(student, "no notebook"))
@@ -518,7 +521,7 @@ def find_similar(root: Path, lab: str, threshold: float = DEFAULT_THRESHOLD, pro
     folders = submitted_folders(root, lab)
     if not folders:
         raise SystemExit(f"no submissions of {lab} in {root / 'grading' / 'submitted'}/*/{lab}")
-    subs = read_submissions(folders, lab_docs)
+    subs = read_submissions(folders, lab_docs, progress)
     pairs = compare_class(lab_docs, subs, progress)
     flagged = sorted((p for p in pairs if p.score() >= threshold), key=lambda p: (-p.score(), p.student, p.other))
     folder = root / "grading" / "similarity" / lab
