@@ -11,8 +11,6 @@ from __future__ import annotations
 import csv
 import io
 import re
-import subprocess
-import sys
 import tokenize
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 from nbgrader_course import Course
 from similarity_answers import FROM_REFERENCE, HONEST
 
+from gptcourse import cli
 from gptcourse.grading import similarity
 from gptcourse.grading.similarity import DEFAULT_THRESHOLD, REFERENCE, SOLUTIONS, find_similar
 
@@ -196,19 +195,16 @@ def test_csv_lists_every_pair_and_holds_no_formula(results):
         pair.shares(), abs=1e-3)
 
 
-def test_command_prints_the_flagged_pairs(results):
-    folder = results["08_bpe_tokenizer"].folder
-    root = folder.parents[2]
-    proc = subprocess.run([sys.executable, "-m", "gptcourse.cli", "similarity", "08_bpe_tokenizer"], cwd=root,
-                          text=True, capture_output=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = proc.stdout.splitlines()
-    assert any(line.split()[:2] in (["pair-a", "pair-b"], ["pair-b", "pair-a"]) for line in lines), proc.stdout
+def test_command_prints_the_flagged_pairs(results, monkeypatch, capsys):
+    """`gptcourse similarity LAB` from the course root (in this process: the command line's own parser)."""
+    monkeypatch.chdir(results["08_bpe_tokenizer"].folder.parents[2])
+    assert cli.main(["similarity", "08_bpe_tokenizer"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.split()[:2] in (["pair-a", "pair-b"], ["pair-b", "pair-a"]) for line in lines), lines
     assert any(line.startswith("copy-reference") and "reference:gptcourse.text.bpe" in line for line in lines)
-    assert "not compared: no-notebook: no notebook" in proc.stdout
-    bad = subprocess.run([sys.executable, "-m", "gptcourse.cli", "similarity", "08_bpe_tokenizer", "--threshold",
-                          "45"], cwd=root, text=True, capture_output=True, timeout=60)
-    assert bad.returncode != 0 and "expected a share between 0" in bad.stderr
+    assert "not compared: no-notebook: no notebook" in lines
+    with pytest.raises(SystemExit, match="expected a share between 0"):
+        cli.main(["similarity", "08_bpe_tokenizer", "--threshold", "45"])
 
 
 def test_matched_tokens_are_copydetects_token_overlap(results):
