@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 import tokenize
 from pathlib import Path
@@ -114,7 +115,12 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, similarity.Re
     lab = "08_bpe_tokenizer"
     (submitted / "no-notebook" / lab).mkdir(parents=True)
     (submitted / "no-notebook" / lab / "notes.txt").write_text("forgot to attach it")
-    for student, text in {"not-json": "{ not json", "no-cells": '{"nbformat": 4}'}.items():
+    odd = {"cells": ["a string", {"cell_type": "code", "metadata": []}, {"cell_type": "code", "source": [1, None],
+                                                                         "metadata": {"nbgrader": {"grade_id": [1]}}},
+                     {"cell_type": "code", "source": [7], "metadata": {"nbgrader": {"grade_id": "train_bpe",
+                                                                                    "solution": True}}}]}
+    for student, text in {"not-json": "{ not json", "no-cells": '{"nbformat": 4}', "odd-cells": json.dumps(odd),
+                          "no-solution": json.dumps({"cells": []})}.items():
         (submitted / student / lab).mkdir(parents=True)
         (submitted / student / lab / f"{lab}.ipynb").write_text(text)
     hostile = {piece: f"{code}\n# {SCRIPT}\nbanner = {SCRIPT!r}\n"
@@ -166,7 +172,10 @@ def test_missing_and_malformed_notebooks_are_listed_and_the_rest_compared(result
     assert status["no-notebook"] == "no notebook"
     assert status["not-json"].startswith("unreadable: not JSON")
     assert status["no-cells"].startswith("unreadable: JSON without a list of cells")
-    assert sum(s == "compared" for s in status.values()) == 7
+    assert status["no-solution"] == "no solution cells"
+    assert status["odd-cells"] == "compared"  # its one solution cell holds no code: nothing of it matches
+    assert not any(p.score() for p in result.pairs if "odd-cells" in (p.student, p.other))
+    assert sum(s == "compared" for s in status.values()) == 8
     report = (result.folder / "report.html").read_text()
     assert "no-notebook" in report and "unreadable: not JSON" in report
 

@@ -102,8 +102,10 @@ def reference_sources(reference: Any) -> dict[str, str]:
 
 
 def _cell_code(cell: Any) -> str:
+    """A cell's code (nbformat: a string or a list of strings; anything else is no code), marker lines cut."""
     source = cell.get("source", "")
-    source = "".join(source) if isinstance(source, list) else source
+    if isinstance(source, list) and all(isinstance(line, str) for line in source):
+        source = "".join(source)
     if not isinstance(source, str):
         return ""
     return "\n".join(line for line in source[:MAX_CELL_CHARS].splitlines() if BEGIN not in line and END not in line)
