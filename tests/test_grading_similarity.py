@@ -233,3 +233,19 @@ def test_matched_tokens_are_copydetects_token_overlap(results):
             assert (b.matched(a) / b.tokens if b.tokens else 0) == pytest.approx(share_b)
             compared += overlap > 0
     assert compared > 100
+
+
+def test_the_references_share_counts_each_module_once(results):
+    """A student who pasted all of gptcourse.text.bpe into one cell holds all of the reference: its share is
+    (nearly) 1, however many pieces were compared with that module."""
+    lab = results["08_bpe_tokenizer"].lab
+    [(module, (source, _))] = lab.references.items()
+    cells = {"train_bpe": source, **{name: HONEST["08_bpe_tokenizer"]["plain"][name] for name in lab.scored
+                                     if name != "train_bpe"}}
+    student = similarity.Submission("pasted", "compared", cells, {name: similarity.Fingerprint(code, lab.boilerplate)
+                                                                  for name, code in cells.items()})
+    [reference] = [p for p in similarity.compare_class(lab, [student], progress=False) if p.other.startswith(REFERENCE)]
+    assert len(lab.compared_with) >= 4 and all(modules == [module] for modules in lab.compared_with.values()
+                                               if modules)
+    assert reference.shares()[1] > 0.99
+    assert reference.pieces["train_bpe"].overlap[0] == reference.pieces["train_bpe"].tokens[0]

@@ -172,13 +172,21 @@ class Fingerprint:
         self.hashes = frozenset(h for _, h in self.at)
 
     def matched(self, other: Fingerprint) -> int:
-        """This document's tokens inside k-grams that `other` has too: the union of [p, p + k) over their
-        positions p, which is copydetect's token overlap (compare_files sums its get_copied_slices), counted
-        without building an array per fingerprint (a class of 200 is 100,000 comparisons)."""
-        starts = [p for p, h in self.at if h in other.hashes]
-        if not starts:
-            return 0
-        return NOISE_TOKENS + sum(min(NOISE_TOKENS, b - a) for a, b in pairwise(starts))
+        """This document's tokens inside k-grams that `other` has too: copydetect's token overlap (compare_files
+        sums its get_copied_slices), counted without building an array per fingerprint (a class of 200 is
+        100,000 comparisons)."""
+        return covered(self.starts_in(other.hashes))
+
+    def starts_in(self, hashes: frozenset[int]) -> list[int]:
+        """The positions of this document's k-grams whose hash is in `hashes`, in order."""
+        return [p for p, h in self.at if h in hashes]
+
+
+def covered(starts: list[int]) -> int:
+    """The tokens in the union of [p, p + k) over the sorted positions p."""
+    if not starts:
+        return 0
+    return NOISE_TOKENS + sum(min(NOISE_TOKENS, b - a) for a, b in pairwise(starts))
 
 
 def boilerplate_hashes(release_cells: list[str]) -> Any:
@@ -206,11 +214,15 @@ class Pair:
     student: str  # a submission's student id
     other: str  # another student id, reference:<module> or solutions:<lab>
     pieces: dict[str, Match] = field(default_factory=dict)
+    # the reference's (tokens found in the student's code, tokens): each module counted once, not once per piece
+    reference_found: tuple[int, int] | None = None
 
     def shares(self) -> tuple[float, float]:
         """(share of the student's code found in the other's, share of the other's found in the student's)."""
         totals = [sum(m.tokens[i] for m in self.pieces.values()) for i in (0, 1)]
         found = [sum(m.overlap[i] for m in self.pieces.values()) for i in (0, 1)]
+        if self.reference_found is not None:
+            found[1], totals[1] = self.reference_found
         return tuple(f / t if t else 0.0 for f, t in zip(found, totals, strict=True))
 
     def score(self) -> float:
@@ -331,15 +343,20 @@ def compare_class(lab: Lab, submissions: list[Submission], progress: bool = True
         for i, sub in enumerate(compared):
             reference = Pair(sub.student, lab.reference_label)
             others = {SOLUTIONS + lab.lab: Pair(sub.student, SOLUTIONS + lab.lab)}
+            found_in: dict[str, set[int]] = {}  # module -> positions of its k-grams found in the student's code
             for name, mine in sub.prints.items():
                 matches = [compare(mine, lab.references[module][1], module) for module in lab.compared_with[name]]
                 if matches:  # else its reference is no code of the package's (lab 08's count_pairs)
                     reference.pieces[name] = max(matches, key=lambda m: m.overlap[0])
+                for module in lab.compared_with[name]:
+                    found_in.setdefault(module, set()).update(lab.references[module][1].starts_in(mine.hashes))
                 candidates = [(SOLUTIONS + lab.lab, lab.solutions[name][1])]
                 candidates += [(other.student, other.prints[name]) for other in compared[i + 1:]
                                if name in other.prints]
                 for who, theirs in candidates:
                     others.setdefault(who, Pair(sub.student, who)).pieces[name] = compare(mine, theirs)
+            reference.reference_found = (sum(covered(sorted(starts)) for starts in found_in.values()),
+                                         sum(lab.references[module][1].tokens for module in found_in))
             pairs += [reference, *others.values()] if reference.pieces else list(others.values())
             bar.update()
     return [_student_first(p) for p in pairs]
