@@ -419,7 +419,7 @@ CSP = "default-src 'none'; style-src 'unsafe-inline'"
 STYLE = """body{font-family:sans-serif;margin:2em;max-width:1500px}table{border-collapse:collapse}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}.code{display:flex;gap:1em}
 .code>div{flex:1;min-width:0}pre{background:#f6f6f6;padding:.5em;overflow-x:auto;white-space:pre-wrap}
-.mine{background:#f2b6b6}.theirs{background:#b6f2b6}details{margin:.5em 0}"""
+.mine{background:#f2b6b6}.theirs{background:#b6f2b6}.bar{background:#bbb}details{margin:.5em 0}"""
 
 
 def _highlighted(code: str, slices: Any, css: str, truncate: int = -1) -> str:
@@ -434,9 +434,23 @@ def _highlighted(code: str, slices: Any, css: str, truncate: int = -1) -> str:
     return marked
 
 
-def report_html(lab: Lab, submissions: list[Submission], flagged: list[Pair], threshold: float) -> str:
-    """The report: parameters, what was not compared and why, the flagged pairs and, per pair and piece, both
-    sides' code with the matched regions highlighted (every character of a submission escaped)."""
+def score_histogram(pairs: list[Pair], threshold: float) -> str:
+    """The pairs' scores in ten bins, as an HTML table with bars: where the class lies against the threshold."""
+    counts = [0] * 10
+    for pair in pairs:
+        counts[min(int(pair.score() * 10), 9)] += 1
+    most = max(counts) or 1
+    rows = [f"<tr><td>{k / 10:.1f}-{(k + 1) / 10:.1f}</td><td>{n}</td><td style='width:400px'><div class="
+            f"'{'mine' if (k + 1) / 10 > threshold else 'bar'}' style='width:{100 * n / most:.1f}%'>&nbsp;</div></td>"
+            "</tr>" for k, n in enumerate(counts)]
+    return "<table><tr><th>score</th><th>pairs</th><th></th></tr>" + "".join(rows) + "</table>"
+
+
+def report_html(lab: Lab, submissions: list[Submission], pairs: list[Pair], flagged: list[Pair],
+                threshold: float) -> str:
+    """The report: parameters, what was not compared and why, the scores' distribution, the flagged pairs and, per
+    pair and piece, both sides' code with the matched regions highlighted (every character of a submission
+    escaped)."""
     from copydetect import __version__, compare_files
 
     e = html.escape
@@ -470,6 +484,7 @@ def report_html(lab: Lab, submissions: list[Submission], flagged: list[Pair], th
         out.append("<h2>Not compared</h2><table><tr><th>student</th><th>why</th></tr>")
         out += [f"<tr><td>{e(s.student)}</td><td>{e(s.status)}</td></tr>" for s in missing]
         out.append("</table>")
+    out.append(f"<h2>All {len(pairs)} pairs by score</h2>{score_histogram(pairs, threshold)}")
     out.append(f"<h2>Pairs at or above {threshold:g}</h2>")
     if not flagged:
         out.append("<p>none</p>")
@@ -546,7 +561,7 @@ def find_similar(root: Path, lab: str, threshold: float = DEFAULT_THRESHOLD, pro
     folder = root / "grading" / "similarity" / lab
     folder.mkdir(parents=True, exist_ok=True)
     write_csv(folder / "similarity.csv", pairs)
-    (folder / "report.html").write_text(report_html(lab_docs, subs, flagged, threshold), encoding="utf-8")
+    (folder / "report.html").write_text(report_html(lab_docs, subs, pairs, flagged, threshold), encoding="utf-8")
     return Result(lab_docs, subs, pairs, flagged, folder)
 
 
