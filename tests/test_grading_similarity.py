@@ -208,7 +208,9 @@ def test_command_prints_the_flagged_pairs(results, monkeypatch, capsys):
     """`gptcourse similarity LAB` from the course root (in this process: the command line's own parser)."""
     monkeypatch.chdir(results["08_bpe_tokenizer"].folder.parents[2])
     assert cli.main(["similarity", "08_bpe_tokenizer"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    printed = capsys.readouterr()
+    assert "reading" in printed.err and "comparing" in printed.err  # the progress bars
+    lines = printed.out.splitlines()
     assert any(line.split()[:2] in (["pair-a", "pair-b"], ["pair-b", "pair-a"]) for line in lines), lines
     assert any(line.startswith("copy-reference") and "reference:gptcourse.text.bpe" in line for line in lines)
     assert "not compared: no-notebook: no notebook" in lines
