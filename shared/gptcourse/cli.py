@@ -1,5 +1,6 @@
 """The `gptcourse` command: `gptcourse check-env` (paste its output in bug reports), `gptcourse progress`,
-`gptcourse autograde LAB` (instructors: nbgrader's autograde of a whole class, fast).
+`gptcourse autograde LAB` (instructors: nbgrader's autograde of a whole class, fast), `gptcourse similarity LAB`
+(instructors: copies found among a lab's submissions, the reference and the public solutions).
 
 It answers `--help` and argument errors at once: nothing heavy (torch, nbgrader, jupyter) is imported before the
 chosen command runs, and a command's own options are added only when that command is chosen.
@@ -161,6 +162,18 @@ def _autograde_arguments(parser: argparse.ArgumentParser) -> None:
     batch.add_arguments(parser)
 
 
+def _similarity(args: argparse.Namespace) -> int:
+    from .grading import similarity
+
+    return similarity.command(args)
+
+
+def _similarity_arguments(parser: argparse.ArgumentParser) -> None:
+    from .grading import similarity
+
+    similarity.add_arguments(parser)
+
+
 def _site(args: argparse.Namespace) -> int:
     from .website import command  # Sphinx and the `site` extra load only for this command
 
@@ -181,6 +194,9 @@ COMMANDS: dict[str, Command] = {
                  _progress_arguments),
     "autograde": ("grade a lab's submissions with nbgrader on all cores: progress bar, resume, summary table",
                   _autograde, _autograde_arguments),
+    "similarity": ("compare a lab's submissions with the reference, the public solutions and each other "
+                   "(copydetect): HTML report, CSV, table of the closest pairs; no score changes",
+                   _similarity, _similarity_arguments),
     "site": ("build the course's static website into _site/ from the committed notebooks (needs the site extra)",
              _site, _site_arguments),
 }

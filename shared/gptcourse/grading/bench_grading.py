@@ -115,20 +115,34 @@ def gptcourse(*args: str) -> list[str]:
     return [sys.executable, "-m", "gptcourse.cli", *args]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gptcourse.grading.bench_grading", description=__doc__,
+def bench_parser(module: str, description: str | None, lab: str, students: int) -> argparse.ArgumentParser:
+    """The options of a grading benchmark (`python -m MODULE`): --lab, --students, --course."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lab", default="02_causal_attention")
-    parser.add_argument("--students", type=int, default=32)
+    parser.add_argument("--lab", default=lab)
+    parser.add_argument("--students", type=int, default=students)
     parser.add_argument("--course", type=Path, default=Path("."), help="the course root (default: .)")
-    parser.add_argument("--workers", type=int, default=None, help="gptcourse autograde --workers")
+    return parser
+
+
+def parse_bench_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The parsed options, once --course is known to be a course root; prints the machine's cores and load."""
     args = parser.parse_args(argv)
     if not (args.course / "nbgrader_config.py").exists():
         parser.error(f"{args.course.resolve()} is not the course root (no nbgrader_config.py): pass --course")
-
     cores = len(os.sched_getaffinity(0))
-    print(f"machine: {cores} cores available ({os.cpu_count()} in total), load average "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"machine: {cores} cores available ({os.cpu_count()} in total), load average {load_average()}")
+    return args
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(__spec__.name, __doc__, "02_causal_attention", 32)
+    parser.add_argument("--workers", type=int, default=None, help="gptcourse autograde --workers")
+    args = parse_bench_arguments(parser, argv)
     with tempfile.TemporaryDirectory(prefix="gptcourse-bench-") as tmp:
         stock, fast = (copy_course(args.course, Path(tmp) / name) for name in ("stock", "fast"))
         class_ = build_class(stock, args.lab, args.students)
@@ -144,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         fast_seconds, fast_cpu = run(gptcourse("autograde", args.lab, *workers), fast)
         print(f"fast   gptcourse autograde {args.lab}: {fast_seconds:7.1f} s "
               f"({fast_seconds / len(class_):.2f} s per submission), CPU {fast_cpu:.1f} s")
-        print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())} (other processes slow both)")
+        print(f"load average after: {load_average()} (other processes slow both)")
 
         expected, got = scores(stock, args.lab), scores(fast, args.lab)
         same = expected == got and len(got) == len(class_)
