@@ -2,8 +2,8 @@
 
 Every test process, and every Jupyter kernel and subprocess it starts for nbval or nbgrader (they inherit the
 environment), gets a thread budget, `OMP_NUM_THREADS` = cores // pytest-xdist workers (at least 1; `-n auto`
-starts cores + 1 workers, so 1 thread each), and torch's threads wait passively (`OMP_WAIT_POLICY=PASSIVE`):
-threads that outnumber the cores, or spin while a neighbour runs, made a loaded machine up to 20x slower
+starts cores + 1 workers, so 1 thread each), and torch's waiting threads spin only briefly, then sleep: threads
+that outnumber the cores, or spin while a neighbour runs, made a loaded machine up to 20x slower
 (`gptcourse/threads.py`). `GPTCOURSE_TORCH_THREADS=N pytest ...` gives N threads instead.
 
 Lessons run under nbval, and their saved outputs must reproduce on every student's machine, not only on the one
@@ -24,7 +24,7 @@ import pytest
 from nbval.plugin import IPyNbFile
 
 from gptcourse.bench_lessons import SIMD
-from gptcourse.threads import cores, wait_passively
+from gptcourse.threads import cores, spin_briefly_then_sleep
 
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set by pytest-xdist in each worker
 THREADS = os.environ.get("GPTCOURSE_TORCH_THREADS", str(max(1, cores() // WORKERS)))
@@ -32,7 +32,7 @@ if not THREADS.isdigit() or int(THREADS) < 1:
     raise pytest.UsageError(f"GPTCOURSE_TORCH_THREADS={THREADS!r}: expected a whole number of threads >= 1")
 os.environ["OMP_NUM_THREADS"] = THREADS
 os.environ["MKL_NUM_THREADS"] = THREADS
-wait_passively()
+spin_briefly_then_sleep()
 LESSON_KERNELS = {**SIMD["baseline"], "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 if os.environ.get("GPTCOURSE_LESSON_CPU", "another") not in ("another", "native"):
     raise pytest.UsageError(f"GPTCOURSE_LESSON_CPU={os.environ['GPTCOURSE_LESSON_CPU']!r}: expected 'another' "

@@ -11,7 +11,7 @@ import nbformat
 import pytest
 
 from gptcourse import bench_lessons
-from gptcourse.threads import cores, thread_budget, thread_share, wait_passively
+from gptcourse.threads import WAITS, cores, spin_briefly_then_sleep, thread_budget, thread_share
 
 
 @pytest.mark.parametrize(("given", "workers", "share"), [
@@ -28,22 +28,23 @@ def test_no_share_for_no_worker():
         thread_share(0, {})
 
 
-def test_waiting_is_passive_unless_set():
-    env: dict[str, str] = {}
-    wait_passively(env)
-    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
-    env = {"OMP_WAIT_POLICY": "ACTIVE"}
-    wait_passively(env)
-    assert env == {"OMP_WAIT_POLICY": "ACTIVE"}  # a learner's own choice is kept
+@pytest.mark.parametrize(("given", "expected"), [
+    ({}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}),
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"}),  # a learner's own choice is kept
+    ({"GOMP_SPINCOUNT": "0"}, {"GOMP_SPINCOUNT": "0"})])
+def test_waiting_threads_spin_briefly_unless_told_otherwise(given, expected):
+    env = dict(given)
+    spin_briefly_then_sleep(env)
+    assert env == expected
 
 
-def test_importing_gptcourse_before_torch_makes_its_threads_wait_passively():
-    """In a fresh interpreter, as a lesson's first cell runs: the variable is set before OpenMP reads it."""
+def test_importing_gptcourse_before_torch_makes_its_threads_spin_briefly():
+    """In a fresh interpreter, as a lesson's first cell runs: the variables are set before OpenMP reads them."""
     probe = ("import os, sys; import gptcourse; assert 'torch' not in sys.modules; import torch; "
-             "print(os.environ['OMP_WAIT_POLICY'])")
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+             "print(os.environ['OMP_WAIT_POLICY'], os.environ['GOMP_SPINCOUNT'])")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.stdout.strip() == "PASSIVE", proc.stderr
+    assert proc.stdout.split() == ["PASSIVE", "10000"], proc.stderr
 
 
 def _lesson(folder, name: str, source: str) -> None:
@@ -53,11 +54,16 @@ def _lesson(folder, name: str, source: str) -> None:
 
 
 def test_the_lesson_timer_times_each_lesson_alone_and_beside(tmp_path, capsys):
-    _lesson(tmp_path, "00_quick.ipynb", "x = sum(range(10**6))")
-    bench_lessons.main(["--lessons-dir", str(tmp_path), "--beside", "busy-loop", "--json"])
+    seen = tmp_path / "seen.txt"  # each run's kernel appends how its threads were told to wait
+    record = "print(os.environ['OMP_WAIT_POLICY'], os.environ['GOMP_SPINCOUNT'], file=f)"
+    source = f"import os\nx = sum(range(10**6))\nwith open({str(seen)!r}, 'a') as f:\n    {record}"
+    _lesson(tmp_path, "00_quick.ipynb", source)
+    bench_lessons.main(["--lessons-dir", str(tmp_path), "--beside", "busy-loop", "--wait", "passive", "--json"])
     rows = [bench_lessons.Timing(**json.loads(line)) for line in capsys.readouterr().out.splitlines()]
-    assert [(r.lesson, r.beside, r.ok) for r in rows] == [("00_quick", "alone", True), ("00_quick", "busy-loop", True)]
+    assert [(r.lesson, r.wait, r.beside, r.ok) for r in rows] == [("00_quick", "passive", "alone", True),
+                                                                  ("00_quick", "passive", "busy-loop", True)]
     assert all(r.wall_s > 0 and r.cpu_s > 0.1 for r in rows)  # the kernel's CPU time is counted, not only the parent's
+    assert seen.read_text().splitlines() == ["PASSIVE 0"] * 2 == [" ".join(WAITS["passive"].values())] * 2
 
 
 def test_the_lesson_timer_says_when_a_lesson_fails(tmp_path, monkeypatch):

@@ -6,8 +6,8 @@ shares its name with anything exported here, so `gptcourse.generate` is always t
 
 `WHERE` below is the table of contents: which module defines each public name. The names are imported on first
 use (PEP 562), so `import gptcourse` and the `gptcourse` command start without importing torch. Imported before
-torch, it makes torch's threads sleep rather than spin while they wait (`threads.py`): a lesson stays fast
-beside another busy process.
+torch, it makes torch's waiting threads spin only briefly before they sleep (`threads.py`): a lesson stays fast
+alone and beside another busy process.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .threads import wait_passively
+from .threads import spin_briefly_then_sleep
 
-wait_passively()
+spin_briefly_then_sleep()
 
 __version__ = "0.1.0"
 

@@ -2,7 +2,7 @@
 
     python -m gptcourse.bench_lessons                   # every lesson in ./lessons, alone and beside lesson 07
     python -m gptcourse.bench_lessons 07 10 --simd all  # some lessons, also as a CPU without AVX computes
-    python -m gptcourse.bench_lessons --beside busy-loop --wait-policy ACTIVE   # what spinning threads cost
+    python -m gptcourse.bench_lessons 10 --beside busy-loop --wait all   # what each way of waiting costs
 
 Each lesson is executed top to bottom in a fresh kernel (as Run All in JupyterLab; `gptcourse.notebook_run`, which
 is nbclient as `jupyter nbconvert --execute` runs it, minus a widget capture that can hang it; the output is thrown
@@ -13,14 +13,15 @@ system's accounting of the finished process tree) are printed per condition:
   lesson 07, the training lesson) or a single-threaded busy loop (`--beside busy-loop`);
 - `--simd native` (this CPU's vector units) and/or `baseline` (`ATEN_CPU_CAPABILITY=default`,
   `MKL_ENABLE_INSTRUCTIONS=SSE4_2`: torch's plain C++ kernels, as a CPU without AVX runs them).
-The lessons import gptcourse before torch, so their threads wait passively (`gptcourse.threads`); `--wait-policy
-ACTIVE` makes them spin instead, to show what that costs beside a busy neighbour.
+The lessons import gptcourse before torch, so their waiting threads spin briefly, then sleep (`gptcourse.threads`);
+`--wait passive` (sleep at once) and `--wait active` (spin forever) show what either extreme costs, alone and beside.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import subprocess
@@ -30,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .threads import WAITS
+
 SIMD = {"native": {}, "baseline": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}}
 BUSY_LOOP = "while True: pass"
 
@@ -38,6 +41,7 @@ BUSY_LOOP = "while True: pass"
 class Timing:
     lesson: str
     simd: str
+    wait: str  # how torch's threads wait (`threads.WAITS`)
     beside: str  # "alone", or what ran beside it
     wall_s: float
     cpu_s: float
@@ -78,17 +82,15 @@ def neighbour(kind: str, notebook: Path | None, env: dict[str, str]) -> Iterator
 
 
 def measure(lessons: list[Path], simd: list[str], beside: str, neighbour_lesson: Path | None,
-            wait_policy: str | None) -> Iterator[Timing]:
-    """Each lesson alone, then beside the neighbour, for each SIMD setting."""
-    for level in simd:
-        env = {**os.environ, **SIMD[level]}
-        if wait_policy:
-            env["OMP_WAIT_POLICY"] = wait_policy
+            waits: list[str]) -> Iterator[Timing]:
+    """Each lesson alone, then beside the neighbour, for each SIMD setting and way of waiting."""
+    for level, wait in itertools.product(simd, waits):
+        env = {**os.environ, **SIMD[level], **WAITS[wait]}
         for lesson in lessons:
-            yield Timing(lesson.stem, level, "alone", *timed_run(execute_command(lesson), env))
+            yield Timing(lesson.stem, level, wait, "alone", *timed_run(execute_command(lesson), env))
             with neighbour(beside, neighbour_lesson, env):
                 what = neighbour_lesson.stem if neighbour_lesson is not None else beside
-                yield Timing(lesson.stem, level, what, *timed_run(execute_command(lesson), env))
+                yield Timing(lesson.stem, level, wait, what, *timed_run(execute_command(lesson), env))
 
 
 def find_lessons(folder: Path, numbers: list[str]) -> list[Path]:
@@ -105,12 +107,14 @@ def find_lessons(folder: Path, numbers: list[str]) -> list[Path]:
 
 
 def table(timings: list[Timing]) -> str:
-    lines = [f"{'lesson':32s} {'simd':8s} {'beside':28s} {'wall s':>7s} {'cpu s':>7s} {'x alone':>7s}"]
-    alone = {(t.lesson, t.simd): t.wall_s for t in timings if t.beside == "alone"}
+    lines = [f"{'lesson':32s} {'simd':8s} {'wait':10s} {'beside':28s} {'wall s':>7s} {'cpu s':>7s} {'x alone':>7s}"]
+    alone = {(t.lesson, t.simd, t.wait): t.wall_s for t in timings if t.beside == "alone"}
     for t in timings:
-        ratio = t.wall_s / alone[(t.lesson, t.simd)] if (t.lesson, t.simd) in alone else float("nan")
+        first = alone.get((t.lesson, t.simd, t.wait))
+        ratio = t.wall_s / first if first else float("nan")
         flag = "" if t.ok else "  FAILED"
-        lines.append(f"{t.lesson:32s} {t.simd:8s} {t.beside:28s} {t.wall_s:7.1f} {t.cpu_s:7.1f} {ratio:7.2f}{flag}")
+        lines.append(f"{t.lesson:32s} {t.simd:8s} {t.wait:10s} {t.beside:28s} {t.wall_s:7.1f} {t.cpu_s:7.1f} "
+                     f"{ratio:7.2f}{flag}")
     return "\n".join(lines)
 
 
@@ -121,17 +125,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--simd", choices=["native", "baseline", "all"], default="native")
     parser.add_argument("--beside", choices=["lesson", "busy-loop"], default="lesson")
     parser.add_argument("--neighbour", default="07", metavar="NN", help="the lesson run beside (default 07)")
-    parser.add_argument("--wait-policy", choices=["PASSIVE", "ACTIVE"], help="OMP_WAIT_POLICY for every kernel")
+    parser.add_argument("--wait", choices=[*WAITS, "all"], default="brief-spin",
+                        help="how torch's threads wait (default: as the lessons do, a brief spin, then sleep)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line instead of the table")
     args = parser.parse_args(argv)
     lessons = find_lessons(args.lessons_dir, args.lessons)
     neighbour_lesson = find_lessons(args.lessons_dir, [args.neighbour])[0] if args.beside == "lesson" else None
     simd = list(SIMD) if args.simd == "all" else [args.simd]
+    waits = list(WAITS) if args.wait == "all" else [args.wait]
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the start", file=sys.stderr)
     timings = []
-    for timing in measure(lessons, simd, args.beside, neighbour_lesson, args.wait_policy):
+    for timing in measure(lessons, simd, args.beside, neighbour_lesson, waits):
         timings.append(timing)
-        print(f"{timing.lesson} {timing.simd} {timing.beside}: {timing.wall_s:.1f} s", file=sys.stderr)
+        print(f"{timing.lesson} {timing.simd} {timing.wait} {timing.beside}: {timing.wall_s:.1f} s", file=sys.stderr)
     if args.json:
         print("\n".join(json.dumps(asdict(t)) for t in timings))
     else:
