@@ -91,7 +91,7 @@ LONGEST_FIRST = ("tests/test_grading_batch.py", "tests/browser/test_site.py", "t
                  "tests/test_grading_postgres.py", "tests/test_labs_09.py", "tests/test_grading_forbidden.py",
                  "lessons/08_bpe_tokenizer.ipynb", "tests/test_labs_01.py", "tests/test_labs_05.py",
                  "lessons/09_training_by_hand.ipynb", "tests/test_grading_memory.py", "tests/test_labs_03.py",
-                 "tests/test_labs_11.py", "tests/test_bench.py", "tests/test_labs_02.py",
+                 "tests/test_labs_11.py", "tests/test_labs_12.py", "tests/test_bench.py", "tests/test_labs_02.py",
                  "lessons/07_training_and_generation.ipynb")  # by the summed --durations of a CI run, longest first
 
 

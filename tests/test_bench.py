@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from gptcourse import GPT
 from gptcourse.bench import QUICK, TARGETS, batch1_linears, flops_per_token, model_config
@@ -43,6 +44,13 @@ def test_quick_json_has_every_section(quick_report):
         assert kept["fused_over_explicit"] == pytest.approx(kept["explicit_ms"] / kept["fused_ms"])
     else:
         assert kept is None
+    assert [row["T"] for row in r["tiled_attention"]] == list(QUICK["tiled_lengths"])
+    for row in r["tiled_attention"]:  # explicit, tiled and SDPA: peak memory and time, forward and with backward
+        for name in ("explicit", "tiled", "sdpa"):
+            for part in ("fwd", "fwd_bwd"):
+                assert row[f"{name}_{part}_ms"] > 0 and row[f"{name}_{part}_peak_mb"] >= 0
+        t = row["T"]  # explicit attention's backward keeps (T, T) weights: at least one float32 (T, T) is allocated
+        assert row["explicit_fwd_bwd_peak_mb"] * 2**20 >= t * t * 4
     gen = r["generation"]
     assert gen["new_tokens"] == QUICK["generate_tokens"]
     assert gen["cache_over_recompute"] == pytest.approx(gen["recompute_s"] / gen["cache_s"])
@@ -130,3 +138,28 @@ def test_attention_rerun_uses_the_parents_threads_and_reports_a_failing_child(mo
     assert all(env[name] == value for name, value in bench.KEEP_MEMORY.items())
     with pytest.raises(RuntimeError, match="freed memory kept failed"):
         bench.bench_attention_memory_kept(-1, 1)  # no sequence has length -1: the child fails
+
+
+def test_peak_allocated_bytes_is_the_most_held_at_once():
+    """Two 4 MB tensors alive together peak at 8 MB; the same two one after the other, at 4 MB."""
+    from gptcourse.bench import peak_allocated_bytes
+
+    mb4 = 2**20  # float32 numbers in 4 MiB
+
+    def together() -> None:
+        a, b = torch.ones(mb4), torch.ones(mb4)
+        del a, b
+
+    def in_turn() -> None:
+        for _ in range(2):
+            torch.ones(mb4)
+
+    assert 8 * 2**20 <= peak_allocated_bytes(together) < 8.1 * 2**20
+    assert 4 * 2**20 <= peak_allocated_bytes(in_turn) < 4.1 * 2**20
+
+
+def test_report_has_the_tiled_attention_lines(quick_report):
+    from gptcourse.bench import report
+
+    lines = [line for line in report(quick_report).splitlines() if "(blocks of" in line]
+    assert len(lines) == 2 * len(QUICK["tiled_lengths"]) and all("tiled" in line and "sdpa" in line for line in lines)

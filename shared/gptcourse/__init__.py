@@ -40,6 +40,8 @@ WHERE: dict[str, tuple[str, ...]] = {  # module (under gptcourse) -> the public 
     "model.norms": ("LayerNorm", "RMSNorm"),
     "model.params": ("block_breakdown", "count_parameters", "parameter_breakdown"),
     "model.positions": ("LearnedPositions", "RotaryEmbedding", "apply_rope", "rotate_half"),
+    "model.tiled_attention": ("FlashAttention", "computed_tiles", "flash_attention", "flash_backward",
+                              "flash_forward", "online_softmax"),
     "text.bpe": ("BPETokenizer", "GPT2_PATTERN"),
     "text.char_tokenizer": ("CharTokenizer",),
     "text.corpus": ("get_batch", "load_text", "train_val_split"),

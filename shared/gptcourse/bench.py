@@ -29,6 +29,11 @@ clipping, AdamW), in two forms timed in the same rounds:
   then run the same kernels (transformers 5 uses the same fused attention), so this ratio is about 1.0x: it
   shows that our code adds no overhead of its own, and nothing more.
 
+Tiled attention (issue 28): explicit attention, `flash_attention` (FlashAttention's algorithm in PyTorch
+operators) and SDPA, causal, one head of width 64 at T = 2k and 4k: the peak of the bytes torch's CPU allocator
+holds during the call (`peak_allocated_bytes`, from torch.profiler's memory events) and the median time, forward
+alone and forward + backward. The tiled version wins memory, not time (lesson 12).
+
 BPE (issue 15): `BPETokenizer.train` on the default corpus to 1024 tokens, against `naive_train` (the same
 pre-tokens, tie rule and merges, but every merge recounts every pair; timed once, it takes about a minute) and
 against Hugging Face tokenizers' Rust `BpeTrainer` with the same pre-tokenizer; then encoding the corpus with
@@ -38,6 +43,8 @@ ours and with `to_hf()`, both with warm caches.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
 import platform
@@ -45,7 +52,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -58,6 +65,7 @@ from .model.causal_attention import attention, fused_attention
 from .model.config import GPTConfig
 from .model.gpt import GPT
 from .model.params import count_parameters, parameter_breakdown
+from .model.tiled_attention import flash_attention
 from .text.bpe import GPT2_PATTERN, BPETokenizer, pretoken_counts
 from .text.corpus import load_text
 from .training.loop import TrainConfig, default_recipe, make_optimizer, train_step
@@ -86,6 +94,8 @@ FULL = {
     "peak_size": 1024,
     "attention_lengths": (64, 256, 1024),
     "attention_rounds": 10,
+    "tiled_lengths": (2048, 4096),
+    "tiled_block": 256,
     "generate_tokens": 256,
     "generate_rounds": 3,
     "cli_rounds": 7,
@@ -101,6 +111,8 @@ QUICK = {
     "peak_size": 256,
     "attention_lengths": (16, 64),
     "attention_rounds": 3,
+    "tiled_lengths": (64, 128),
+    "tiled_block": 32,
     "generate_tokens": 16,
     "generate_rounds": 2,
     "cli_rounds": 1,
@@ -294,6 +306,54 @@ def bench_attention(lengths: tuple[int, ...], rounds: int, batch: int = 4, heads
     return rows
 
 
+@contextlib.contextmanager
+def _stderr_to_null() -> Iterator[None]:
+    """The profiler's C++ side logs to the process's stderr (file descriptor 2) at every start and stop."""
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def peak_allocated_bytes(fn: Callable[[], object]) -> int:
+    """The most bytes torch's CPU allocator held at once while `fn` ran, above what it held before: the running
+    sum of the profiler's allocation (+) and free (-) events, in order."""
+    with _stderr_to_null(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                   profile_memory=True) as prof:
+        fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    return max(itertools.accumulate((nbytes for _, nbytes in events), initial=0))
+
+
+TILED_METHODS: dict[str, Callable[..., torch.Tensor]] = {
+    "explicit": explicit_output,
+    "tiled": flash_attention,  # called with the plan's block
+    "sdpa": fused_attention,
+}
+
+
+def bench_tiled_attention(lengths: tuple[int, ...], block: int, rounds: int, d_head: int = 64) -> list:
+    """Explicit vs tiled (`flash_attention`) vs SDPA, causal, on (B, H, T, D) = (1, 1, T, 64): peak allocated MB
+    and median ms, forward alone and forward + backward."""
+    rows = []
+    for t in lengths:
+        q, k, v = (torch.randn(1, 1, t, d_head, requires_grad=True) for _ in range(3))
+        calls = {}
+        for name, fn in TILED_METHODS.items():
+            run = (lambda q, k, v, fn=fn: fn(q, k, v, block_q=block, block_k=block)) if name == "tiled" else fn
+            calls[f"{name}_fwd"], calls[f"{name}_fwd_bwd"] = attention_calls(run, q, k, v)
+        row: dict = {"T": t, "block": block}
+        for key, call in calls.items():
+            row[f"{key}_peak_mb"] = peak_allocated_bytes(call) / 2**20
+        row |= {f"{key}_ms": 1e3 * seconds for key, seconds in median_seconds(calls, rounds).items()}
+        rows.append(row)
+    return rows
+
+
 def batch1_linears(model: GPT, tokens: int) -> tuple[Callable[[], object], Callable[[], object], int]:
     """A cached step's floor: every linear layer applied to one token, and a plain read of the same weights.
 
@@ -475,6 +535,7 @@ def run(quick: bool = False) -> dict:
     # Attention first, before other work changes the allocator's state; then again with freed memory kept (NOTES).
     attn = bench_attention(plan["attention_lengths"], plan["attention_rounds"])
     attn_kept = bench_attention_memory_kept(plan["attention_lengths"][-1], plan["attention_rounds"])
+    tiled = bench_tiled_attention(plan["tiled_lengths"], plan["tiled_block"], plan["attention_rounds"])
     training = [bench_training(shape, rounds, plan["peak_size"])
                 for shape, rounds in zip(plan["shapes"], plan["train_rounds"], strict=True)]
     gen = bench_generation(big, plan["generate_tokens"], plan["generate_rounds"])
@@ -499,6 +560,7 @@ def run(quick: bool = False) -> dict:
         "training": training,
         "attention": attn,
         "attention_memory_kept": attn_kept,
+        "tiled_attention": tiled,
         "generation": gen,
         "command_line": cli,
         "optimizer": optimizer,
@@ -517,6 +579,12 @@ def _attention_line(row: dict) -> str:
     return (f"  T={row['T']:>5}: {row['explicit_ms']:8.2f} vs {row['fused_ms']:7.2f} ms = "
             f"{row['fused_over_explicit']:5.1f}x | {row['explicit_fwd_bwd_ms']:8.2f} vs "
             f"{row['fused_fwd_bwd_ms']:7.2f} ms = {row['fused_over_explicit_fwd_bwd']:5.1f}x")
+
+
+def _tiled_line(row: dict, part: str) -> str:
+    cells = " | ".join(f"{name} {row[f'{name}_{part}_peak_mb']:7.1f} MB {row[f'{name}_{part}_ms']:8.1f} ms"
+                       for name in TILED_METHODS)
+    return f"  T={row['T']:>5} (blocks of {row['block']}) {part:>7}: {cells}"
 
 
 def report(result: dict) -> str:
@@ -546,6 +614,9 @@ def report(result: dict) -> str:
         lines.append(_attention_line(result["attention_memory_kept"]) + "  with freed memory kept (see notes)")
     t = targets["fused_over_explicit_T1024"]
     lines.append(f"  target fused/explicit forward >= {t['target']:.0f}x at the longest T: {_met(t['met'])}")
+    lines.append("attention (B=1, H=1, D=64, causal), explicit | tiled (flash_attention) | SDPA: peak allocated MB "
+                 "and ms, forward; forward+backward:")
+    lines.extend(_tiled_line(row, part) for row in result["tiled_attention"] for part in ("fwd", "fwd_bwd"))
     g = result["generation"]
     t = targets["kv_cache_over_recompute"]
     lines.append(

@@ -1,0 +1,150 @@
+"""Lab 12 graded by real nbgrader: full marks for the solution, 0 for the untouched release, and each known
+mistake loses exactly the points of the tests it should fail."""
+
+from __future__ import annotations
+
+import pytest
+from lab_roundtrip import RoundTrip, Validation, check_named_mistake
+
+LAB = "12_flash_attention"
+MERGE = '''
+def online_softmax(m, denom, o, scores, v):
+    m_new = torch.maximum(m, scores.amax(dim=-1))
+    rescale = torch.exp(m - m_new)
+    p = torch.exp(scores - m_new[..., None])
+    denom_new = {denom}
+    return m_new, denom_new, {o}
+'''
+RIGHT_MERGE = {"denom": "rescale * denom + p.sum(dim=-1)", "o": "rescale[..., None] * o + p @ v"}
+FORWARD = '''
+def flash_forward(q, k, v, causal, block_q, block_k, on_tile=None):
+    b, h, t, d = q.shape
+    k, v = k.repeat_interleave(h // k.size(1), dim=1), v.repeat_interleave(h // v.size(1), dim=1)
+    scale = {scale}
+    out, lse = torch.empty_like(q), q.new_empty(b, h, t)
+    for q0 in range(0, t, block_q):
+        q1 = min(q0 + block_q, t)
+        m = q.new_full((b, h, q1 - q0), float("-inf"))
+        denom, o = torch.zeros_like(m), q.new_zeros(b, h, q1 - q0, d)
+        for k0 in range(0, t, block_k):
+            if causal and {skip}:
+                break
+            k1 = min(k0 + block_k, t)
+            if on_tile is not None:
+                on_tile(q0, k0)
+            scores = q[:, :, q0:q1] @ k[:, :, k0:k1].transpose(-2, -1) * scale
+            if causal:
+                future = torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None]
+                scores = scores.masked_fill(future, float("-inf"))
+            m, denom, o = online_softmax(m, denom, o, scores, v[:, :, k0:k1])
+        out[:, :, q0:q1] = o / denom[..., None]
+        lse[:, :, q0:q1] = {lse}
+    return out, lse
+'''
+RIGHT_FORWARD = {"scale": "1 / math.sqrt(d)", "skip": "k0 > q1 - 1", "lse": "m + denom.log()"}
+BACKWARD_NO_DELTA = '''
+def flash_backward(q, k, v, out, lse, grad_out, causal, block_q, block_k):
+    b, h, t, d = q.shape
+    h_kv = k.size(1)
+    k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
+    scale = 1 / math.sqrt(d)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for q0 in range(0, t, block_q):
+        q1 = min(q0 + block_q, t)
+        for k0 in range(0, q1, block_k):
+            k1 = min(k0 + block_k, t) if causal else t
+            qt, kt, vt, dot = q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1], grad_out[:, :, q0:q1]
+            p = torch.exp(qt @ kt.transpose(-2, -1) * scale - lse[:, :, q0:q1, None])
+            if causal:
+                p = p.masked_fill(torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None], 0.0)
+            dv[:, :, k0:k1] += p.transpose(-2, -1) @ dot
+            ds = p * (dot @ vt.transpose(-2, -1))
+            dq[:, :, q0:q1] += ds @ kt * scale
+            dk[:, :, k0:k1] += ds.transpose(-2, -1) @ qt * scale
+    group = (b, h_kv, h // h_kv, t, d)
+    return dq, dk.view(group).sum(2), dv.view(group).sum(2)
+'''
+SAVES_SOFTMAX = '''
+class FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, block_q, block_k):
+        out, lse = flash_forward(q, k, v, causal, block_q, block_k)
+        h = q.size(1)
+        kr = k.repeat_interleave(h // k.size(1), dim=1)
+        scores = q @ kr.transpose(-2, -1) / math.sqrt(q.size(-1))
+        probs = torch.exp(scores - lse[..., None])
+        if causal:
+            probs = probs.tril()
+        ctx.save_for_backward(q, k, v, out, probs)
+        ctx.options = (causal, block_q, block_k)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, probs = ctx.saved_tensors
+        b, h, t, d = q.shape
+        h_kv = k.size(1)
+        kr, vr = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
+        dp = grad_out @ vr.transpose(-2, -1)
+        ds = probs * (dp - (grad_out * out).sum(-1, keepdim=True))
+        group = (b, h_kv, h // h_kv, t, d)
+        dq = ds @ kr / math.sqrt(d)
+        dk = (ds.transpose(-2, -1) @ q / math.sqrt(d)).view(group).sum(2)
+        dv = (probs.transpose(-2, -1) @ grad_out).view(group).sum(2)
+        return dq, dk, dv, None, None, None
+'''
+MERGE_TESTS = {"test_online_softmax", "test_online_softmax_max_moves", "test_online_softmax_hidden"}
+OUTPUT_TESTS = {"test_flash_forward", "test_flash_forward_hidden", "test_FlashAttention", "test_FlashAttention_hidden"}
+TILE_TESTS = {"test_flash_forward_tiles", "test_flash_forward_hidden"}
+# student -> ({solution cell grade_id: what they wrote}, test cells it must fail); the student's online_softmax
+# feeds their flash_forward, which feeds their FlashAttention, so a wrong merge fails those too
+WRONG = {
+    "merge-no-rescale-o": ({"online_softmax": MERGE.format(**RIGHT_MERGE | {"o": "o + p @ v"})},
+                           MERGE_TESTS | OUTPUT_TESTS),
+    "merge-denom-not-updated": ({"online_softmax": MERGE.format(**RIGHT_MERGE | {"denom": "denom"})},
+                                MERGE_TESTS | OUTPUT_TESTS),
+    "merge-divides-early": ({"online_softmax": MERGE.format(**RIGHT_MERGE | {
+        "o": "(rescale[..., None] * o + p @ v) / denom_new[..., None]"})}, MERGE_TESTS | OUTPUT_TESTS),
+    # right outputs: only the tiles on_tile sees show the tiles above the diagonal computed and masked
+    "forward-masks-instead-of-skipping": ({"flash_forward": FORWARD.format(**RIGHT_FORWARD | {"skip": "False"})},
+                                          TILE_TESTS),
+    # stops at the block's first query: with blocks of 4 queries and 3 keys, the last keys of a block are missed
+    "forward-skip-off-by-one": ({"flash_forward": FORWARD.format(**RIGHT_FORWARD | {"skip": "k0 > q0"})},
+                                OUTPUT_TESTS | TILE_TESTS),
+    "forward-scale-by-d": ({"flash_forward": FORWARD.format(**RIGHT_FORWARD | {"scale": "1 / d"})}, OUTPUT_TESTS),
+    # the output is right; the backward, fed the max as L, recomputes wrong probabilities
+    "forward-lse-is-max": ({"flash_forward": FORWARD.format(**RIGHT_FORWARD | {"lse": "m"})}, OUTPUT_TESTS),
+    "backward-no-delta": ({"flash_backward": BACKWARD_NO_DELTA},
+                          {"test_flash_backward", "test_flash_backward_hidden", "test_FlashAttention",
+                           "test_FlashAttention_hidden"}),
+    "function-saves-softmax": ({"FlashAttention": SAVES_SOFTMAX},
+                               {"test_FlashAttention", "test_FlashAttention_hidden"}),
+}
+
+# student -> (a case their code fails, what its message says)
+SAYS = {
+    "merge-no-rescale-o": ("12.online_softmax.max_moves", "the running output o was not rescaled"),
+    "merge-denom-not-updated": ("12.online_softmax.visible", "the denominator was not updated"),
+    "merge-divides-early": ("12.online_softmax.visible", "o was divided by the denominator inside the merge"),
+    "forward-masks-instead-of-skipping": ("12.flash_forward.tiles", "lie wholly above the diagonal"),
+    "forward-skip-off-by-one": ("12.flash_forward.visible", "the key tiles stop at k0 <= q0"),
+    "forward-scale-by-d": ("12.flash_forward.visible", "the scores were divided by D, not sqrt(D)"),
+    "forward-lse-is-max": ("12.flash_forward.visible", "L is the running max m alone"),
+    "backward-no-delta": ("12.flash_backward.visible", "the softmax's backward lacks its row term"),
+    "function-saves-softmax": ("12.FlashAttention.visible", "the (T, T) probabilities (the softmax)"),
+}
+
+
+class TestLab12(RoundTrip):
+    LAB = LAB
+    WRONG = WRONG
+    TOTAL = 22
+    VALIDATE = Validation("merge-no-rescale-o", 4, (
+        'check("12.online_softmax.max_moves", online_softmax)',
+        "the running output o was not rescaled",
+    ))
+
+
+@pytest.mark.parametrize("student", sorted(SAYS))
+def test_each_named_mistake_gets_its_message(student):
+    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
