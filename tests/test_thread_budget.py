@@ -29,7 +29,7 @@ def test_no_share_for_no_worker():
 
 
 @pytest.mark.parametrize(("given", "expected"), [
-    ({}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}),
+    ({}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}),
     ({"OMP_WAIT_POLICY": "ACTIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"}),  # a learner's own choice is kept
     ({"GOMP_SPINCOUNT": "0"}, {"GOMP_SPINCOUNT": "0"})])
 def test_waiting_threads_spin_briefly_unless_told_otherwise(given, expected):
@@ -44,7 +44,7 @@ def test_importing_gptcourse_before_torch_makes_its_threads_spin_briefly():
              "print(os.environ['OMP_WAIT_POLICY'], os.environ['GOMP_SPINCOUNT'])")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.stdout.split() == ["PASSIVE", "10000"], proc.stderr
+    assert proc.stdout.split() == ["PASSIVE", "1000"], proc.stderr
 
 
 def _lesson(folder, name: str, source: str) -> None:
