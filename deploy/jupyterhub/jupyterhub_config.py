@@ -14,7 +14,9 @@ JupyterHub's settings:
   each single-user server's token may read its own user's groups, nothing more than nbgrader needs;
 - every server gets the class's Jupyter config folder (exchange root, course id, the auth plugin) on
   JUPYTER_CONFIG_PATH; the instructor's ~/.jupyter/nbgrader_config.py loads the course's own, which holds the
-  gradebook's PostgreSQL address and the grading sandbox's settings.
+  gradebook's PostgreSQL address and the grading sandbox's settings;
+- MathJax from the Hub itself (the `mathjax` service, /services/mathjax/) for the formgrader and the feedback pages,
+  whose templates otherwise load it from a CDN.
 """
 
 import json
@@ -69,6 +71,15 @@ c.Spawner.environment = {
     "OMP_NUM_THREADS": str(hub.get("threads", 1)),
 }
 c.LocalProcessSpawner.notebook_dir = "~"
+
+# Math without the internet: MathJax from the Hub's own service, used by the formgrader and the feedback pages.
+if hub.get("mathjax"):
+    c.JupyterHub.services = [{
+        "name": "mathjax", "url": f"http://127.0.0.1:{hub['mathjax_port']}", "display": False,
+        "command": [sys.executable, "-m", "gptcourse.cli", "hub", "mathjax", hub["mathjax"],
+                    "--port", str(hub["mathjax_port"])],
+    }]
+    c.Spawner.environment["JUPYTER_PATH"] = hub["jupyter_data"]
 
 # nbgrader's groups and what each server's token may do (read its own user's groups: JupyterHubAuthPlugin).
 c.JupyterHub.load_groups = {

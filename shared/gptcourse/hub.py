@@ -37,6 +37,22 @@ HUB_CONFIG = REPO / "deploy" / "jupyterhub" / "jupyterhub_config.py"
 COURSE_FILES = ("nbgrader_config.py", "solutions", "labs")
 AUTHENTICATORS = ("pam", "test-dummy")
 SETTINGS_NAME = "hub.json"
+MATHJAX_PREFIX = "/services/mathjax/"
+# nbconvert's `mathjax` macro, which the formgrader's and the feedback's templates call with no argument (so that
+# HTMLExporter.mathjax_url cannot change it): MathJax 3 from the Hub's own service instead of a CDN, with its
+# `safe` extension (as nbgrader's MathJax 2 had "Safe"): a student's \href or \style cannot carry script.
+MATHJAX_MACRO = """{%- macro mathjax(url="PREFIXtex-chtml.js") -%}
+    <script>
+    window.MathJax = {
+        loader: {load: ["ui/safe"]},
+        tex: {inlineMath: [["$", "$"], ["\\\\(", "\\\\)"]], displayMath: [["$$", "$$"], ["\\\\[", "\\\\]"]],
+              processEscapes: true, processEnvironments: true},
+        options: {menuOptions: {settings: {assistiveMml: false}}}
+    };
+    </script>
+    <script id="MathJax-script" async src="{{ url }}"></script>
+{%- endmacro %}
+""".replace("PREFIX", MATHJAX_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,8 @@ class HubSettings:
     proxy_api_port: int = 8001
     threads: int = 1
     mathjax: str = ""  # a folder holding MathJax 3's tex-chtml.js, served at /services/mathjax/ ('' for none)
+    mathjax_port: int = 8002
+    jupyter_data: str = ""  # on every server's JUPYTER_PATH: nbconvert's MathJax macro pointing at that service
 
     @property
     def settings_file(self) -> Path:
@@ -200,6 +218,53 @@ def write_jupyter_config(settings: HubSettings) -> None:
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
 
 
+def mathjax_folder() -> str:
+    """MathJax 3 as the `site` extra installs it (sphinx-mathjax-offline, which the course website uses too)."""
+    import importlib.metadata
+
+    try:
+        files = importlib.metadata.files("sphinx-mathjax-offline") or []
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+    found = next((f for f in files if str(f).endswith("static/mathjax/tex-chtml.js")), None)
+    return str(Path(str(found.locate())).parent) if found is not None else ""
+
+
+def write_mathjax_template(settings: HubSettings) -> None:
+    """nbconvert's `mathjax` macro, overridden for every server (JUPYTER_PATH comes before the environment's)."""
+    folder = Path(settings.jupyter_data) / "nbconvert" / "templates" / "base"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "mathjax.html.j2").write_text(MATHJAX_MACRO)
+    for path in [Path(settings.jupyter_data), *Path(settings.jupyter_data).rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+
+
+def serve_mathjax(folder: str, port: int) -> None:
+    """The `mathjax` Hub service: MathJax's files under /services/mathjax/ on 127.0.0.1 (the Hub's proxy forwards
+    the whole path), with CORS allowed, so that a feedback page shown from an opaque origin (Jupyter serves HTML
+    files sandboxed) may load MathJax's fonts too. Nothing but that folder is served."""
+    import http.server
+
+    class MathJaxFiles(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, directory=folder, **kwargs)  # type: ignore[arg-type]
+
+        def translate_path(self, path: str) -> str:
+            if not path.startswith(MATHJAX_PREFIX):
+                return os.path.join(folder, "missing")
+            return super().translate_path("/" + path[len(MATHJAX_PREFIX):])
+
+        def list_directory(self, path: str) -> None:  # type: ignore[override]
+            self.send_error(404)
+
+        def end_headers(self) -> None:
+            self.send_header("Access-Control-Allow-Origin", "*")
+            self.send_header("Cache-Control", "max-age=3600")
+            super().end_headers()
+
+    http.server.ThreadingHTTPServer(("127.0.0.1", port), MathJaxFiles).serve_forever()
+
+
 def check_environment(python: str, as_user: str) -> None:
     """The class's environment runs as a student: the interpreter, gptcourse, nbgrader and jupyterhub import."""
     single_user = Path(python) / "bin" / "jupyterhub-singleuser"
@@ -221,7 +286,7 @@ def create_environment(python: str, repo: Path = REPO) -> None:
         _run(sys.executable, "-m", "venv", python, what="creating the environment")
     pip = [str(Path(python) / "bin" / "python"), "-m", "pip", "install", "-q"]
     _run(*pip, "-r", str(repo / "requirements.txt"), what="installing torch")
-    _run(*pip, str(repo), "jupyterhub", what="installing the course and JupyterHub")
+    _run(*pip, f"{repo}[site]", "jupyterhub", what="installing the course (with MathJax) and JupyterHub")
     for path in [Path(python), *Path(python).rglob("*")]:
         if not path.is_symlink():
             os.chmod(path, path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
@@ -240,6 +305,8 @@ def setup(settings: HubSettings, psql: str, socket_dir: str, pg_port: int, datab
     install_course(settings)
     create_gradebook(psql, settings.instructor, database, socket_dir, pg_port, admin)
     write_jupyter_config(settings)
+    if settings.mathjax:
+        write_mathjax_template(settings)
     private = Path(settings.state) / "private"
     private.mkdir(parents=True, exist_ok=True)
     os.chmod(private, 0o700)
@@ -274,7 +341,8 @@ def _settings_from(args: argparse.Namespace) -> HubSettings:
     return HubSettings(
         course_id=course, instructor=instructor, students=list(args.students), python=args.python,
         state=str(state), exchange=args.exchange, course_dir=str(home / course),
-        jupyter_config=str(state / "jupyter-config"),
+        jupyter_config=str(state / "jupyter-config"), jupyter_data=str(state / "jupyter-data"),
+        mathjax=mathjax_folder(),
         gradebook_url=gradebook_url(instructor, args.database, args.pg_socket, args.pg_port), proxy=proxy,
         ip=args.ip, port=args.port,
     )
@@ -304,9 +372,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     setup_parser.add_argument("--port", type=int, default=8000)
     start_parser = sub.add_parser("start", help="run JupyterHub for the class set up")
     start_parser.add_argument("--state", default="/srv/gptcourse-hub", help="the Hub's own folder")
+    mathjax_parser = sub.add_parser("mathjax", help="(the Hub starts it) serve MathJax at /services/mathjax/")
+    mathjax_parser.add_argument("folder")
+    mathjax_parser.add_argument("--port", type=int, required=True)
 
 
 def command(args: argparse.Namespace) -> int:
+    if args.hub_command == "mathjax":
+        serve_mathjax(args.folder, args.port)
+        return 0
     require_root()
     if args.hub_command == "setup":
         settings = _settings_from(args)

@@ -90,6 +90,11 @@ def _needs() -> dict[str, str]:
 
     found = {"proxy": shutil.which("configurable-http-proxy") or "",
              "pg": str(postgres_bin() or "")}
+    from gptcourse.hub import mathjax_folder
+
+    found["mathjax"] = mathjax_folder()
+    if not found["mathjax"]:
+        pytest.skip('MathJax for the formgrader comes with the site extra: pip install -e ".[site]" (CI does)')
     if not found["proxy"]:
         pytest.skip("configurable-http-proxy is not on PATH: `npm install -g configurable-http-proxy` (CI does)")
     if not found["pg"]:
@@ -202,7 +207,7 @@ def hub(chromium_path: str) -> Iterator[Hub]:
     pg_folder, hub_proc, pg_port = folder / "pg", None, None
     try:
         pg_port = start_postgres(bindir, pg_folder, instructor, database)
-        ports = [_free_port() for _ in range(3)]
+        ports = [_free_port() for _ in range(4)]
         settings = hub_setup.HubSettings(
             course_id=COURSE, instructor=instructor, students=list(students.values()),
             python=students_environment(folder), state=str(folder / "hub"),
@@ -210,7 +215,8 @@ def hub(chromium_path: str) -> Iterator[Hub]:
             jupyter_config=str(folder / "hub" / "jupyter-config"),
             gradebook_url=hub_setup.gradebook_url(instructor, database, str(pg_folder), pg_port),
             proxy=found["proxy"], authenticator="test-dummy", port=ports[0], hub_port=ports[1],
-            proxy_api_port=ports[2],
+            proxy_api_port=ports[2], mathjax=found["mathjax"], mathjax_port=ports[3],
+            jupyter_data=str(folder / "hub" / "jupyter-data"),
         )
         hub_setup.setup(settings, str(bindir / "psql"), str(pg_folder), pg_port, database)
         password = secrets.token_urlsafe(12)
@@ -424,6 +430,8 @@ def class_scenario(hub: Hub, instructor: Page, students: dict[str, Page]) -> Non
             watch.install(page)
             page.goto(link)
             page.locator("text=Grading report").first.wait_for()
+            page.locator("mjx-container").first.wait_for()  # MathJax from the Hub: external requests are aborted
+            assert "$t+1$" not in page.inner_text("body"), "the lab's math shows as raw TeX in the formgrader"
             watch.assert_no_script_ran(page, f"the formgrader's submission page {link}")
             _shot(page, f"3-manual-grading-{index + 1}")
             page.close()
@@ -454,6 +462,8 @@ def class_scenario(hub: Hub, instructor: Page, students: dict[str, Page]) -> Non
             assert "Grading report" in body, f"{role}'s feedback has no grading report"
             if role == "hostile":
                 assert "removed from" in body, "the hostile student's report does not say what was removed"
+            page.locator('.jp-Toolbar-item:has-text("Trust HTML") button, button:has-text("Trust HTML")').first.click()
+            frame.locator("mjx-container").first.wait_for()  # the math renders, from the Hub's own MathJax
             _shot(page, f"4-{role}-feedback")
     with step("5. the PostgreSQL gradebook holds the three scores; `nbgrader export` writes them"):
         query = ("SELECT s.student_id, SUM(COALESCE(g.manual_score, g.auto_score)) FROM grade g "
