@@ -9,12 +9,13 @@ JupyterHub's settings:
 - log in with PAM (the Unix accounts and passwords `gptcourse hub setup` made); DummyAuthenticator only when the
   settings say "authenticator": "test-dummy", GPTCOURSE_HUB_TEST=1 is set and the Hub listens on loopback alone
   (the end-to-end test; anyone who knows its one password may log in as anyone);
-- nbgrader's groups: formgrade-<course> (the instructor: the formgrader runs in their own server, in the course
-  folder) and nbgrader-<course> (the students: nbgrader's JupyterHubAuthPlugin shows them the course's assignments);
+- nbgrader's groups: formgrade-<course> (the instructor: the formgrader runs in their own server) and
+  nbgrader-<course> (the students: nbgrader's JupyterHubAuthPlugin shows them the course's assignments);
   each single-user server's token may read its own user's groups, nothing more than nbgrader needs;
 - every server gets the class's Jupyter config folder (exchange root, course id, the auth plugin) on
-  JUPYTER_CONFIG_PATH; the instructor's ~/.jupyter/nbgrader_config.py loads the course's own, which holds the
-  gradebook's PostgreSQL address and the grading sandbox's settings;
+  JUPYTER_CONFIG_PATH, a student's after a folder that turns nbgrader's formgrader and authoring tools off; the
+  instructor's ~/.jupyter/nbgrader_config.py loads the course's own, which holds the gradebook's PostgreSQL
+  address and the grading sandbox's settings;
 - MathJax from the Hub itself (the `mathjax` service, /services/mathjax/) for the formgrader and the feedback pages,
   whose templates otherwise load it from a CDN.
 """
@@ -71,6 +72,16 @@ c.Spawner.environment = {
     "OMP_NUM_THREADS": str(hub.get("threads", 1)),
 }
 c.LocalProcessSpawner.notebook_dir = "~"
+
+
+def students_without_formgrader(spawner):
+    """A student's server reads the students' config folder first: no formgrader, no assignment authoring."""
+    if spawner.user.name != instructor:
+        spawner.environment["JUPYTER_CONFIG_PATH"] = os.pathsep.join([hub["jupyter_config"] + "-students",
+                                                                      hub["jupyter_config"]])
+
+
+c.Spawner.pre_spawn_hook = students_without_formgrader
 
 # Math without the internet: MathJax from the Hub's own service, used by the formgrader and the feedback pages.
 if hub.get("mathjax"):

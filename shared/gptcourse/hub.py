@@ -12,7 +12,8 @@ setup creates what the class needs, each only where missing, and writes the Hub'
 - the gradebook: a PostgreSQL role named after the instructor and a database only that role may connect to, over
   the server's Unix socket with peer authentication (no password exists to leak; a student's account is refused);
 - the class's Jupyter config folder (<state>/jupyter-config, readable by all): nbgrader's exchange, course id and
-  JupyterHub auth plugin for every server.
+  JupyterHub auth plugin for every server; and <state>/jupyter-config-students, first for students: nbgrader's
+  formgrader and authoring tools off.
 The Python environment the servers run (--python, a virtual environment under /opt or /srv) must exist and be
 readable by every account: setup checks it as a student (`--create-env` makes it with pip).
 
@@ -37,6 +38,11 @@ HUB_CONFIG = REPO / "deploy" / "jupyterhub" / "jupyterhub_config.py"
 COURSE_FILES = ("nbgrader_config.py", "solutions", "labs")
 AUTHENTICATORS = ("pam", "test-dummy")
 SETTINGS_NAME = "hub.json"
+# A student's server: nbgrader's instructor tools off (their server extensions and JupyterLab plugins).
+STUDENTS_SERVER_CONFIG = {"ServerApp": {"jpserver_extensions": {"nbgrader.server_extensions.formgrader": False,
+                                                                "nbgrader.server_extensions.course_list": False}}}
+STUDENTS_LAB_CONFIG = {"disabledExtensions": {"@jupyter/nbgrader:create-assignment": True,
+                                              "@jupyter/nbgrader:course-list": True}}
 MATHJAX_PREFIX = "/services/mathjax/"
 # nbconvert's `mathjax` macro, which the formgrader's and the feedback's templates call with no argument (so that
 # HTMLExporter.mathjax_url cannot change it): MathJax 3 from the Hub's own service instead of a CDN, with its
@@ -214,8 +220,17 @@ def write_jupyter_config(settings: HubSettings) -> None:
         f"c.CourseDirectory.course_id = {settings.course_id!r}\n"
         "c.Authenticator.plugin_class = 'nbgrader.auth.JupyterHubAuthPlugin'\n"
     )
-    for path in (folder, *folder.iterdir()):
+    students = Path(students_config(settings))
+    (students / "labconfig").mkdir(parents=True, exist_ok=True)
+    (students / "jupyter_server_config.json").write_text(json.dumps(STUDENTS_SERVER_CONFIG, indent=1))
+    (students / "labconfig" / "page_config.json").write_text(json.dumps(STUDENTS_LAB_CONFIG, indent=1))
+    for path in (folder, *folder.rglob("*"), students, *students.rglob("*")):
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
+
+
+def students_config(settings: HubSettings) -> str:
+    """The Jupyter config folder that comes first for students: no formgrader, no assignment authoring."""
+    return settings.jupyter_config.rstrip("/") + "-students"
 
 
 def mathjax_folder() -> str:
@@ -285,7 +300,9 @@ def create_environment(python: str, repo: Path = REPO) -> None:
     if not (Path(python) / "bin" / "python").exists():
         _run(sys.executable, "-m", "venv", python, what="creating the environment")
     pip = [str(Path(python) / "bin" / "python"), "-m", "pip", "install", "-q"]
-    _run(*pip, "-r", str(repo / "requirements.txt"), what="installing torch")
+    torch = next(line.strip() for line in (repo / "requirements.txt").read_text().splitlines()
+                 if line.startswith("torch=="))  # the version the course is tested with
+    _run(*pip, torch, what="installing torch")
     _run(*pip, f"{repo}[site]", "jupyterhub", what="installing the course (with MathJax) and JupyterHub")
     for path in [Path(python), *Path(python).rglob("*")]:
         if not path.is_symlink():

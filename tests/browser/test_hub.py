@@ -231,6 +231,8 @@ def hub(chromium_path: str) -> Iterator[Hub]:
         yield Hub(url=url, password=password, settings=settings, folder=folder, pg_socket=str(pg_folder),
                   pg_port=pg_port, database=database, psql=str(bindir / "psql"), students=students)
     finally:
+        for name in (instructor, *students.values()):  # servers and kernels first: the Hub need not wait on them
+            subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
         if hub_proc is not None:
             hub_proc.terminate()
             try:
@@ -535,6 +537,9 @@ def test_accounts_are_isolated(hub: Hub, browser: Browser) -> None:
         results = json.loads(output[output.index("PROBE") + len("PROBE"):])
         allowed = {name: result for name, result in results.items() if not result.startswith("refused")}
         assert len(results) == 11 and not allowed, f"a student reached what is not theirs: {allowed}"
+    with step("the student's own server has no formgrader"):
+        response = page.request.get(f"{hub.url}/user/{user}/formgrader/api/assignments")
+        assert response.status == 404, f"a student's formgrader answered {response.status}"
     with step("the instructor's server refuses the student's session"):
         for path in ("lab", "api/contents", "formgrader/api/assignments"):
             response = page.request.get(f"{hub.url}/user/{hub.instructor}/{path}")
