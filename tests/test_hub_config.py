@@ -143,3 +143,10 @@ def test_z2jh_dockerfile_parses():
     for line in lines:
         if line.startswith(("CMD", "ENTRYPOINT")):
             json.loads(line.split(None, 1)[1])  # exec form
+
+
+@pytest.mark.parametrize("name", ["Ada", "ada;drop", "../ada", "", "a" * 33, "1ada"])
+def test_setup_refuses_a_name_that_is_not_an_account_name(tmp_path, monkeypatch, name):
+    monkeypatch.setattr(hub, "require_root", lambda: None)
+    with pytest.raises(hub.HubSetupError, match="not an account or database name"):
+        hub.setup(settings(tmp_path, students=["ada", name]), "psql", "/run/postgresql", 5432, "gradebook")

@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import subprocess
@@ -38,6 +39,7 @@ HUB_CONFIG = REPO / "deploy" / "jupyterhub" / "jupyterhub_config.py"
 COURSE_FILES = ("nbgrader_config.py", "solutions", "labs")
 AUTHENTICATORS = ("pam", "test-dummy")
 SETTINGS_NAME = "hub.json"
+ACCOUNT_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")  # what useradd accepts by default, and safe in SQL and paths
 # A student's server: nbgrader's instructor tools off (their server extensions and JupyterLab plugins).
 STUDENTS_SERVER_CONFIG = {"ServerApp": {"jpserver_extensions": {"nbgrader.server_extensions.formgrader": False,
                                                                 "nbgrader.server_extensions.course_list": False}}}
@@ -313,6 +315,10 @@ def setup(settings: HubSettings, psql: str, socket_dir: str, pg_port: int, datab
           admin: str = "postgres") -> dict[str, str]:
     """Everything the Hub needs; returns the passwords set ({} with the test authenticator)."""
     require_root()
+    bad = [name for name in (settings.instructor, *settings.students, database) if not ACCOUNT_NAME.fullmatch(name)]
+    if bad:
+        raise HubSetupError(f"not an account or database name: {bad}; expected lowercase letters, digits, _ or -, "
+                            "starting with a letter or _, at most 32 characters")
     passwords = {}
     for name in (settings.instructor, *settings.students):
         if create_user(name) and settings.authenticator == "pam":
