@@ -271,8 +271,9 @@ def log_in(page: Page, hub: Hub, user: str) -> None:
 
 
 def wait_for_lab(page: Page, hub: Hub, user: str) -> None:
-    page.wait_for_url(re.compile(rf"/user/{user}/lab"), timeout=120_000)
-    page.locator(".lm-MenuBar-itemLabel").first.wait_for(timeout=120_000)
+    """Until the user's JupyterLab shows its menu bar (four servers start at once: minutes on a loaded machine)."""
+    page.wait_for_url(re.compile(rf"/user/{user}/lab"), timeout=240_000)
+    page.locator(".lm-MenuBar-itemLabel").first.wait_for(timeout=240_000)
 
 
 def _formgrader_action(page: Page, row_text: str, cell_class: str, timeout_ms: float = 300_000) -> str:
