@@ -85,7 +85,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
         report.longrepr = f"skipped, but GPTCOURSE_REQUIRE_ALL=1 requires every test to run: {report.longrepr}"
 
 
-LONGEST_FIRST = ("tests/test_grading_batch.py", "tests/browser/test_site.py", "tests/browser/test_course_in_browser.py",
+LONGEST_FIRST = ("tests/test_grading_batch.py", "tests/browser/test_hub.py", "tests/browser/test_site.py",
+                 "tests/browser/test_course_in_browser.py",
                  "tests/test_grading_sandbox.py", "tests/test_labs_07.py", "tests/test_grading_attacks.py",
                  "lessons/10_finetuning_and_rewards.ipynb", "tests/test_distributed.py", "tests/test_labs_06.py",
                  "tests/test_grading_postgres.py", "tests/test_labs_09.py", "tests/test_grading_forbidden.py",

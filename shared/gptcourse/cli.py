@@ -186,6 +186,18 @@ def _site_arguments(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
 
 
+def _hub(args: argparse.Namespace) -> int:
+    from .hub import command  # JupyterHub's pieces load only for this command
+
+    return command(args)
+
+
+def _hub_arguments(parser: argparse.ArgumentParser) -> None:
+    from .hub import add_arguments
+
+    add_arguments(parser)
+
+
 Command = tuple[str, Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None] | None]
 
 COMMANDS: dict[str, Command] = {
@@ -199,6 +211,8 @@ COMMANDS: dict[str, Command] = {
                    _similarity, _similarity_arguments),
     "site": ("build the course's static website into _site/ from the committed notebooks (needs the site extra)",
              _site, _site_arguments),
+    "hub": ("one class on JupyterHub (as root, on Linux): `hub setup` creates accounts, exchange, course and "
+            "gradebook; `hub start` runs it", _hub, _hub_arguments),
 }
 
 
