@@ -140,7 +140,7 @@ def test_local_cluster_gives_the_one_machine_scores(reference, on_local_cluster)
         assert f"{sum(by_cell.values()):g}/" in line and "graded" in line
 
 
-def test_local_cluster_resumes_and_force_grades_again(on_local_cluster):
+def test_local_cluster_resumes(on_local_cluster):
     course, db_url, _ = on_local_cluster
     notebooks = sorted((course.root / "grading" / "autograded").glob(f"*/{LAB}/{LAB}.ipynb"))
     before = {p: p.stat().st_mtime_ns for p in notebooks}

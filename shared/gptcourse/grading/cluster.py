@@ -20,8 +20,10 @@ list of what is wrong where):
 A worker that dies (killed, its machine lost) loses only the submission it was grading: the scheduler gives that
 task to another worker, which grades it again from the start (nbgrader replaces the autograded folder and updates
 the gradebook rows in place). A submission whose task has killed its worker `distributed.scheduler.allowed-failures`
-times (Dask's default: 3) is reported as failed, never retried again. A kernel that dies is not a worker that dies:
-it is handled inside the worker as in one-machine grading (restarted, the submission graded as it stands).
+times (Dask's default: 3) is reported as failed, never retried again. (The scheduler may also hand a worker its
+next task before the current one ends; a worker's death counts against that one too.) A kernel that dies is not a
+worker that dies: it is handled inside the worker as in one-machine grading (restarted, the submission graded as it
+stands).
 """
 
 from __future__ import annotations
