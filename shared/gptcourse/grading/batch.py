@@ -32,6 +32,7 @@ one whose kernel died before running a cell). With
 PostgreSQL (`--db postgresql://...` or `db_url` in nbgrader_config.py) workers write concurrently.
 
 Run from the course root, like nbgrader. Worker and kernel logs go to `<autograded>/.gptcourse-batch/LAB.log`.
+`--cluster ADDRESS | local:N`: Dask workers grade instead of this machine's (`cluster.py`); the rest is the same.
 """
 
 from __future__ import annotations
@@ -377,28 +378,64 @@ def summary_table(outcomes: dict[str, Outcome], rows: dict[str, tuple[float, flo
 
 
 def autograde_class(lab: str, workers: int | None = None, force: bool = False, use_zygote: bool = True,
-                    nbgrader_args: list[str] | None = None, progress: bool = True) -> dict[str, Outcome]:
+                    nbgrader_args: list[str] | None = None, progress: bool = True,
+                    cluster: str | None = None) -> dict[str, Outcome]:
     """Grade every submission of `lab` that needs it (all with `force`); print a summary; return the outcomes.
-    Stops before grading anyone if the sandbox cannot start (unless the course allows unsandboxed grading)."""
-    from .sandbox import course_folders, require_sandbox
-    from .zygote import Zygote
-
+    Stops before grading anyone if the sandbox cannot start (unless the course allows unsandboxed grading).
+    `cluster`: a Dask scheduler's address or local:N, whose workers grade instead (`cluster.py`)."""
     nbgrader_args = list(nbgrader_args or [])
     app = _nbgrader_app(lab, nbgrader_args)
-    sandboxed = require_sandbox(app.config, forbidden=course_folders(app.config, app.coursedir.root))
-    zygote_log = tempfile.TemporaryFile()
-    zygote = Zygote(zygote_log) if use_zygote and not sandboxed and Zygote.supported() else None
+    if cluster is not None:
+        from .cluster import ClusterRunner
+
+        runner: Any = ClusterRunner(cluster, str(Path(app.coursedir.root).resolve()), lab, app.coursedir.db_url,
+                                    nbgrader_args)
+    else:
+        runner = LocalRunner(app, workers, use_zygote, nbgrader_args)
     try:
-        return _autograde_class(app, lab, workers, force, zygote, nbgrader_args, progress,
-                                app.config if sandboxed else None)
+        return _autograde_class(app, lab, force, progress, runner)
     finally:
-        if zygote is not None:
-            zygote.close()
-        zygote_log.close()
+        runner.close()
 
 
-def _autograde_class(app: Any, lab: str, workers: int | None, force: bool, zygote: Any, nbgrader_args: list[str],
-                     progress: bool, sandbox_config: Any) -> dict[str, Outcome]:
+class LocalRunner:
+    """The batch's workers on this machine: `workers` processes (default: cores + 1), each sandboxed (checked
+    when made), or sharing one zygote where the course allows unsandboxed grading."""
+
+    def __init__(self, app: Any, workers: int | None, use_zygote: bool, nbgrader_args: list[str]) -> None:
+        from .sandbox import course_folders, require_sandbox
+        from .zygote import Zygote
+
+        sandboxed = require_sandbox(app.config, forbidden=course_folders(app.config, app.coursedir.root))
+        self.lab, self.nbgrader_args = app.coursedir.assignment_id, nbgrader_args
+        self.workers = max(1, workers or default_workers())
+        self.sandbox_config = app.config if sandboxed else None
+        self.zygote_log = tempfile.TemporaryFile()
+        self.zygote = Zygote(self.zygote_log) if use_zygote and not sandboxed and Zygote.supported() else None
+        self.log_path: str | None = None
+
+    def describe(self) -> str:
+        return f"{self.workers} workers{', sandboxed' if self.sandbox_config is not None else ''}"
+
+    def run(self, students: list[str], log_path: str) -> Iterator[Outcome]:
+        self.workers = min(self.workers, max(len(students), 1))
+        self.log_path = log_path
+        _preload_for_workers()
+        return run_workers(self.lab, students, self.workers, self.zygote.socket_path if self.zygote else None,
+                               self.nbgrader_args, log_path, self.sandbox_config)
+
+    def close(self) -> None:
+        if self.zygote is not None:
+            self.zygote.close()
+            if self.log_path is not None:
+                with open(self.log_path, "ab") as log:  # the kernels' own output
+                    self.zygote.log.seek(0)
+                    shutil.copyfileobj(self.zygote.log, log)
+            self.zygote = None
+        self.zygote_log.close()
+
+
+def _autograde_class(app: Any, lab: str, force: bool, progress: bool, runner: Any) -> dict[str, Outcome]:
     from tqdm.auto import tqdm
 
     coursedir = app.coursedir
@@ -410,19 +447,15 @@ def _autograde_class(app: Any, lab: str, workers: int | None, force: bool, zygot
     outcomes.update({s.student: Outcome(s.student, "up to date") for s in found if s.student not in outcomes
                      and not force and s.is_up_to_date(autograded_folder(coursedir, lab, s.student))})
     todo = [s.student for s in found if s.student not in outcomes]
-    workers = max(1, workers or default_workers())
     log_path = state_folder(coursedir, lab).with_suffix(".log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    print(f"{lab}: {len(found)} submissions, {len(todo)} to grade ({len(found) - len(todo)} up to date or without "
-          "a notebook), "
-          f"{min(workers, max(len(todo), 1))} workers{', sandboxed' if sandbox_config is not None else ''}; "
-          f"log: {log_path}", flush=True)
     start = time.perf_counter()
-    _preload_for_workers()
+    graded = runner.run(todo, str(log_path)) if todo else iter(())
+    print(f"{lab}: {len(found)} submissions, {len(todo)} to grade ({len(found) - len(todo)} up to date or without "
+          f"a notebook), {runner.describe()}; log: {log_path}", flush=True)
     bar = tqdm(total=len(todo), unit="submission", disable=not progress or not todo, dynamic_ncols=True)
     try:
-        for outcome in run_workers(lab, todo, workers, zygote.socket_path if zygote else None, nbgrader_args,
-                                   str(log_path), sandbox_config):
+        for outcome in graded:
             outcomes[outcome.student] = outcome
             bar.set_postfix_str(f"{outcome.student}: {outcome.status}", refresh=False)
             bar.update()
@@ -430,11 +463,7 @@ def _autograde_class(app: Any, lab: str, workers: int | None, force: bool, zygot
         print("\ninterrupted: run the same command again to grade the rest", file=sys.stderr)
     finally:
         bar.close()
-        if zygote is not None:
-            zygote.close()
-            with open(log_path, "ab") as log:  # the kernels' own output
-                zygote.log.seek(0)
-                shutil.copyfileobj(zygote.log, log)
+        runner.close()
     for student in todo:
         outcomes.setdefault(student, Outcome(student, "not graded"))
     print(summary_table(outcomes, gradebook_rows(coursedir.db_url, lab, sorted(outcomes))))
@@ -484,7 +513,7 @@ def _require_assignment(db_url: str, lab: str) -> None:
 def command(args: argparse.Namespace) -> int:
     """`gptcourse autograde`."""
     outcomes = autograde_class(args.lab, args.workers, args.force, not args.no_zygote,
-                               ["--db", args.db] if args.db else [])
+                               ["--db", args.db] if args.db else [], cluster=args.cluster)
     return 0 if all(o.status in ("graded", "up to date", "no notebook") for o in outcomes.values()) else 1
 
 
@@ -493,5 +522,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, help="parallel graders (default: cores + 1)")
     parser.add_argument("--force", action="store_true", help="grade again submissions already graded")
     parser.add_argument("--db", default=None, help="gradebook URL, as nbgrader's --db (e.g. postgresql://...)")
+    parser.add_argument("--cluster", default=None, metavar="ADDRESS",
+                        help="grade on a Dask cluster: a scheduler's address (tcp://host:8786) or local:N (N worker "
+                             "processes here); needs a PostgreSQL gradebook and the cluster extra")
     parser.add_argument("--no-zygote", action="store_true",
                         help="start an ordinary kernel per notebook (unsandboxed grading only)")
