@@ -56,8 +56,10 @@ def dpo_batch(pairs: Sequence[PreferencePair], pad_id: int = 0,
 
 
 def dpo_step(policy: nn.Module, reference: Callable[..., torch.Tensor], optimizer: torch.optim.Optimizer,
-             batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], beta: float, grad_clip: float = 1.0) -> DPOLoss:
-    """One update of `policy` on a `dpo_batch`; the reference runs without gradients and is never changed."""
+             batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], beta: float,
+             grad_clip: float | None = None) -> DPOLoss:
+    """One update of `policy` on a `dpo_batch` (its gradient norm clipped to `grad_clip`, if given); the reference
+    runs without gradients and is never changed."""
     ids, mask, labels = batch
     policy_logps = sequence_logprobs(policy, ids, mask, labels)  # (2B,)
     with torch.no_grad():
@@ -65,7 +67,8 @@ def dpo_step(policy: nn.Module, reference: Callable[..., torch.Tensor], optimize
     result = dpo_loss(*policy_logps.chunk(2), *ref_logps.chunk(2), beta)
     optimizer.zero_grad(set_to_none=True)
     result.loss.backward()
-    torch.nn.utils.clip_grad_norm_([p for p in policy.parameters() if p.requires_grad], grad_clip)
+    if grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_([p for p in policy.parameters() if p.requires_grad], grad_clip)
     optimizer.step()
     return result
 
