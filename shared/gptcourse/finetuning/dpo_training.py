@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..training.checkpoint import check_same_run, load_checkpoint, save_checkpoint
+from ..training.checkpoint import resume_run, run_state, save_checkpoint
 from .dpo import DPOLoss, dpo_loss
 from .log_likelihood import sequence_logprobs
 from .losses import response_labels
@@ -98,19 +98,11 @@ def train_dpo(policy: nn.Module, reference: Callable[..., torch.Tensor], pairs: 
     history: list[dict] = []
     first_step = 0
     if resume is not None:
-        state = load_checkpoint(resume)
-        check_same_run(state, settings, resume)
-        policy.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        gen.set_state(state["data_rng"])
-        torch.set_rng_state(state["torch_rng"])
-        first_step, history = state["step"], list(state["history"])
+        first_step, history = resume_run(resume, settings, policy, optimizer, gen)
 
     def save(step: int) -> None:
         if checkpoint is not None:
-            save_checkpoint(checkpoint, settings | {
-                "step": step, "model": policy.state_dict(), "optimizer": optimizer.state_dict(),
-                "data_rng": gen.get_state(), "torch_rng": torch.get_rng_state(), "history": history})
+            save_checkpoint(checkpoint, run_state(settings, step, policy, optimizer, gen, history))
 
     policy.train()
     for step in range(first_step, cfg.steps):
