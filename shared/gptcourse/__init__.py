@@ -22,9 +22,13 @@ spin_briefly_then_sleep()
 __version__ = "0.1.0"
 
 WHERE: dict[str, tuple[str, ...]] = {  # module (under gptcourse) -> the public names it defines
-    "finetuning.lora": ("LoRALinear", "add_lora", "lora_parameter_count", "merge_lora"),
+    "finetuning.dpo": ("DPOLoss", "dpo_loss"),
+    "finetuning.dpo_training": ("DPOConfig", "PreferencePair", "dpo_batch", "dpo_step", "train_dpo"),
+    "finetuning.log_likelihood": ("sequence_logprobs",),
+    "finetuning.lora": ("LoRALinear", "adapters_disabled", "add_lora", "lora_parameter_count", "merge_lora"),
     "finetuning.losses": ("IGNORE_INDEX", "bradley_terry_loss", "masked_lm_loss", "response_labels"),
     "finetuning.padding": ("pad_batch",),
+    "finetuning.reference": ("AdaptersOff", "frozen_copy", "without_adapters"),
     "finetuning.stopping": ("greedy_until_stop",),
     "finetuning.tasks": ("LINE_KINDS", "keywordless_line_kind_task", "line_kind_task", "preference_task",
                          "signature_task"),

@@ -10,6 +10,8 @@ W + (alpha / r) B A back into a plain nn.Linear: the same outputs, no extra cost
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -40,8 +42,11 @@ class LoRALinear(nn.Module):
         self.rank, self.alpha, self.scaling = rank, alpha, alpha / rank
         self.A = nn.Parameter(torch.randn(rank, base.in_features) / math.sqrt(base.in_features))  # (r, in)
         self.B = nn.Parameter(torch.zeros(base.out_features, rank))  # (out, r): the update starts at zero
+        self.enabled = True  # False: the base layer alone (see `adapters_disabled`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return self.base(x)
         return self.base(x) + (x @ self.A.T @ self.B.T) * self.scaling  # (..., in) -> (..., r) -> (..., out)
 
     @torch.no_grad()
@@ -81,6 +86,21 @@ def add_lora(model: nn.Module, rank: int, alpha: float, targets: tuple[str, ...]
     for parent, name in found:
         setattr(parent, name, LoRALinear(getattr(parent, name), rank, alpha))
     return model
+
+
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """Within the block, every `LoRALinear` of `model` computes its base layer alone: the model before finetuning,
+    with no copy. The adapters come back on leaving the block, even after an error."""
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    states = [layer.enabled for layer in layers]
+    for layer in layers:
+        layer.enabled = False
+    try:
+        yield model
+    finally:
+        for layer, state in zip(layers, states, strict=True):
+            layer.enabled = state
 
 
 def merge_lora(model: nn.Module) -> nn.Module:

@@ -60,3 +60,24 @@ def check_same_run(state: dict[str, Any], expected: dict[str, Any], path: str | 
     if differences:
         raise CheckpointError(f"{path} was written by a run with other settings; resume with the same ones or "
                               "start a new checkpoint:\n  " + "\n  ".join(differences))
+
+
+def run_state(settings: dict[str, Any], step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              data_rng: torch.Generator, history: list[dict]) -> dict[str, Any]:
+    """What a checkpoint of a training run holds: its settings, the step reached, the model, the optimizer's
+    state, the data sampler's and torch's random states, and the evaluations so far."""
+    return settings | {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                       "data_rng": data_rng.get_state(), "torch_rng": torch.get_rng_state(), "history": history}
+
+
+def resume_run(path: str | Path, settings: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               data_rng: torch.Generator) -> tuple[int, list[dict]]:
+    """Restore a `run_state` checkpoint (refused if another run's) into the model, the optimizer, the data
+    sampler and torch's random state; returns the step reached and the history so far."""
+    state = load_checkpoint(path)
+    check_same_run(state, settings, path)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    data_rng.set_state(state["data_rng"])
+    torch.set_rng_state(state["torch_rng"])
+    return state["step"], list(state["history"])

@@ -27,7 +27,7 @@ from ..model.config import GPTConfig
 from ..model.gpt import GPT
 from ..text.char_tokenizer import CharTokenizer
 from ..text.corpus import get_batch, load_text, train_val_split
-from .checkpoint import check_same_run, load_checkpoint, save_checkpoint
+from .checkpoint import resume_run, run_state, save_checkpoint
 from .distributed import Ranks, current_ranks, join_process_group, leave_process_group, rank_rows
 
 
@@ -173,19 +173,11 @@ def train(
     settings = _run_settings(model, train_ids, cfg, share // cfg.micro_batches)
     first_step = 0
     if resume is not None:
-        state = load_checkpoint(resume)
-        check_same_run(state, settings, resume)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        gen.set_state(state["data_rng"])
-        torch.set_rng_state(state["torch_rng"])
-        first_step, history = state["step"], list(state["history"])
+        first_step, history = resume_run(resume, settings, model, optimizer, gen)
 
     def save(step: int) -> None:
         if checkpoint is not None and ranks.is_main:
-            save_checkpoint(checkpoint, settings | {
-                "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "data_rng": gen.get_state(), "torch_rng": torch.get_rng_state(), "history": history})
+            save_checkpoint(checkpoint, run_state(settings, step, model, optimizer, gen, history))
 
     net: nn.Module = model
     if ranks.world_size > 1:
