@@ -21,11 +21,21 @@ from .piece import Probe
 from .student import build_module, load_weights
 
 
+def gpt_config(v: int, c: int, h: int, n: int, t_max: int, **changes: Any) -> GPTConfig:
+    """A case's small model: vocabulary v, width c, h heads, n layers, context t_max (and any other `changes`)."""
+    return GPTConfig(vocab_size=v, d_model=c, n_heads=h, n_layers=n, context_length=t_max, **changes)
+
+
 def reference_gpt(config: GPTConfig, weights: dict[str, torch.Tensor]) -> nn.Module:
     """gptcourse.GPT(config) with `weights` (drawn by `random_weights` from its parameters), in eval mode."""
     with torch.random.fork_rng(devices=[]):  # GPT's own init must not move the caller's random state
         model = GPT(config)
     return load_gpt_weights(model, config, weights, "the reference GPT")
+
+
+def case_gpt(inputs: Inputs) -> nn.Module:
+    """The reference GPT of a case whose inputs hold its "config" and "weights" (`gpt_inputs`)."""
+    return reference_gpt(inputs["config"], inputs["weights"])
 
 
 def load_gpt_weights(model: nn.Module, config: GPTConfig, weights: dict[str, torch.Tensor], what: str) -> nn.Module:

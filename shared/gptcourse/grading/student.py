@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,42 @@ def as_tensors(value: Any, names: tuple[str, ...], what: str) -> tuple[torch.Ten
         got = f"a tuple of {len(value)}" if isinstance(value, tuple) else type(value).__name__
         raise fail(f"{what} must return a tuple ({', '.join(names)}), got {got}")
     return tuple(as_tensor(v, f"{what} ({name})") for v, name in zip(value, names, strict=True))
+
+
+def as_text(value: Any, what: str) -> str:
+    """The student's result, if it is a str; else a failure naming what it got."""
+    if not isinstance(value, str):
+        raise fail(f"{what} returned {type(value).__name__} {value!r:.60}, expected a str")
+    return value
+
+
+def _copy(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def returns(key: str, what: Callable[[dict[str, Any]], str], *args: str,
+            **kwargs: str) -> Callable[[Any, dict[str, Any]], dict[str, Any]]:
+    """A piece's `call` for a function of the case's inputs named `args` (and `kwargs`: parameter -> input name),
+    tensors passed as copies, that returns one tensor: {key: it}; `what(inputs)` names the call in messages."""
+
+    def call(fn: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+        result = fn(*(_copy(inputs[a]) for a in args), **{k: _copy(inputs[v]) for k, v in kwargs.items()})
+        return {key: as_tensor(result, what(inputs))}
+
+    return call
+
+
+def module_returns(key: str, what: Callable[[dict[str, Any]], str],
+                   arg: str = "x") -> Callable[[Any, dict[str, Any]], dict[str, Any]]:
+    """A piece's `call` for a module class: built with the case's `init` and `weights` (`build_module`), run on a
+    copy of inputs[arg]; its one tensor output is {key: it}. `what(inputs)` names the module in messages."""
+
+    def call(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+        name, x = what(inputs), inputs[arg]
+        module = build_module(cls, name, inputs["init"], inputs["weights"])
+        return {key: as_tensor(module(x.clone()), f"{name} on {arg} {fmt_shape(x.shape)}")}
+
+    return call
 
 
 def _student_frame(err: BaseException) -> traceback.FrameSummary | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import math
+import random
 from functools import partial
 from typing import Any, Literal
 
@@ -27,8 +28,8 @@ from ...training.clipping import clip_grad_norm
 from ...training.loop import TrainConfig, lm_loss, lr_at
 from ...training.losses import cross_entropy
 from ...training.optim import AdamW
-from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
-from ..fixtures import check_close_lazily, gpt_inputs, reference_gpt
+from ..cases import Inputs, Outputs, sized, tensor_rng
+from ..fixtures import case_gpt, check_close_lazily, gpt_inputs
 from ..piece import Piece, declare
 from ..student import as_tensor
 
@@ -85,8 +86,8 @@ def _ce_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(got["grad"], expected["grad"], "the loss's gradient with respect to the logits", atol=1e-6)
 
 
-def _ce_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _ce_hidden(r: random.Random, seed: int) -> Inputs:
     return _ce_inputs(r.randint(2, 40), r.randint(2, 60), r.choice([200.0, 500.0, 1000.0]), seed)
 
 
@@ -183,8 +184,8 @@ def _adamw_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                     atol=1e-7, rtol=1e-5)
 
 
-def _adamw_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _adamw_hidden(r: random.Random, seed: int) -> Inputs:
     return _adamw_inputs(r.randint(1, 30), r.randint(3, 8), seed, lr=r.choice([1e-3, 3e-3, 0.05]),
                          beta1=r.choice([0.8, 0.9]), beta2=r.choice([0.95, 0.99, 0.999]), eps=1e-8,
                          weight_decay=r.choice([0.01, 0.1, 0.3]))
@@ -243,8 +244,8 @@ def _schedule_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     return {why: _schedule_call(partial(_wrong_lr_at, **flags), inputs)["lrs"] for why, flags in mistakes.items()}
 
 
-def _schedule_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _schedule_hidden(r: random.Random, seed: int) -> Inputs:
     total = r.randint(12, 60)
     return _schedule_inputs(r.choice([1e-3, 6e-4, 3e-3]), r.choice([1e-5, 6e-5, 1e-4]), r.randint(1, total // 3),
                             total)
@@ -301,18 +302,14 @@ def _clip_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "the spikes were)": clipped})
 
 
-def _clip_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _clip_hidden(r: random.Random, seed: int) -> Inputs:
     shapes = [tuple(r.randint(1, 5) for _ in range(r.randint(1, 3))) for _ in range(r.randint(2, 5))]
     return _clip_inputs(shapes, r.choice([0.5, 1.0, 2.0]), seed, without_grad=r.randrange(len(shapes)))
 
 
 # ---- accumulate_gradients(model, tokens (B, T + 1), micro_batches) -> the mean loss; the whole batch's
 #      gradient left in every parameter's .grad
-
-
-def _model(inputs: Inputs) -> torch.nn.Module:
-    return reference_gpt(inputs["config"], inputs["weights"]).train()
 
 
 def _accumulate_gradients(model: torch.nn.Module, tokens: torch.Tensor, micro_batches: int) -> float:
@@ -346,7 +343,7 @@ def _accumulate_inputs(config: GPTConfig, b: int, t: int, micro_batches: int, se
 
 
 def _accumulate_call(fn: Any, inputs: Inputs) -> Outputs:
-    model = _model(inputs)
+    model = case_gpt(inputs).train()
     for p in model.parameters():  # what a previous step left behind: the function must start from zero
         p.grad = torch.ones_like(p)
     tokens, k = inputs["tokens"], inputs["micro_batches"]
@@ -377,8 +374,8 @@ def _accumulate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         f"the returned loss is the sum over the {k} micro-batches: return their mean": expected["loss"] * k})
 
 
-def _accumulate_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _accumulate_hidden(r: random.Random, seed: int) -> Inputs:
     k = r.choice([3, 6])
     return _accumulate_inputs(GPTConfig(vocab_size=r.randint(15, 40), d_model=12, n_heads=3, n_layers=2,
                                         context_length=10), 6, r.randint(2, 9), k, seed)
@@ -407,7 +404,7 @@ def _restore_training_state(state: dict[str, Any], model: torch.nn.Module, optim
         optimizer.load_state_dict(state["optimizer"])
     if restore_generator:
         generator.set_state(state["generator"])
-    return state["step"]
+    return int(state["step"])
 
 
 def _resume_inputs(config: GPTConfig, b: int, t: int, steps: int, seed: int) -> Inputs:
@@ -423,7 +420,7 @@ class _Run:
 
     def __init__(self, inputs: Inputs) -> None:
         self.inputs = inputs
-        self.model = _model(inputs)
+        self.model = case_gpt(inputs).train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=inputs["lr"], weight_decay=0.1, foreach=False)
         self.generator = torch.Generator().manual_seed(inputs["data_seed"])
 
@@ -450,11 +447,12 @@ def _through_a_file(state: Any, what: str) -> Any:
                    f"({type(err).__name__}: {err}): keep it to tensors, numbers and dicts of them") from None
 
 
-def _state_call(fn: Any, inputs: Inputs) -> Outputs:
-    """The student's training_state, restored by the reference's restore_training_state."""
+def _resume(save: Any, restore: Any, inputs: Inputs) -> Outputs:
+    """Train, `save` the state, load it back through a file, `restore` it into fresh objects and train on: the
+    student's half is checked as it comes (the reference's other half passes those checks)."""
     first = _Run(inputs)
     first.train(inputs["steps"])
-    state = fn(first.model, first.optimizer, first.generator, inputs["steps"])
+    state = save(first.model, first.optimizer, first.generator, inputs["steps"])
     what = "training_state(model, optimizer, generator, step)"
     if not isinstance(state, dict):
         raise fail(f"{what} returned {type(state).__name__}, expected a dict with the keys {STATE_KEYS}")
@@ -470,25 +468,23 @@ def _state_call(fn: Any, inputs: Inputs) -> Outputs:
                    "generator.get_state()")
     state = _through_a_file(state, f"the dict {what} returned")
     second = _Run(inputs)
-    step = _restore_training_state(state, second.model, second.optimizer, second.generator)
-    second.train(inputs["steps"])
-    return {"parameters": second.parameters(), "step": int(step)}
-
-
-def _restore_call(fn: Any, inputs: Inputs) -> Outputs:
-    """The student's restore_training_state, of a state the reference's training_state saved."""
-    first = _Run(inputs)
-    first.train(inputs["steps"])
-    state = _through_a_file(_training_state(first.model, first.optimizer, first.generator, inputs["steps"]),
-                            "the state")
-    second = _Run(inputs)
-    step = fn(state, second.model, second.optimizer, second.generator)
+    step = restore(state, second.model, second.optimizer, second.generator)
     if isinstance(step, torch.Tensor) and step.numel() == 1:
         step = step.item()
     if not isinstance(step, int) or isinstance(step, bool):
         raise fail(f"restore_training_state(...) returned {type(step).__name__}, expected the step (an int)")
     second.train(inputs["steps"])
     return {"parameters": second.parameters(), "step": step}
+
+
+def _state_call(fn: Any, inputs: Inputs) -> Outputs:
+    """The student's training_state, restored by the reference's restore_training_state."""
+    return _resume(fn, _restore_training_state, inputs)
+
+
+def _restore_call(fn: Any, inputs: Inputs) -> Outputs:
+    """The student's restore_training_state, of a state the reference's training_state saved."""
+    return _resume(_training_state, fn, inputs)
 
 
 RESUME_MISTAKES = {
@@ -509,8 +505,8 @@ def _resume_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "return it from restore_training_state")
 
 
-def _resume_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _resume_hidden(r: random.Random, seed: int) -> Inputs:
     return _resume_inputs(GPTConfig(vocab_size=r.randint(15, 30), d_model=12, n_heads=2, n_layers=r.randint(1, 2),
                                     context_length=8, position=r.choice(["learned", "rope"])),
                           r.randint(1, 4), r.randint(2, 8), r.randint(1, 3), seed)

@@ -10,6 +10,7 @@ of the same names, which the lab forbids.
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
 import torch
@@ -21,9 +22,9 @@ from ...finetuning.lora import LoRALinear
 from ...finetuning.losses import IGNORE_INDEX, bradley_terry_loss, response_labels
 from ...model.causal_attention import causal_mask, padding_mask
 from ...model.heads import last_real_token
-from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
+from ..cases import Inputs, Outputs, sized, sizes_rng, tensor_rng
 from ..piece import Piece, declare
-from ..student import as_tensor, load_weights, module_class
+from ..student import as_tensor, load_weights, module_class, returns
 
 
 def _lengths_mask(lengths: list[int], t: int, sides: list[str]) -> torch.Tensor:
@@ -54,11 +55,6 @@ def _describe_mask(mask: torch.Tensor) -> str:
 
 def _mask_inputs(b: int, t: int, side: str, seed: int) -> Inputs:
     return {"mask": _padded_mask(b, t, side, seed), "sizes": {"B": b, "T": t}}
-
-
-def _mask_call(fn: Any, inputs: Inputs) -> Outputs:
-    mask = inputs["mask"]
-    return {"allowed": as_tensor(fn(mask.clone()), f"padding_mask({_describe_mask(mask)})")}
 
 
 def _mask_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
@@ -101,11 +97,6 @@ def _mask_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                "to itself.")
 
 
-def _mask_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _mask_inputs(r.randint(3, 5), r.randint(2, 9), "mixed", seed)
-
-
 # ---- last_real_token(hidden (B, T, C), attention_mask (B, T)) -> (B, C)
 
 
@@ -116,12 +107,6 @@ def _gather(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 def _pool_inputs(b: int, t: int, c: int, side: str, seed: int) -> Inputs:
     return {"hidden": torch.randn(b, t, c, generator=tensor_rng(seed)), "mask": _padded_mask(b, t, side, seed),
             "sizes": {"B": b, "T": t, "C": c}}
-
-
-def _pool_call(fn: Any, inputs: Inputs) -> Outputs:
-    hidden, mask = inputs["hidden"], inputs["mask"]
-    out = fn(hidden.clone(), mask.clone())
-    return {"pooled": as_tensor(out, f"last_real_token(hidden {fmt_shape(hidden.shape)}, {_describe_mask(mask)})")}
 
 
 def _pool_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
@@ -140,11 +125,6 @@ def _pool_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     }
 
 
-def _pool_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _pool_inputs(r.randint(3, 5), r.randint(2, 9), r.randint(3, 7), "mixed", seed)
-
-
 # ---- response_labels(input_ids (B, T), prompt_lengths (B,), attention_mask (B, T)) -> labels (B, T)
 
 
@@ -155,14 +135,6 @@ def _labels_inputs(b: int, t: int, side: str, seed: int) -> Inputs:
     lengths = mask.sum(-1)
     prompt = torch.tensor([int(torch.randint(0, int(n), (1,), generator=gen)) for n in lengths])  # < length
     return {"ids": ids, "mask": mask, "prompt": prompt, "sizes": {"B": b, "T": t}}
-
-
-def _labels_call(fn: Any, inputs: Inputs) -> Outputs:
-    ids, mask, prompt = inputs["ids"], inputs["mask"], inputs["prompt"]
-    out = fn(ids.clone(), prompt.clone(), mask.clone())
-    what = (f"response_labels(input_ids {fmt_shape(ids.shape)}, prompt_lengths={prompt.tolist()}, "
-            f"{_describe_mask(mask)})")
-    return {"labels": as_tensor(out, what)}
 
 
 def _labels_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
@@ -189,11 +161,6 @@ def _labels_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "comparing logits[:, t] with labels[:, t + 1]": F.pad(keeping((index >= prompt) & real)[:, 1:], (0, 1),
                                                              value=IGNORE_INDEX),
     }
-
-
-def _labels_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _labels_inputs(r.randint(3, 5), r.randint(3, 10), "mixed", seed)
 
 
 # ---- bradley_terry_loss(chosen (B,), rejected (B,)) -> mean of -log sigmoid(chosen - rejected)
@@ -241,11 +208,6 @@ def _bt_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     if not got["differentiable"]:
         raise fail("the loss does not require grad: return the tensor computed from the rewards (not .item() or a "
                    "detached copy), so that loss.backward() reaches the reward model")
-
-
-def _bt_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _bt_inputs(r.randint(1, 12), r.uniform(0.5, 3.0), seed)
 
 
 # ---- LoRALinear(base: nn.Linear, rank, alpha): base(x) + (alpha / rank) x A^T B^T, base frozen, B = 0 at first
@@ -336,14 +298,15 @@ def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         check_close(got[f"grad_{name}"], expected[f"grad_{name}"], f"the gradient of {name}", atol=1e-3)
 
 
-def _lora_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _lora_hidden(r: random.Random, seed: int) -> Inputs:
     return _lora_inputs(r.randint(3, 12), r.randint(3, 12), r.randint(1, 3), float(r.choice([1, 4, 16])),
                         (r.randint(1, 3), r.randint(1, 5)), seed)
 
 
 PIECES = declare(
-    Piece("10", "padding_mask", padding_mask, _mask_call, judge=_mask_judge,
+    Piece("10", "padding_mask", padding_mask,
+          returns("allowed", lambda i: f"padding_mask({_describe_mask(i['mask'])})", "mask"), judge=_mask_judge,
           forbidden=("gptcourse.padding_mask", "gptcourse.GPT", "gptcourse.model.gpt"),
           visible=[("visible", "padding_mask of a right-padded batch (B, T) = (3, 5)",
                     lambda seed: _mask_inputs(3, 5, "right", seed)),
@@ -351,22 +314,32 @@ PIECES = declare(
                     lambda seed: _mask_inputs(3, 6, "left", seed))],
           hidden=[("hidden_single", "padding_mask of one unpadded sequence (B=1): the causal mask",
                    lambda seed: _mask_inputs(1, 4, "right", seed)),
-                  ("hidden_mixed", "padding_mask with other sizes, rows padded on either side", _mask_hidden)]),
-    Piece("10", "last_real_token", last_real_token, _pool_call, mistakes=_pool_mistakes, label="the pooled states",
+                  ("hidden_mixed", "padding_mask with other sizes, rows padded on either side",
+                   sized(lambda r, seed: _mask_inputs(r.randint(3, 5), r.randint(2, 9), "mixed", seed)))]),
+    Piece("10", "last_real_token", last_real_token,
+          returns("pooled", lambda i: f"last_real_token(hidden {fmt_shape(i['hidden'].shape)}, "
+                                      f"{_describe_mask(i['mask'])})", "hidden", "mask"),
+          mistakes=_pool_mistakes, label="the pooled states",
           shape="B C", atol=1e-6, forbidden=("gptcourse.last_real_token", "gptcourse.model.heads"),
           visible=[("visible", "last_real_token of a right-padded batch, hidden (B, T, C) = (4, 6, 5)",
                     lambda seed: _pool_inputs(4, 6, 5, "right", seed)),
                    ("left", "last_real_token of a left-padded batch, hidden (B, T, C) = (3, 5, 4)",
                     lambda seed: _pool_inputs(3, 5, 4, "left", seed))],
-          hidden=[("hidden_mixed", "last_real_token with other sizes, rows padded on either side", _pool_hidden)]),
-    Piece("10", "response_labels", response_labels, _labels_call, mistakes=_labels_mistakes, label="the labels",
+          hidden=[("hidden_mixed", "last_real_token with other sizes, rows padded on either side",
+                   sized(lambda r, seed: _pool_inputs(r.randint(3, 5), r.randint(2, 9), r.randint(3, 7), "mixed",
+                                                      seed)))]),
+    Piece("10", "response_labels", response_labels,
+          returns("labels", lambda i: f"response_labels(input_ids {fmt_shape(i['ids'].shape)}, prompt_lengths="
+                                      f"{i['prompt'].tolist()}, {_describe_mask(i['mask'])})", "ids", "prompt", "mask"),
+          mistakes=_labels_mistakes, label="the labels",
           shape="B T", dtype=(torch.int64, "token ids (and -100) for F.cross_entropy"), atol=0, rtol=0,
           forbidden=("gptcourse.response_labels", "gptcourse.finetuning.losses"),
           visible=[("visible", "response_labels of a right-padded batch (B, T) = (4, 8)",
                     lambda seed: _labels_inputs(4, 8, "right", seed)),
                    ("left", "response_labels of a left-padded batch (B, T) = (3, 7)",
                     lambda seed: _labels_inputs(3, 7, "left", seed))],
-          hidden=[("hidden_mixed", "response_labels with other sizes, rows padded on either side", _labels_hidden)]),
+          hidden=[("hidden_mixed", "response_labels with other sizes, rows padded on either side",
+                   sized(lambda r, seed: _labels_inputs(r.randint(3, 5), r.randint(3, 10), "mixed", seed)))]),
     Piece("10", "bradley_terry_loss", bradley_terry_loss, _bt_call, judge=_bt_judge,
           forbidden=("gptcourse.bradley_terry_loss", "gptcourse.finetuning.losses"),
           visible=[("visible", "bradley_terry_loss of 6 pairs of rewards", lambda seed: _bt_inputs(6, 1.5, seed)),
@@ -374,7 +347,8 @@ PIECES = declare(
                     "(sigmoid rounds to 0: log-sigmoid needed)", lambda seed: _bt_inputs(5, 100.0, seed))],
           hidden=[("hidden_large", "bradley_terry_loss with rewards of size 100 (sigmoid rounds to 0 or 1)",
                    lambda seed: _bt_inputs(5, 100.0, seed)),
-                  ("hidden_sizes", "bradley_terry_loss with other sizes, a single pair among them", _bt_hidden)]),
+                  ("hidden_sizes", "bradley_terry_loss with other sizes, a single pair among them",
+                   sized(lambda r, seed: _bt_inputs(r.randint(1, 12), r.uniform(0.5, 3.0), seed)))]),
     Piece("10", "LoRALinear", LoRALinear, _lora_call, judge=_lora_judge,
           forbidden=("gptcourse.LoRALinear", "gptcourse.finetuning.lora"),
           visible=[("visible", "LoRALinear(nn.Linear(6, 5), rank=2, alpha=4) on x (3, 6)",
