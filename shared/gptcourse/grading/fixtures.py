@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..checks import check_causal, check_close, check_shape, perturbed_copies
+from ..checks import check_causal, check_close, check_shape, fail, fmt_shape, perturbed_copies
 from ..model.config import GPTConfig
 from ..model.gpt import GPT
 from .cases import Inputs, Outputs
 from .piece import Probe
-from .student import build_module, load_weights
+from .student import as_tensor, build_module, load_weights
 
 
 def gpt_config(v: int, c: int, h: int, n: int, t_max: int, **changes: Any) -> GPTConfig:
@@ -95,3 +96,28 @@ def causal_probe(what: Callable[[Inputs], str], forward: Callable[[nn.Module, to
         check_causal(got["outputs"], piece)
 
     return Probe(call, judge)
+
+
+def mistaken(call: Callable[[Any, Inputs], Outputs], wrong: Callable[..., Any], flags: Mapping[str, dict[str, Any]],
+             inputs: Inputs, output: str) -> dict[str, torch.Tensor]:
+    """{why: `output` of `call` run on `wrong` with that mistake's keyword flags}: what each known mistake gives,
+    computed through the same call as the student's code."""
+    return {why: call(partial(wrong, **flag), inputs)[output] for why, flag in flags.items()}
+
+
+def loss_outputs(loss: Any, what: str) -> Outputs:
+    """A returned loss as a case's outputs: the loss, and whether loss.backward() reaches what it came from."""
+    differentiable = isinstance(loss, torch.Tensor) and loss.requires_grad
+    return {"loss": as_tensor(loss, what), "differentiable": differentiable}
+
+
+def check_scalar_loss(loss: torch.Tensor, how: str) -> None:
+    """A loss is a single number; `how` says how to make it one."""
+    if loss.dim() != 0:
+        raise fail(f"the loss has shape {fmt_shape(loss.shape)}, expected a single number (a 0-dim tensor): {how}")
+
+
+def check_differentiable(differentiable: bool, how: str) -> None:
+    """The loss must carry its graph; `how` says how to keep it."""
+    if not differentiable:
+        raise fail(f"the loss does not require grad: {how}")

@@ -24,10 +24,15 @@ from ...checks import (
 from ...model.causal_attention import AttentionHead, attention, causal_mask
 from ..cases import Inputs, Outputs, random_weights, sized, sizes_rng, tensor_rng
 from ..piece import Piece, Probe, declare
-from ..student import as_tensors, build_module, returns
+from ..student import module_returns, returns
 
 _ATTENTION = ("gptcourse.attention", "gptcourse.fused_attention",
               "torch.nn.functional.scaled_dot_product_attention")
+
+
+def _mask_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    check_causal_mask(got["mask"], expected["mask"], f"causal_mask({inputs['t']})")
+
 
 # ---- attention(q, k, v) -> (output, weights), on (..., T, D)
 
@@ -39,14 +44,8 @@ def _qkv_inputs(lead: tuple[int, ...], t: int, d: int, seed: int) -> Inputs:
     return {"q": q, "k": k, "v": v, "sizes": sizes}
 
 
-def _call_attention(fn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    what = f"attention(q, k, v) on {tuple(q.shape)}"
-    return as_tensors(fn(q.clone(), k.clone(), v.clone()), ("output", "weights"), what)
-
-
-def _attention_call(fn: Any, inputs: Inputs) -> Outputs:
-    out, weights = _call_attention(fn, inputs["q"], inputs["k"], inputs["v"])
-    return {"output": out, "weights": weights}
+_attention_call = returns(("output", "weights"), lambda i: f"attention(q, k, v) on {tuple(i['q'].shape)}",
+                          "q", "k", "v")
 
 
 def attention_mistakes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
@@ -87,8 +86,8 @@ def _attention_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 
 def _causal_call(fn: Any, inputs: Inputs) -> Outputs:
     copies = [perturbed_copies(inputs[name], dim=-2) for name in ("q", "k", "v")]  # each (T + 1, B, T, D)
-    runs = [_call_attention(fn, q, k, v) for q, k, v in zip(*copies, strict=True)]
-    return {"outputs": torch.stack([out for out, _ in runs]), "weights": runs[0][1]}
+    runs = [_attention_call(fn, {"q": q, "k": k, "v": v}) for q, k, v in zip(*copies, strict=True)]
+    return {"outputs": torch.stack([run["output"] for run in runs]), "weights": runs[0]["weights"]}
 
 
 def _causal_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -110,14 +109,6 @@ def _head_inputs(b: int, t: int, c: int, d: int, seed: int) -> Inputs:
     }
 
 
-def _head_call(cls: Any, inputs: Inputs) -> Outputs:
-    c, d = inputs["init"]["d_model"], inputs["init"]["d_head"]
-    head = build_module(cls, f"AttentionHead({c}, {d})", inputs["init"], inputs["weights"])
-    out, weights = as_tensors(head(inputs["x"].clone()), ("output", "weights"),
-                              f"AttentionHead({c}, {d}) on x {tuple(inputs['x'].shape)}")
-    return {"output": out, "weights": weights}
-
-
 def _head_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     w, x = inputs["weights"], inputs["x"]
     check_shape(got["output"], "B T D", inputs["sizes"], "head output", causes={
@@ -128,7 +119,7 @@ def _head_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 
 PIECES = declare(
     Piece("02", "causal_mask", causal_mask, returns("mask", lambda i: f"causal_mask({i['t']})", "t"),
-          judge=lambda got, expected, i: check_causal_mask(got["mask"], expected["mask"], f"causal_mask({i['t']})"),
+          judge=_mask_judge,
           forbidden=("gptcourse.causal_mask",),
           visible=[("visible", "causal_mask(4)", lambda seed: {"t": 4})],
           hidden=[("hidden_single", "causal_mask(1)", lambda seed: {"t": 1}),
@@ -144,7 +135,9 @@ PIECES = declare(
                   ("hidden_heads", "attention on (B, H, T, D) inputs (several heads at once)",
                    sized(lambda r, seed: _qkv_inputs((r.randint(2, 3), r.randint(2, 4)), r.randint(5, 9),
                                                      r.choice([4, 6, 10]), seed)))]),
-    Piece("02", "AttentionHead", AttentionHead, _head_call, judge=_head_judge,
+    Piece("02", "AttentionHead", AttentionHead,
+          module_returns(("output", "weights"), lambda i: "AttentionHead({d_model}, {d_head})".format(**i["init"])),
+          judge=_head_judge,
           forbidden=(*_ATTENTION, "gptcourse.AttentionHead", "gptcourse.MultiHeadAttention",
                      "torch.nn.MultiheadAttention"),
           visible=[("visible", "AttentionHead(d_model=12, d_head=8) on x (B, T, C) = (2, 5, 12)",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from ...model.positions import RotaryEmbedding, apply_rope
 from ..cases import Inputs, Outputs, random_weights, sized, sizes_rng, tensor_rng
 from ..fixtures import causal_probe
 from ..piece import Piece, declare
-from ..student import as_tensor, as_tensors, build_module, describe_error, returns
+from ..student import as_tensor, build_module, describe_error, returns
 
 _MHA = ("gptcourse.MultiHeadAttention",)
 _ROPE = ("gptcourse.apply_rope", "gptcourse.rotate_half")
@@ -195,12 +196,6 @@ def _merge_expected(inputs: Inputs) -> Outputs:
 # ---- rope_tables(d_head, T, theta) -> (cos, sin), each (T, D), rotate-half layout
 
 
-def _tables_call(fn: Any, inputs: Inputs) -> Outputs:
-    what = f"rope_tables({inputs['d_head']}, {inputs['t']}, theta={inputs['theta']})"
-    cos, sin = as_tensors(fn(inputs["d_head"], inputs["t"], theta=inputs["theta"]), ("cos", "sin"), what)
-    return {"cos": cos, "sin": sin}
-
-
 def _tables_expected(inputs: Inputs) -> Outputs:
     """gptcourse.RotaryEmbedding's tables at positions 0 .. T-1: a module there, built for a context length."""
     cos, sin = RotaryEmbedding(inputs["d_head"], inputs["t"], inputs["theta"])(torch.arange(inputs["t"]))
@@ -292,17 +287,18 @@ PIECES = declare(
                    lambda seed: _split_inputs(1, 1, 1, 4, seed)),
                   ("hidden_sizes", "split_heads with other sizes",
                    lambda seed: _split_inputs(*_hidden_sizes(seed), seed))]),
-    Piece("03", "merge_heads", MultiHeadAttention, returns("merged", lambda i: f"merge_heads(y {tuple(i['y'].shape)})",
-                                                           "y"),
-          expected=_merge_expected, label="merge_heads output", shape="B T C", forbidden=_MHA + _WHOLE,
+    Piece("03", "merge_heads", MultiHeadAttention,
+          returns("merged", lambda i: f"merge_heads(y {tuple(i['y'].shape)})", "y"), expected=_merge_expected,
+          label="merge_heads output", shape="B T C", forbidden=_MHA + _WHOLE,
           mistakes=lambda i: merge_heads_mistakes(i["y"]),
           visible=[("visible", "merge_heads on y (B, H, T, D) = (2, 3, 5, 4)",
                     lambda seed: _merge_inputs(2, 5, 3, 4, seed))],
-          hidden=[("hidden_single", "merge_heads of one token (B=1, T=1)",
-                   lambda seed: _merge_inputs(1, 1, 2, 3, seed)),
+          hidden=[("hidden_single", "merge_heads of one token (B=1, T=1)", partial(_merge_inputs, 1, 1, 2, 3)),
                   ("hidden_sizes", "merge_heads with other sizes",
                    lambda seed: _merge_inputs(*_hidden_sizes(seed), seed))]),
-    Piece("03", "rope_tables", RotaryEmbedding, _tables_call, expected=_tables_expected, judge=_tables_judge,
+    Piece("03", "rope_tables", RotaryEmbedding,
+          returns(("cos", "sin"), lambda i: "rope_tables({d_head}, {t}, theta={theta})".format(**i), "d_head", "t",
+                  theta="theta"), expected=_tables_expected, judge=_tables_judge,
           forbidden=("gptcourse.RotaryEmbedding", *_WHOLE),
           visible=[("visible", "rope_tables(d_head=8, T=6, theta=10000)",
                     lambda seed: {"d_head": 8, "t": 6, "theta": 10000.0})],

@@ -21,7 +21,15 @@ from ...inference.sampling import filter_logits, generate
 from ...model.config import GPTConfig
 from ...training.loop import lm_loss, train_step
 from ..cases import Inputs, Outputs, sized, sizes_rng, tensor_rng
-from ..fixtures import case_gpt, check_close_lazily, gpt_config, gpt_inputs
+from ..fixtures import (
+    case_gpt,
+    check_close_lazily,
+    check_differentiable,
+    check_scalar_loss,
+    gpt_config,
+    gpt_inputs,
+    loss_outputs,
+)
 from ..piece import Piece, declare
 from ..student import as_tensor, returns
 
@@ -46,10 +54,8 @@ def _loss_inputs(config: GPTConfig, b: int, t: int, seed: int) -> Inputs:
 
 def _loss_call(fn: Any, inputs: Inputs) -> Outputs:
     tokens = inputs["tokens"]
-    loss = fn(case_gpt(inputs), tokens.clone())
-    differentiable = isinstance(loss, torch.Tensor) and loss.requires_grad
-    return {"loss": as_tensor(loss, f"next_token_loss(model, tokens {fmt_shape(tokens.shape)})"),
-            "differentiable": differentiable}
+    what = f"next_token_loss(model, tokens {fmt_shape(tokens.shape)})"
+    return loss_outputs(fn(case_gpt(inputs), tokens.clone()), what)
 
 
 def _loss_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
@@ -76,14 +82,11 @@ def _loss_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
 
 
 def _loss_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    loss = got["loss"]
-    if loss.dim() != 0:
-        raise fail(f"the loss has shape {fmt_shape(loss.shape)}, expected a single number (a 0-dim tensor): "
-                   "average over all B x T positions, as F.cross_entropy(logits.flatten(0, 1), y.flatten()) does")
-    check_close_lazily(loss, expected["loss"], "the loss", lambda: _loss_mistakes(inputs))
-    if not got["differentiable"]:
-        raise fail("the loss does not require grad: return the tensor computed from the model's logits (not "
-                   "loss.item() or a detached copy), so that loss.backward() reaches the parameters")
+    check_scalar_loss(got["loss"], "average over all B x T positions, as F.cross_entropy(logits.flatten(0, 1), "
+                      "y.flatten()) does")
+    check_close_lazily(got["loss"], expected["loss"], "the loss", lambda: _loss_mistakes(inputs))
+    check_differentiable(got["differentiable"], "return the tensor computed from the model's logits (not loss.item() "
+                         "or a detached copy), so that loss.backward() reaches the parameters")
 
 
 @sized

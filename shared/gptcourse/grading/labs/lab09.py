@@ -15,7 +15,6 @@ from __future__ import annotations
 import io
 import math
 import random
-from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -28,10 +27,10 @@ from ...training.clipping import clip_grad_norm
 from ...training.loop import TrainConfig, lm_loss, lr_at
 from ...training.losses import cross_entropy
 from ...training.optim import AdamW
-from ..cases import Inputs, Outputs, sized, tensor_rng
-from ..fixtures import case_gpt, check_close_lazily, gpt_inputs
+from ..cases import Inputs, Outputs, given, sized, tensor_rng
+from ..fixtures import case_gpt, check_close_lazily, check_differentiable, check_scalar_loss, gpt_inputs, mistaken
 from ..piece import Piece, declare
-from ..student import as_tensor
+from ..student import as_number, as_tensor
 
 _CHECKPOINT = ("gptcourse.save_checkpoint", "gptcourse.load_checkpoint", "gptcourse.training.checkpoint")
 
@@ -72,17 +71,14 @@ def _ce_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
 
 def _ce_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     loss = got["loss"]
-    if loss.dim() != 0:
-        raise fail(f"the loss has shape {fmt_shape(loss.shape)}, expected a single number (a 0-dim tensor): the "
-                   "mean over the N rows")
+    check_scalar_loss(loss, "the mean over the N rows")
     if not bool(torch.isfinite(loss)):
         raise fail(f"the loss is {float(loss)} for logits as large as {inputs['logits'].abs().max():.0f}: exp() "
                    "overflows float32 past 88. Subtract each row's largest logit m before exp and add it back: "
                    "log(sum exp(z)) = m + log(sum exp(z - m)) (log-sum-exp)")
     check_close(loss, expected["loss"], "the loss", atol=1e-4, rtol=1e-5, mistakes=_ce_mistakes(inputs))
-    if "grad" not in got:
-        raise fail("the loss does not require grad: compute it from the logits with torch operations (not .item() "
-                   "or a detached copy), so that loss.backward() reaches the model")
+    check_differentiable("grad" in got, "compute it from the logits with torch operations (not .item() or a detached "
+                         "copy), so that loss.backward() reaches the model")
     check_close(got["grad"], expected["grad"], "the loss's gradient with respect to the logits", atol=1e-6)
 
 
@@ -176,9 +172,8 @@ def _adamw_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "the bias correction uses step + 1: `step` is already 1 at the first update, so divide m by "
         "(1 - beta1**step) and v by (1 - beta2**step)": {"step_offset": 1},
     }
-    check_close_lazily(got["params"], expected["params"], "the parameters after each step", lambda: {
-        why: _adamw_call(partial(_wrong_adamw_step, **flags), inputs)["params"] for why, flags in mistakes.items()},
-        atol=1e-6)
+    check_close_lazily(got["params"], expected["params"], "the parameters after each step",
+                       lambda: mistaken(_adamw_call, _wrong_adamw_step, mistakes, inputs, "params"), atol=1e-6)
     for name in ("exp_avg", "exp_avg_sq"):
         check_close(got[name], expected[name], f"{name} after the last step (the moments before bias correction)",
                     atol=1e-7, rtol=1e-5)
@@ -199,10 +194,6 @@ def _lr_at(step: int, max_lr: float, min_lr: float, warmup_steps: int, total_ste
     return lr_at(step, TrainConfig(steps=total_steps, lr=max_lr, min_lr=min_lr, warmup_steps=warmup_steps))
 
 
-def _schedule_inputs(max_lr: float, min_lr: float, warmup: int, total: int) -> Inputs:
-    return {"max_lr": max_lr, "min_lr": min_lr, "warmup_steps": warmup, "total_steps": total}
-
-
 def _wrong_lr_at(step: int, max_lr: float, min_lr: float, warmup_steps: int, total_steps: int, *,
                  warmup_from_zero: bool = False, floor: bool = True, after_warmup: bool = True,
                  hold: bool = True, span: bool = True) -> float:
@@ -220,11 +211,7 @@ def _schedule_call(fn: Any, inputs: Inputs) -> Outputs:
     values = []
     for s in range(inputs["total_steps"] + 5):
         value = fn(s, inputs["max_lr"], inputs["min_lr"], inputs["warmup_steps"], inputs["total_steps"])
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            value = value.item()
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise fail(f"lr_at({s}, ...) returned {type(value).__name__}, expected a number")
-        values.append(float(value))
+        values.append(float(as_number(value, f"lr_at({s}, ...)", "a number")))
     return {"lrs": torch.tensor(values, dtype=torch.float64)}
 
 
@@ -241,14 +228,14 @@ def _schedule_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "the cosine swings over max_lr, not max_lr - min_lr, so it starts at max_lr + min_lr: min_lr + 0.5 * (1 + "
         "cos(pi * progress)) * (max_lr - min_lr)": {"span": False},
     }
-    return {why: _schedule_call(partial(_wrong_lr_at, **flags), inputs)["lrs"] for why, flags in mistakes.items()}
+    return mistaken(_schedule_call, _wrong_lr_at, mistakes, inputs, "lrs")
 
 
 @sized
 def _schedule_hidden(r: random.Random, seed: int) -> Inputs:
     total = r.randint(12, 60)
-    return _schedule_inputs(r.choice([1e-3, 6e-4, 3e-3]), r.choice([1e-5, 6e-5, 1e-4]), r.randint(1, total // 3),
-                            total)
+    return {"max_lr": r.choice([1e-3, 6e-4, 3e-3]), "min_lr": r.choice([1e-5, 6e-5, 1e-4]),
+            "warmup_steps": r.randint(1, total // 3), "total_steps": total}
 
 
 # ---- clip_grad_norm(parameters, max_norm) -> the global norm before clipping; scales every .grad in place
@@ -347,12 +334,8 @@ def _accumulate_call(fn: Any, inputs: Inputs) -> Outputs:
     for p in model.parameters():  # what a previous step left behind: the function must start from zero
         p.grad = torch.ones_like(p)
     tokens, k = inputs["tokens"], inputs["micro_batches"]
-    loss = fn(model, tokens.clone(), k)
-    what = f"accumulate_gradients(model, tokens {fmt_shape(tokens.shape)}, micro_batches={k})"
-    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-        loss = loss.item()
-    if not isinstance(loss, int | float) or isinstance(loss, bool):
-        raise fail(f"{what} returned {type(loss).__name__}, expected the mean loss as a number")
+    loss = as_number(fn(model, tokens.clone(), k), f"accumulate_gradients(model, tokens {fmt_shape(tokens.shape)}, "
+                     f"micro_batches={k})", "the mean loss as a number")
     grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in model.parameters()]
     return {"grads": torch.cat(grads), "loss": torch.tensor([float(loss)], dtype=torch.float64)}
 
@@ -367,9 +350,8 @@ def _accumulate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "the gradients left in .grad before the call were added to: call model.zero_grad() first":
             {"zero_first": False},
     }
-    check_close_lazily(got["grads"], expected["grads"], "the accumulated gradients", lambda: {
-        why: _accumulate_call(partial(_wrong_accumulation, **flags), inputs)["grads"]
-        for why, flags in mistakes.items()})
+    check_close_lazily(got["grads"], expected["grads"], "the accumulated gradients",
+                       lambda: mistaken(_accumulate_call, _wrong_accumulation, mistakes, inputs, "grads"))
     check_close(got["loss"], expected["loss"], "the returned loss", atol=1e-5, mistakes={
         f"the returned loss is the sum over the {k} micro-batches: return their mean": expected["loss"] * k})
 
@@ -468,11 +450,8 @@ def _resume(save: Any, restore: Any, inputs: Inputs) -> Outputs:
                    "generator.get_state()")
     state = _through_a_file(state, f"the dict {what} returned")
     second = _Run(inputs)
-    step = restore(state, second.model, second.optimizer, second.generator)
-    if isinstance(step, torch.Tensor) and step.numel() == 1:
-        step = step.item()
-    if not isinstance(step, int) or isinstance(step, bool):
-        raise fail(f"restore_training_state(...) returned {type(step).__name__}, expected the step (an int)")
+    step = as_number(restore(state, second.model, second.optimizer, second.generator), "restore_training_state(...)",
+                     "the step (an int)", kinds=(int,))
     second.train(inputs["steps"])
     return {"parameters": second.parameters(), "step": step}
 
@@ -498,8 +477,8 @@ RESUME_MISTAKES = {
 def _resume_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close_lazily(got["parameters"], expected["parameters"],
                        f"the weights after {inputs['steps']} steps, save, restore and {inputs['steps']} more",
-                       lambda: {why: _restore_call(partial(_restore_training_state, **flags), inputs)["parameters"]
-                                for why, flags in RESUME_MISTAKES.items()}, atol=1e-6)
+                       lambda: mistaken(_restore_call, _restore_training_state, RESUME_MISTAKES, inputs,
+                                        "parameters"), atol=1e-6)
     if got["step"] != inputs["steps"]:
         raise fail(f"the step restored is {got['step']}, expected {inputs['steps']}: save the step reached and "
                    "return it from restore_training_state")
@@ -538,7 +517,7 @@ PIECES = declare(
           label="the learning rates at steps 0 .. total_steps + 4", atol=1e-12, rtol=1e-9,
           forbidden=("gptcourse.lr_at", "gptcourse.training.loop", "torch.optim.lr_scheduler"),
           visible=[("visible", "lr_at over 24 steps, warmup 4, max_lr 1e-3, min_lr 1e-4",
-                    lambda seed: _schedule_inputs(1e-3, 1e-4, 4, 24))],
+                    given(max_lr=1e-3, min_lr=1e-4, warmup_steps=4, total_steps=24))],
           hidden=[("hidden_sizes", "lr_at with other lengths, warmups and rates", _schedule_hidden)]),
     Piece("09", "clip_grad_norm", clip_grad_norm, _clip_call, judge=_clip_judge,
           forbidden=("gptcourse.clip_grad_norm", "gptcourse.training.clipping", "torch.nn.utils.clip_grad_norm_",

@@ -23,8 +23,9 @@ from ...finetuning.losses import IGNORE_INDEX, bradley_terry_loss, response_labe
 from ...model.causal_attention import causal_mask, padding_mask
 from ...model.heads import last_real_token
 from ..cases import Inputs, Outputs, sized, sizes_rng, tensor_rng
+from ..fixtures import check_differentiable, check_scalar_loss, loss_outputs
 from ..piece import Piece, declare
-from ..student import as_tensor, load_weights, module_class, returns
+from ..student import as_tensor, load_weights, module_class
 
 
 def _lengths_mask(lengths: list[int], t: int, sides: list[str]) -> torch.Tensor:
@@ -55,6 +56,11 @@ def _describe_mask(mask: torch.Tensor) -> str:
 
 def _mask_inputs(b: int, t: int, side: str, seed: int) -> Inputs:
     return {"mask": _padded_mask(b, t, side, seed), "sizes": {"B": b, "T": t}}
+
+
+def _mask_call(fn: Any, inputs: Inputs) -> Outputs:
+    mask = inputs["mask"]
+    return {"allowed": as_tensor(fn(mask.clone()), f"padding_mask({_describe_mask(mask)})")}
 
 
 def _mask_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
@@ -109,6 +115,12 @@ def _pool_inputs(b: int, t: int, c: int, side: str, seed: int) -> Inputs:
             "sizes": {"B": b, "T": t, "C": c}}
 
 
+def _pool_call(fn: Any, inputs: Inputs) -> Outputs:
+    hidden, mask = inputs["hidden"], inputs["mask"]
+    out = fn(hidden.clone(), mask.clone())
+    return {"pooled": as_tensor(out, f"last_real_token(hidden {fmt_shape(hidden.shape)}, {_describe_mask(mask)})")}
+
+
 def _pool_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     hidden, mask = inputs["hidden"], inputs["mask"]
     first_real = torch.tensor([int(row.nonzero().min()) for row in mask])
@@ -135,6 +147,14 @@ def _labels_inputs(b: int, t: int, side: str, seed: int) -> Inputs:
     lengths = mask.sum(-1)
     prompt = torch.tensor([int(torch.randint(0, int(n), (1,), generator=gen)) for n in lengths])  # < length
     return {"ids": ids, "mask": mask, "prompt": prompt, "sizes": {"B": b, "T": t}}
+
+
+def _labels_call(fn: Any, inputs: Inputs) -> Outputs:
+    ids, mask, prompt = inputs["ids"], inputs["mask"], inputs["prompt"]
+    out = fn(ids.clone(), prompt.clone(), mask.clone())
+    what = (f"response_labels(input_ids {fmt_shape(ids.shape)}, prompt_lengths={prompt.tolist()}, "
+            f"{_describe_mask(mask)})")
+    return {"labels": as_tensor(out, what)}
 
 
 def _labels_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
@@ -177,17 +197,13 @@ def _bt_inputs(b: int, scale: float, seed: int) -> Inputs:
 def _bt_call(fn: Any, inputs: Inputs) -> Outputs:
     chosen = inputs["chosen"].clone().requires_grad_(True)
     rejected = inputs["rejected"].clone().requires_grad_(True)
-    loss = fn(chosen, rejected)
-    what = f"bradley_terry_loss(chosen {fmt_shape(chosen.shape)}, rejected {fmt_shape(rejected.shape)})"
-    differentiable = isinstance(loss, torch.Tensor) and loss.requires_grad
-    return {"loss": as_tensor(loss, what), "differentiable": differentiable}
+    return loss_outputs(fn(chosen, rejected),
+                        f"bradley_terry_loss(chosen {fmt_shape(chosen.shape)}, rejected {fmt_shape(rejected.shape)})")
 
 
 def _bt_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     loss = got["loss"]
-    if loss.dim() != 0:
-        raise fail(f"the loss has shape {fmt_shape(loss.shape)}, expected a single number (a 0-dim tensor): "
-                   "average over the pairs with .mean()")
+    check_scalar_loss(loss, "average over the pairs with .mean()")
     chosen, rejected = inputs["chosen"], inputs["rejected"]
     d = chosen - rejected
     if not bool(torch.isfinite(loss)):
@@ -205,9 +221,8 @@ def _bt_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     } | eps_in_log_mistakes(torch.sigmoid(d), "sigmoid(d)", "pair", "for a pair far the wrong way round sigmoid(d) "
                             "is 0 in float32. Use F.logsigmoid(d), which never forms sigmoid(d)")
     check_close(loss.double(), expected["loss"].double(), "the loss", atol=1e-5, mistakes=mistakes)
-    if not got["differentiable"]:
-        raise fail("the loss does not require grad: return the tensor computed from the rewards (not .item() or a "
-                   "detached copy), so that loss.backward() reaches the reward model")
+    check_differentiable(got["differentiable"], "return the tensor computed from the rewards (not .item() or a "
+                         "detached copy), so that loss.backward() reaches the reward model")
 
 
 # ---- LoRALinear(base: nn.Linear, rank, alpha): base(x) + (alpha / rank) x A^T B^T, base frozen, B = 0 at first
@@ -305,8 +320,7 @@ def _lora_hidden(r: random.Random, seed: int) -> Inputs:
 
 
 PIECES = declare(
-    Piece("10", "padding_mask", padding_mask,
-          returns("allowed", lambda i: f"padding_mask({_describe_mask(i['mask'])})", "mask"), judge=_mask_judge,
+    Piece("10", "padding_mask", padding_mask, _mask_call, judge=_mask_judge,
           forbidden=("gptcourse.padding_mask", "gptcourse.GPT", "gptcourse.model.gpt"),
           visible=[("visible", "padding_mask of a right-padded batch (B, T) = (3, 5)",
                     lambda seed: _mask_inputs(3, 5, "right", seed)),
@@ -316,10 +330,7 @@ PIECES = declare(
                    lambda seed: _mask_inputs(1, 4, "right", seed)),
                   ("hidden_mixed", "padding_mask with other sizes, rows padded on either side",
                    sized(lambda r, seed: _mask_inputs(r.randint(3, 5), r.randint(2, 9), "mixed", seed)))]),
-    Piece("10", "last_real_token", last_real_token,
-          returns("pooled", lambda i: f"last_real_token(hidden {fmt_shape(i['hidden'].shape)}, "
-                                      f"{_describe_mask(i['mask'])})", "hidden", "mask"),
-          mistakes=_pool_mistakes, label="the pooled states",
+    Piece("10", "last_real_token", last_real_token, _pool_call, mistakes=_pool_mistakes, label="the pooled states",
           shape="B C", atol=1e-6, forbidden=("gptcourse.last_real_token", "gptcourse.model.heads"),
           visible=[("visible", "last_real_token of a right-padded batch, hidden (B, T, C) = (4, 6, 5)",
                     lambda seed: _pool_inputs(4, 6, 5, "right", seed)),
@@ -328,10 +339,7 @@ PIECES = declare(
           hidden=[("hidden_mixed", "last_real_token with other sizes, rows padded on either side",
                    sized(lambda r, seed: _pool_inputs(r.randint(3, 5), r.randint(2, 9), r.randint(3, 7), "mixed",
                                                       seed)))]),
-    Piece("10", "response_labels", response_labels,
-          returns("labels", lambda i: f"response_labels(input_ids {fmt_shape(i['ids'].shape)}, prompt_lengths="
-                                      f"{i['prompt'].tolist()}, {_describe_mask(i['mask'])})", "ids", "prompt", "mask"),
-          mistakes=_labels_mistakes, label="the labels",
+    Piece("10", "response_labels", response_labels, _labels_call, mistakes=_labels_mistakes, label="the labels",
           shape="B T", dtype=(torch.int64, "token ids (and -100) for F.cross_entropy"), atol=0, rtol=0,
           forbidden=("gptcourse.response_labels", "gptcourse.finetuning.losses"),
           visible=[("visible", "response_labels of a right-padded batch (B, T) = (4, 8)",
