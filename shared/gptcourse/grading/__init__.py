@@ -7,8 +7,8 @@ of a lab 99 (a real lab ends its module with `declare(...)` of its pieces, which
 >>> import torch
 >>> from gptcourse.grading.cases import tensor_rng
 >>> from gptcourse.grading.piece import Piece
->>> def call(fn, inputs):  # runs the student's object, or the reference, on a case's inputs
-...     return {"y": fn(inputs["x"].clone())}
+>>> from gptcourse.grading.student import returns
+>>> call = returns("y", lambda inputs: "double(x)", "x")  # runs the student's object, or the reference: {"y": fn(x)}
 >>> double = Piece("99", "double", lambda x: 2 * x, call, label="the doubled x",
 ...                visible=[("visible", "double of 3 numbers",
 ...                          lambda seed: {"x": torch.randn(3, generator=tensor_rng(seed))})],

@@ -182,6 +182,16 @@ def sizes_rng(seed: int) -> random.Random:
     return random.Random(seed)
 
 
+def given(**inputs: Any) -> Callable[[int], Inputs]:
+    """The inputs(seed) of a case whose inputs are these, whatever its seed."""
+    return lambda seed: dict(inputs)
+
+
+def sized(draw: Callable[[random.Random, int], Inputs]) -> Callable[[int], Inputs]:
+    """A hidden case's inputs(seed): `draw(r, seed)`, r = sizes_rng(seed) drawing its sizes."""
+    return lambda seed: draw(sizes_rng(seed), seed)
+
+
 def tensor_rng(seed: int) -> torch.Generator:
     """For drawing a case's tensors from its seed, independent of torch's global random state."""
     return torch.Generator().manual_seed(seed)

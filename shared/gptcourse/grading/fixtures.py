@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..checks import check_causal, check_close, check_shape, perturbed_copies
+from ..checks import check_causal, check_close, check_shape, fail, fmt_shape, perturbed_copies
 from ..model.config import GPTConfig
 from ..model.gpt import GPT
 from .cases import Inputs, Outputs
 from .piece import Probe
-from .student import build_module, load_weights
+from .student import as_tensor, build_module, load_weights
+
+
+def gpt_config(v: int, c: int, h: int, n: int, t_max: int, **changes: Any) -> GPTConfig:
+    """A case's small model: vocabulary v, width c, h heads, n layers, context t_max (and any other `changes`)."""
+    return GPTConfig(vocab_size=v, d_model=c, n_heads=h, n_layers=n, context_length=t_max, **changes)
 
 
 def reference_gpt(config: GPTConfig, weights: dict[str, torch.Tensor]) -> nn.Module:
@@ -26,6 +32,11 @@ def reference_gpt(config: GPTConfig, weights: dict[str, torch.Tensor]) -> nn.Mod
     with torch.random.fork_rng(devices=[]):  # GPT's own init must not move the caller's random state
         model = GPT(config)
     return load_gpt_weights(model, config, weights, "the reference GPT")
+
+
+def case_gpt(inputs: Inputs) -> nn.Module:
+    """The reference GPT of a case whose inputs hold its "config" and "weights" (`gpt_inputs`)."""
+    return reference_gpt(inputs["config"], inputs["weights"])
 
 
 def load_gpt_weights(model: nn.Module, config: GPTConfig, weights: dict[str, torch.Tensor], what: str) -> nn.Module:
@@ -85,3 +96,28 @@ def causal_probe(what: Callable[[Inputs], str], forward: Callable[[nn.Module, to
         check_causal(got["outputs"], piece)
 
     return Probe(call, judge)
+
+
+def mistaken(call: Callable[[Any, Inputs], Outputs], wrong: Callable[..., Any], flags: Mapping[str, dict[str, Any]],
+             inputs: Inputs, output: str) -> dict[str, torch.Tensor]:
+    """{why: `output` of `call` run on `wrong` with that mistake's keyword flags}: what each known mistake gives,
+    computed through the same call as the student's code."""
+    return {why: call(partial(wrong, **flag), inputs)[output] for why, flag in flags.items()}
+
+
+def loss_outputs(loss: Any, what: str) -> Outputs:
+    """A returned loss as a case's outputs: the loss, and whether loss.backward() reaches what it came from."""
+    differentiable = isinstance(loss, torch.Tensor) and loss.requires_grad
+    return {"loss": as_tensor(loss, what), "differentiable": differentiable}
+
+
+def check_scalar_loss(loss: torch.Tensor, how: str) -> None:
+    """A loss is a single number; `how` says how to make it one."""
+    if loss.dim() != 0:
+        raise fail(f"the loss has shape {fmt_shape(loss.shape)}, expected a single number (a 0-dim tensor): {how}")
+
+
+def check_differentiable(differentiable: bool, how: str) -> None:
+    """The loss must carry its graph; `how` says how to keep it."""
+    if not differentiable:
+        raise fail(f"the loss does not require grad: {how}")

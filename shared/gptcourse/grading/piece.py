@@ -64,6 +64,7 @@ class Piece:
     mistakes: Callable[[Inputs], Mapping[str, torch.Tensor]] | None = None
     label: str = ""  # the output's name in messages ("the pooled states"); default: its key
     shape: str | None = None  # e.g. "B C", with the sizes in inputs["sizes"]
+    causes: Mapping[tuple[str, str], str] | None = None  # a wrong size's likely cause (`check_shape`)
     dtype: tuple[torch.dtype, str] | None = None  # (dtype, why that one)
     atol: float = 1e-5
     rtol: float = 1e-4
@@ -86,7 +87,7 @@ class Piece:
         [(key, want)] = expected.items()
         label = self.label or key
         if self.shape is not None:
-            check_shape(got[key], self.shape, inputs["sizes"], label)
+            check_shape(got[key], self.shape, inputs["sizes"], label, causes=self.causes)
         if self.dtype is not None:
             check_dtype(got[key], self.dtype[0], label, self.dtype[1])
         mistakes = self.mistakes(inputs) if self.mistakes else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,16 @@ def as_tensor(value: Any, what: str) -> torch.Tensor:
     return value.detach().cpu().as_subclass(torch.Tensor)
 
 
+def as_number(value: Any, what: str, expected: str, kinds: tuple[type, ...] = (int, float)) -> Any:
+    """The student's number: a Python number of `kinds` (not a bool) or a one-element tensor's item(); else a
+    failure, "{what} returned {its type}, expected {expected}"."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if not isinstance(value, kinds) or isinstance(value, bool):
+        raise fail(f"{what} returned {type(value).__name__}, expected {expected}")
+    return value
+
+
 def as_ids(value: Any, what: str) -> torch.Tensor:
     """The student's token ids (a list of ints, or a tensor of them) as a 1-D int64 tensor."""
     if isinstance(value, torch.Tensor):
@@ -75,6 +86,52 @@ def as_tensors(value: Any, names: tuple[str, ...], what: str) -> tuple[torch.Ten
         got = f"a tuple of {len(value)}" if isinstance(value, tuple) else type(value).__name__
         raise fail(f"{what} must return a tuple ({', '.join(names)}), got {got}")
     return tuple(as_tensor(v, f"{what} ({name})") for v, name in zip(value, names, strict=True))
+
+
+def as_text(value: Any, what: str) -> str:
+    """The student's result, if it is a str; else a failure naming what it got."""
+    if not isinstance(value, str):
+        raise fail(f"{what} returned {type(value).__name__} {value!r:.60}, expected a str")
+    return value
+
+
+def _copy(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _outputs(keys: str | tuple[str, ...], result: Any, what: str) -> dict[str, Any]:
+    """{key: the tensor returned}, or for a tuple of keys {key: each tensor of the returned tuple}."""
+    if isinstance(keys, str):
+        return {keys: as_tensor(result, what)}
+    return dict(zip(keys, as_tensors(result, keys, what), strict=True))
+
+
+def returns(keys: str | tuple[str, ...], what: Callable[[dict[str, Any]], str], *args: str,
+            **kwargs: str) -> Callable[[Any, dict[str, Any]], dict[str, Any]]:
+    """A piece's `call` for a function of the case's inputs named `args` (and `kwargs`: parameter -> input name),
+    tensors passed as copies, that returns a tensor ({keys: it}) or a tuple of them (one a key); `what(inputs)`
+    names the call in messages. `what` runs in the graded kernel, whose view of a lab module keeps only what a
+    case's `run` reaches (`package_view.py`): a lambda there may use builtins and `checks`, not the lab's own
+    functions (a lab that needs one writes its `call` as a function)."""
+
+    def call(fn: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+        result = fn(*(_copy(inputs[a]) for a in args), **{k: _copy(inputs[v]) for k, v in kwargs.items()})
+        return _outputs(keys, result, what(inputs))
+
+    return call
+
+
+def module_returns(keys: str | tuple[str, ...], what: Callable[[dict[str, Any]], str],
+                   arg: str = "x") -> Callable[[Any, dict[str, Any]], dict[str, Any]]:
+    """A piece's `call` for a module class: built with the case's `init` and `weights` (`build_module`), run on a
+    copy of inputs[arg]; its outputs as `returns` gives them. `what(inputs)` names the module in messages."""
+
+    def call(cls: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+        name, x = what(inputs), inputs[arg]
+        module = build_module(cls, name, inputs["init"], inputs["weights"])
+        return _outputs(keys, module(x.clone()), f"{name} on {arg} {fmt_shape(x.shape)}")
+
+    return call
 
 
 def _student_frame(err: BaseException) -> traceback.FrameSummary | None:

@@ -11,17 +11,18 @@ weights into both. The references are gptcourse's, except where gptcourse has no
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import torch
 from torch import nn
 
-from ...checks import check_close, check_shape, fail
+from ...checks import check_close, fail
 from ...model.positions import LearnedPositions
 from ...text.char_tokenizer import CharTokenizer
-from ..cases import Inputs, Outputs, random_weights, sizes_rng, tensor_rng
+from ..cases import Inputs, Outputs, random_weights, sized, tensor_rng
 from ..piece import Piece, declare
-from ..student import as_ids, as_tensor, build_module
+from ..student import as_ids, as_text, module_returns, returns
 
 _WHOLE = ("gptcourse.GPT",)
 
@@ -35,12 +36,6 @@ def _tokenizer_inputs(text: str, sample: str, unknown: str) -> Inputs:
             "unknown_char": next(ch for ch in unknown if ch not in reference.stoi)}
 
 
-def _as_text(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise fail(f"{what} returned {type(value).__name__} {value!r:.60}, expected a str")
-    return value
-
-
 def _tokenizer_call(cls: Any, inputs: Inputs) -> Outputs:
     tok = cls(inputs["text"])
     sample, ids = inputs["sample"], inputs["ids"]
@@ -51,8 +46,8 @@ def _tokenizer_call(cls: Any, inputs: Inputs) -> Outputs:
     outputs = {
         "vocab_size": vocab_size,
         "ids": as_ids(tok.encode(sample), f"encode({sample!r})"),
-        "decoded": _as_text(tok.decode(list(ids)), f"decode({ids})"),
-        "roundtrip": _as_text(tok.decode(tok.encode(sample)), f"decode(encode({sample!r}))"),
+        "decoded": as_text(tok.decode(list(ids)), f"decode({ids})"),
+        "roundtrip": as_text(tok.decode(tok.encode(sample)), f"decode(encode({sample!r}))"),
         "unknown_error": "",
         "unknown_returned": "",
     }
@@ -96,8 +91,7 @@ def _tokenizer_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "character is not in the vocabulary.")
 
 
-def _tokenizer_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+def _tokenizer_hidden(r: random.Random, seed: int) -> Inputs:
     pool = list("abcdefghijklmnopqrstuvwxyzABCDEFGH .,;:'\n\té-")
     chars = r.sample(pool, r.randint(8, 20))
     text = "".join(r.choice(chars) for _ in range(r.randint(30, 60))) + "".join(chars)
@@ -117,25 +111,10 @@ def _one_hot_inputs(b: int, t: int, v: int, c: int, seed: int, top_id_unused: bo
     return {"ids": ids, "table": torch.randn(v, c, generator=gen), "sizes": {"B": b, "T": t, "V": v, "C": c}}
 
 
-def _one_hot_call(fn: Any, inputs: Inputs) -> Outputs:
-    what = f"one_hot_embed(ids {tuple(inputs['ids'].shape)}, table {tuple(inputs['table'].shape)})"
-    return {"embedded": as_tensor(fn(inputs["ids"].clone(), inputs["table"].clone()), what)}
-
-
-def _one_hot_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+def _one_hot_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     ids, table = inputs["ids"], inputs["table"]
-    check_shape(got["embedded"], "B T C", inputs["sizes"], "one_hot_embed output",
-                causes={("C", "V"): "the one-hot rows are not multiplied by the table (one_hot(ids, V) @ E)"})
-    check_close(got["embedded"], expected["embedded"], "one_hot_embed output", mistakes={
-        "row t of the table was taken for position t, not for the token id at position t":
-            table[torch.arange(ids.size(1))].expand(ids.size(0), -1, -1),
-    })
-
-
-def _one_hot_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _one_hot_inputs(r.randint(2, 4), r.randint(6, 12), r.randint(20, 40), r.randint(5, 9), seed,
-                           top_id_unused=True)
+    return {"row t of the table was taken for position t, not for the token id at position t":
+            table[torch.arange(ids.size(1))].expand(ids.size(0), -1, -1)}
 
 
 # ---- TokenAndPositionEmbedding: token vectors plus learned position vectors
@@ -152,13 +131,6 @@ def _embedding_inputs(b: int, t: int, v: int, t_max: int, c: int, seed: int) -> 
     }
 
 
-def _embedding_call(cls: Any, inputs: Inputs) -> Outputs:
-    init = inputs["init"]
-    what = f"TokenAndPositionEmbedding({init['vocab_size']}, {init['context_length']}, {init['d_model']})"
-    module = build_module(cls, what, init, inputs["weights"])
-    return {"x": as_tensor(module(inputs["idx"].clone()), f"{what} on idx {tuple(inputs['idx'].shape)}")}
-
-
 def _embedding_expected(inputs: Inputs) -> Outputs:
     """The GPT's embedding, as gptcourse.GPT.forward_hidden computes it (nn.Embedding plus LearnedPositions):
     gptcourse has no layer of its own for this piece."""
@@ -170,10 +142,9 @@ def _embedding_expected(inputs: Inputs) -> Outputs:
         return {"x": w["tok_emb.weight"][idx] + positions(torch.arange(idx.size(1)))}  # (B, T, C) + (T, C)
 
 
-def _embedding_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+def _embedding_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     tok, pos, idx = inputs["weights"]["tok_emb.weight"], inputs["weights"]["pos_emb.weight"], inputs["idx"]
     t = idx.size(1)
-    check_shape(got["x"], "B T C", inputs["sizes"], "embedding output")
     mistakes = {
         "the positions are missing: add pos_emb of positions 0..T-1 to the token embeddings": tok[idx],
     }
@@ -182,11 +153,10 @@ def _embedding_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
             tok[idx] + pos[idx]
     if t < pos.size(0):
         mistakes["the positions start at 1: the first token is at position 0"] = tok[idx] + pos[1:t + 1]
-    check_close(got["x"], expected["x"], "embedding output", mistakes=mistakes)
+    return mistakes
 
 
-def _embedding_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+def _embedding_hidden(r: random.Random, seed: int) -> Inputs:
     t_max = r.randint(8, 16)
     return _embedding_inputs(r.randint(2, 4), r.randint(2, t_max - 1), r.randint(20, 40), t_max, r.randint(5, 7),
                              seed)
@@ -201,21 +171,31 @@ PIECES = declare(
                    lambda seed: _tokenizer_inputs("aaaa", "a", "a#")),
                   ("hidden_empty", "CharTokenizer encoding and decoding the empty string",
                    lambda seed: _tokenizer_inputs("to be or not", "", "Z")),
-                  ("hidden_sizes", "CharTokenizer on another text (newlines, tabs, accents)", _tokenizer_hidden)]),
+                  ("hidden_sizes", "CharTokenizer on another text (newlines, tabs, accents)",
+                   sized(_tokenizer_hidden))]),
     # gptcourse has no one-hot lookup: the lookup it teaches is torch's, the one nn.Embedding (and the GPT) runs
-    Piece("01", "one_hot_embed", nn.functional.embedding, _one_hot_call, judge=_one_hot_judge, forbidden=_WHOLE,
+    Piece("01", "one_hot_embed", nn.functional.embedding,
+          returns("embedded", lambda i: f"one_hot_embed(ids {tuple(i['ids'].shape)}, table {tuple(i['table'].shape)})",
+                  "ids", "table"),
+          label="one_hot_embed output", shape="B T C", mistakes=_one_hot_mistakes, forbidden=_WHOLE,
+          causes={("C", "V"): "the one-hot rows are not multiplied by the table (one_hot(ids, V) @ E)"},
           visible=[("visible", "one_hot_embed with B=2, T=4, V=6, C=3",
                     lambda seed: _one_hot_inputs(2, 4, 6, 3, seed))],
           hidden=[("hidden_single", "one_hot_embed of a single token (B=1, T=1)",
                    lambda seed: _one_hot_inputs(1, 1, 7, 4, seed)),
-                  ("hidden_sizes", "one_hot_embed with other sizes, the last id unused", _one_hot_hidden)]),
-    Piece("01", "TokenAndPositionEmbedding", LearnedPositions, _embedding_call, expected=_embedding_expected,
-          judge=_embedding_judge, forbidden=("gptcourse.LearnedPositions", *_WHOLE),
+                  ("hidden_sizes", "one_hot_embed with other sizes, the last id unused",
+                   sized(lambda r, seed: _one_hot_inputs(r.randint(2, 4), r.randint(6, 12), r.randint(20, 40),
+                                                         r.randint(5, 9), seed, top_id_unused=True)))]),
+    Piece("01", "TokenAndPositionEmbedding", LearnedPositions,
+          module_returns("x", lambda i: "TokenAndPositionEmbedding({vocab_size}, {context_length}, {d_model})"
+                         .format(**i["init"]), arg="idx"),
+          expected=_embedding_expected, label="embedding output", shape="B T C", mistakes=_embedding_mistakes,
+          forbidden=("gptcourse.LearnedPositions", *_WHOLE),
           visible=[("visible", "TokenAndPositionEmbedding with B=2, T=5, V=11, T_max=8, C=4",
                     lambda seed: _embedding_inputs(2, 5, 11, 8, 4, seed))],
           hidden=[("hidden_single", "TokenAndPositionEmbedding on one token (B=1, T=1)",
                    lambda seed: _embedding_inputs(1, 1, 9, 6, 3, seed)),
                   ("hidden_full", "TokenAndPositionEmbedding on a full context (T = T_max)",
                    lambda seed: _embedding_inputs(3, 7, 10, 7, 5, seed)),
-                  ("hidden_sizes", "TokenAndPositionEmbedding with other sizes", _embedding_hidden)]),
+                  ("hidden_sizes", "TokenAndPositionEmbedding with other sizes", sized(_embedding_hidden))]),
 )

@@ -22,18 +22,12 @@ from ...checks import (
     perturbed_copies,
 )
 from ...model.causal_attention import AttentionHead, attention, causal_mask
-from ..cases import Inputs, Outputs, random_weights, sizes_rng, tensor_rng
+from ..cases import Inputs, Outputs, random_weights, sized, sizes_rng, tensor_rng
 from ..piece import Piece, Probe, declare
-from ..student import as_tensor, as_tensors, build_module
+from ..student import module_returns, returns
 
 _ATTENTION = ("gptcourse.attention", "gptcourse.fused_attention",
               "torch.nn.functional.scaled_dot_product_attention")
-
-# ---- causal_mask(T)
-
-
-def _mask_call(fn: Any, inputs: Inputs) -> Outputs:
-    return {"mask": as_tensor(fn(inputs["t"]), f"causal_mask({inputs['t']})")}
 
 
 def _mask_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -50,18 +44,8 @@ def _qkv_inputs(lead: tuple[int, ...], t: int, d: int, seed: int) -> Inputs:
     return {"q": q, "k": k, "v": v, "sizes": sizes}
 
 
-def _shape_symbols(inputs: Inputs) -> str:
-    return " ".join(s for s in "BH" if s in inputs["sizes"])
-
-
-def _call_attention(fn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    what = f"attention(q, k, v) on {tuple(q.shape)}"
-    return as_tensors(fn(q.clone(), k.clone(), v.clone()), ("output", "weights"), what)
-
-
-def _attention_call(fn: Any, inputs: Inputs) -> Outputs:
-    out, weights = _call_attention(fn, inputs["q"], inputs["k"], inputs["v"])
-    return {"output": out, "weights": weights}
+_attention_call = returns(("output", "weights"), lambda i: f"attention(q, k, v) on {tuple(i['q'].shape)}",
+                          "q", "k", "v")
 
 
 def attention_mistakes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
@@ -96,25 +80,20 @@ def _judge_attention_outputs(got: Outputs, expected: Outputs, q: torch.Tensor, k
 
 
 def _attention_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    _judge_attention_outputs(got, expected, inputs["q"], inputs["k"], inputs["v"], inputs["sizes"],
-                             _shape_symbols(inputs))
+    lead = " ".join(s for s in "BH" if s in inputs["sizes"])
+    _judge_attention_outputs(got, expected, inputs["q"], inputs["k"], inputs["v"], inputs["sizes"], lead)
 
 
 def _causal_call(fn: Any, inputs: Inputs) -> Outputs:
     copies = [perturbed_copies(inputs[name], dim=-2) for name in ("q", "k", "v")]  # each (T + 1, B, T, D)
-    runs = [_call_attention(fn, q, k, v) for q, k, v in zip(*copies, strict=True)]
-    return {"outputs": torch.stack([out for out, _ in runs]), "weights": runs[0][1]}
+    runs = [_attention_call(fn, {"q": q, "k": k, "v": v}) for q, k, v in zip(*copies, strict=True)]
+    return {"outputs": torch.stack([run["output"] for run in runs]), "weights": runs[0]["weights"]}
 
 
 def _causal_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_shape(got["weights"], "B T T", inputs["sizes"], "attention weights")
     check_no_future_weight(got["weights"])
     check_causal(got["outputs"], "attention", dim=-2)
-
-
-def _attention_hidden_4d(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _qkv_inputs((r.randint(2, 3), r.randint(2, 4)), r.randint(5, 9), r.choice([4, 6, 10]), seed)
 
 
 # ---- AttentionHead(d_model, d_head): project x to q, k, v, then attend
@@ -130,14 +109,6 @@ def _head_inputs(b: int, t: int, c: int, d: int, seed: int) -> Inputs:
     }
 
 
-def _head_call(cls: Any, inputs: Inputs) -> Outputs:
-    c, d = inputs["init"]["d_model"], inputs["init"]["d_head"]
-    head = build_module(cls, f"AttentionHead({c}, {d})", inputs["init"], inputs["weights"])
-    out, weights = as_tensors(head(inputs["x"].clone()), ("output", "weights"),
-                              f"AttentionHead({c}, {d}) on x {tuple(inputs['x'].shape)}")
-    return {"output": out, "weights": weights}
-
-
 def _head_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     w, x = inputs["weights"], inputs["x"]
     check_shape(got["output"], "B T D", inputs["sizes"], "head output", causes={
@@ -146,13 +117,10 @@ def _head_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     _judge_attention_outputs(got, expected, q, k, v, inputs["sizes"], "B")
 
 
-def _head_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _head_inputs(r.randint(2, 3), r.randint(4, 9), r.choice([16, 20, 24]), r.choice([4, 6, 8]), seed)
-
-
 PIECES = declare(
-    Piece("02", "causal_mask", causal_mask, _mask_call, judge=_mask_judge, forbidden=("gptcourse.causal_mask",),
+    Piece("02", "causal_mask", causal_mask, returns("mask", lambda i: f"causal_mask({i['t']})", "t"),
+          judge=_mask_judge,
+          forbidden=("gptcourse.causal_mask",),
           visible=[("visible", "causal_mask(4)", lambda seed: {"t": 4})],
           hidden=[("hidden_single", "causal_mask(1)", lambda seed: {"t": 1}),
                   ("hidden_sizes", "causal_mask(T) for a longer T",
@@ -164,8 +132,12 @@ PIECES = declare(
                     lambda seed: _qkv_inputs((2,), 6, 4, seed), Probe(_causal_call, _causal_judge))],
           hidden=[("hidden_single", "attention on one position (B=1, T=1)",
                    lambda seed: _qkv_inputs((1,), 1, 4, seed)),
-                  ("hidden_heads", "attention on (B, H, T, D) inputs (several heads at once)", _attention_hidden_4d)]),
-    Piece("02", "AttentionHead", AttentionHead, _head_call, judge=_head_judge,
+                  ("hidden_heads", "attention on (B, H, T, D) inputs (several heads at once)",
+                   sized(lambda r, seed: _qkv_inputs((r.randint(2, 3), r.randint(2, 4)), r.randint(5, 9),
+                                                     r.choice([4, 6, 10]), seed)))]),
+    Piece("02", "AttentionHead", AttentionHead,
+          module_returns(("output", "weights"), lambda i: "AttentionHead({d_model}, {d_head})".format(**i["init"])),
+          judge=_head_judge,
           forbidden=(*_ATTENTION, "gptcourse.AttentionHead", "gptcourse.MultiHeadAttention",
                      "torch.nn.MultiheadAttention"),
           visible=[("visible", "AttentionHead(d_model=12, d_head=8) on x (B, T, C) = (2, 5, 12)",
@@ -173,5 +145,7 @@ PIECES = declare(
           hidden=[("hidden_single", "AttentionHead on one token (B=1, T=1)",
                    lambda seed: _head_inputs(1, 1, 6, 3, seed)),
                   ("hidden_square", "AttentionHead with d_head = d_model", lambda seed: _head_inputs(2, 4, 6, 6, seed)),
-                  ("hidden_sizes", "AttentionHead with other sizes", _head_hidden)]),
+                  ("hidden_sizes", "AttentionHead with other sizes",
+                   sized(lambda r, seed: _head_inputs(r.randint(2, 3), r.randint(4, 9), r.choice([16, 20, 24]),
+                                                      r.choice([4, 6, 8]), seed)))]),
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -18,10 +19,10 @@ import torch
 from ...checks import check_close, check_shape, fail
 from ...model.causal_attention import MultiHeadAttention
 from ...model.positions import RotaryEmbedding, apply_rope
-from ..cases import Inputs, Outputs, random_weights, sizes_rng, tensor_rng
+from ..cases import Inputs, Outputs, random_weights, sized, sizes_rng, tensor_rng
 from ..fixtures import causal_probe
 from ..piece import Piece, declare
-from ..student import as_tensor, as_tensors, build_module, describe_error
+from ..student import as_tensor, build_module, describe_error, returns
 
 _MHA = ("gptcourse.MultiHeadAttention",)
 _ROPE = ("gptcourse.apply_rope", "gptcourse.rotate_half")
@@ -174,21 +175,10 @@ def _split_inputs(b: int, t: int, h: int, d: int, seed: int) -> Inputs:
     return {"x": torch.randn(b, t, h * d, generator=tensor_rng(seed)), "n_heads": h, "sizes": _head_sizes(b, t, h, d)}
 
 
-def _split_call(fn: Any, inputs: Inputs) -> Outputs:
-    what = f"split_heads(x {tuple(inputs['x'].shape)}, n_heads={inputs['n_heads']})"
-    return {"heads": as_tensor(fn(inputs["x"].clone(), inputs["n_heads"]), what)}
-
-
 def _split_expected(inputs: Inputs) -> Outputs:
     """gptcourse.MultiHeadAttention.split_heads: a method there, which reads H from its layer."""
     x, h = inputs["x"], inputs["n_heads"]
     return {"heads": MultiHeadAttention(x.size(-1), h).split_heads(x)}
-
-
-def _split_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    check_shape(got["heads"], "B H T D", inputs["sizes"], "split_heads output")
-    check_close(got["heads"], expected["heads"], "split_heads output",
-                mistakes=split_heads_mistakes(inputs["x"], inputs["n_heads"]))
 
 
 # ---- merge_heads(y): (B, H, T, D) -> (B, T, C)
@@ -198,27 +188,12 @@ def _merge_inputs(b: int, t: int, h: int, d: int, seed: int) -> Inputs:
     return {"y": torch.randn(b, h, t, d, generator=tensor_rng(seed)), "sizes": _head_sizes(b, t, h, d)}
 
 
-def _merge_call(fn: Any, inputs: Inputs) -> Outputs:
-    return {"merged": as_tensor(fn(inputs["y"].clone()), f"merge_heads(y {tuple(inputs['y'].shape)})")}
-
-
 def _merge_expected(inputs: Inputs) -> Outputs:
     """gptcourse.MultiHeadAttention.merge_heads: a static method of the layer there."""
     return {"merged": MultiHeadAttention.merge_heads(inputs["y"])}
 
 
-def _merge_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    check_shape(got["merged"], "B T C", inputs["sizes"], "merge_heads output")
-    check_close(got["merged"], expected["merged"], "merge_heads output", mistakes=merge_heads_mistakes(inputs["y"]))
-
-
 # ---- rope_tables(d_head, T, theta) -> (cos, sin), each (T, D), rotate-half layout
-
-
-def _tables_call(fn: Any, inputs: Inputs) -> Outputs:
-    what = f"rope_tables({inputs['d_head']}, {inputs['t']}, theta={inputs['theta']})"
-    cos, sin = as_tensors(fn(inputs["d_head"], inputs["t"], theta=inputs["theta"]), ("cos", "sin"), what)
-    return {"cos": cos, "sin": sin}
 
 
 def _tables_expected(inputs: Inputs) -> Outputs:
@@ -237,11 +212,6 @@ def _tables_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                     mistakes={what: fn(angles) for what, angles in wrong_angles.items()})
 
 
-def _tables_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return {"d_head": r.choice([6, 10, 12]), "t": r.randint(9, 20), "theta": r.choice([100.0, 500.0])}
-
-
 # ---- apply_rope(x, cos, sin): rotate (B, H, T, D) by the (T, D) tables
 
 
@@ -250,17 +220,6 @@ def _rope_inputs(b: int, t: int, h: int, d: int, seed: int, start: int = 0) -> I
     cos, sin = RotaryEmbedding(d, start + t)(torch.arange(start, start + t))
     return {"x": torch.randn(b, h, t, d, generator=tensor_rng(seed)), "cos": cos, "sin": sin,
             "sizes": _head_sizes(b, t, h, d)}
-
-
-def _rope_call(fn: Any, inputs: Inputs) -> Outputs:
-    what = f"apply_rope(x {tuple(inputs['x'].shape)}, cos, sin {tuple(inputs['cos'].shape)})"
-    return {"rotated": as_tensor(fn(inputs["x"].clone(), inputs["cos"].clone(), inputs["sin"].clone()), what)}
-
-
-def _rope_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    check_shape(got["rotated"], "B H T D", inputs["sizes"], "apply_rope output")
-    check_close(got["rotated"], expected["rotated"], "apply_rope output",
-                mistakes=rope_mistakes(inputs["x"], inputs["cos"], inputs["sin"]))
 
 
 def _rope_hidden(seed: int) -> Inputs:
@@ -308,54 +267,59 @@ def _mha_call(cls: Any, inputs: Inputs) -> Outputs:
     return {"y": _mha_forward(module, inputs["x"], inputs)}
 
 
-def _mha_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    check_shape(got["y"], "B T C", inputs["sizes"], "attention output", causes={
-        ("C", "D"): "only one head's width: merge the H heads back to C = H x D"})
+def _mha_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     module = build_module(MultiHeadAttention, _mha_what(inputs), inputs["init"], inputs["weights"])
     rope = (inputs["cos"], inputs["sin"]) if "cos" in inputs else None
     with torch.no_grad():
-        mistakes = multi_head_mistakes(inputs["x"], module.qkv, module.out, inputs["init"]["n_heads"], rope)
-    check_close(got["y"], expected["y"], "attention output", mistakes=mistakes)
-
-
-def _mha_hidden(seed: int) -> Inputs:
-    return _mha_inputs(*_hidden_sizes(seed, even_d=True), seed)
+        return multi_head_mistakes(inputs["x"], module.qkv, module.out, inputs["init"]["n_heads"], rope)
 
 
 _CAUSAL = causal_probe(_mha_what, _mha_forward, "attention output", "MultiHeadAttention")
 
 PIECES = declare(
-    Piece("03", "split_heads", MultiHeadAttention, _split_call, expected=_split_expected, judge=_split_judge,
-          forbidden=_MHA + _WHOLE,
+    Piece("03", "split_heads", MultiHeadAttention,
+          returns("heads", lambda i: f"split_heads(x {tuple(i['x'].shape)}, n_heads={i['n_heads']})", "x", "n_heads"),
+          expected=_split_expected, label="split_heads output", shape="B H T D", forbidden=_MHA + _WHOLE,
+          mistakes=lambda i: split_heads_mistakes(i["x"], i["n_heads"]),
           visible=[("visible", "split_heads on x (B, T, C) = (2, 5, 12) into H=3 heads",
                     lambda seed: _split_inputs(2, 5, 3, 4, seed))],
           hidden=[("hidden_single", "split_heads of one token into one head (B=1, T=1, H=1)",
                    lambda seed: _split_inputs(1, 1, 1, 4, seed)),
                   ("hidden_sizes", "split_heads with other sizes",
                    lambda seed: _split_inputs(*_hidden_sizes(seed), seed))]),
-    Piece("03", "merge_heads", MultiHeadAttention, _merge_call, expected=_merge_expected, judge=_merge_judge,
-          forbidden=_MHA + _WHOLE,
+    Piece("03", "merge_heads", MultiHeadAttention,
+          returns("merged", lambda i: f"merge_heads(y {tuple(i['y'].shape)})", "y"), expected=_merge_expected,
+          label="merge_heads output", shape="B T C", forbidden=_MHA + _WHOLE,
+          mistakes=lambda i: merge_heads_mistakes(i["y"]),
           visible=[("visible", "merge_heads on y (B, H, T, D) = (2, 3, 5, 4)",
                     lambda seed: _merge_inputs(2, 5, 3, 4, seed))],
-          hidden=[("hidden_single", "merge_heads of one token (B=1, T=1)",
-                   lambda seed: _merge_inputs(1, 1, 2, 3, seed)),
+          hidden=[("hidden_single", "merge_heads of one token (B=1, T=1)", partial(_merge_inputs, 1, 1, 2, 3)),
                   ("hidden_sizes", "merge_heads with other sizes",
                    lambda seed: _merge_inputs(*_hidden_sizes(seed), seed))]),
-    Piece("03", "rope_tables", RotaryEmbedding, _tables_call, expected=_tables_expected, judge=_tables_judge,
+    Piece("03", "rope_tables", RotaryEmbedding,
+          returns(("cos", "sin"), lambda i: "rope_tables({d_head}, {t}, theta={theta})".format(**i), "d_head", "t",
+                  theta="theta"), expected=_tables_expected, judge=_tables_judge,
           forbidden=("gptcourse.RotaryEmbedding", *_WHOLE),
           visible=[("visible", "rope_tables(d_head=8, T=6, theta=10000)",
                     lambda seed: {"d_head": 8, "t": 6, "theta": 10000.0})],
           hidden=[("hidden_single", "rope_tables for one position and one pair (T=1, D=2)",
                    lambda seed: {"d_head": 2, "t": 1, "theta": 10000.0}),
-                  ("hidden_sizes", "rope_tables with other sizes and another theta", _tables_hidden)]),
-    Piece("03", "apply_rope", apply_rope, _rope_call, judge=_rope_judge, forbidden=_ROPE + _WHOLE,
+                  ("hidden_sizes", "rope_tables with other sizes and another theta",
+                   sized(lambda r, seed: {"d_head": r.choice([6, 10, 12]), "t": r.randint(9, 20),
+                                          "theta": r.choice([100.0, 500.0])}))]),
+    Piece("03", "apply_rope", apply_rope,
+          returns("rotated", lambda i: f"apply_rope(x {tuple(i['x'].shape)}, cos, sin {tuple(i['cos'].shape)})",
+                  "x", "cos", "sin"),
+          label="apply_rope output", shape="B H T D", forbidden=_ROPE + _WHOLE,
+          mistakes=lambda i: rope_mistakes(i["x"], i["cos"], i["sin"]),
           visible=[("visible", "apply_rope on x (B, H, T, D) = (2, 3, 5, 8), positions 0..4",
                     lambda seed: _rope_inputs(2, 5, 3, 8, seed))],
           hidden=[("hidden_single", "apply_rope on one position and one pair (T=1, D=2) at position 7",
                    lambda seed: _rope_inputs(1, 1, 1, 2, seed, start=7)),
                   ("hidden_sizes", "apply_rope with other sizes, at later positions", _rope_hidden)]),
-    Piece("03", "MultiHeadAttention", MultiHeadAttention, _mha_call, judge=_mha_judge,
-          forbidden=_MHA + _ROPE + _WHOLE,
+    Piece("03", "MultiHeadAttention", MultiHeadAttention, _mha_call, label="attention output", shape="B T C",
+          causes={("C", "D"): "only one head's width: merge the H heads back to C = H x D"},
+          mistakes=_mha_mistakes, forbidden=_MHA + _ROPE + _WHOLE,
           visible=[("visible", "MultiHeadAttention(12, 3) on x (B, T, C) = (2, 5, 12), no RoPE",
                     lambda seed: _mha_inputs(2, 5, 3, 4, seed, rope=False)),
                    ("rope", "MultiHeadAttention(16, 2) with RoPE on x (B, T, C) = (3, 6, 16)",
@@ -368,5 +332,6 @@ PIECES = declare(
                    lambda seed: _mha_inputs(2, 5, 1, 6, seed)),
                   ("hidden_many_heads", "MultiHeadAttention with many narrow heads (D=2), no RoPE",
                    lambda seed: _mha_inputs(2, 6, 5, 2, seed, rope=False)),
-                  ("hidden_sizes", "MultiHeadAttention with RoPE, other sizes", _mha_hidden)]),
+                  ("hidden_sizes", "MultiHeadAttention with RoPE, other sizes",
+                   lambda seed: _mha_inputs(*_hidden_sizes(seed, even_d=True), seed))]),
 )

@@ -16,17 +16,17 @@ from typing import Any
 
 import torch
 
-from ...checks import check_close, check_shape, fail
+from ...checks import fail
 from ...model.block import DecoderBlock
 from ...model.config import GPTConfig
 from ...model.mlp import SwiGLU
 from ...model.norms import RMSNorm
 from ...model.params import block_breakdown
 from ...model.positions import RotaryEmbedding
-from ..cases import Inputs, Outputs, random_weights, sizes_rng, tensor_rng
+from ..cases import Inputs, Outputs, random_weights, sized, tensor_rng
 from ..fixtures import causal_probe
 from ..piece import Piece, Probe, declare
-from ..student import as_tensor, build_module
+from ..student import as_tensor, build_module, module_class, module_returns
 
 _NORM = ("gptcourse.RMSNorm", "gptcourse.model.norms.make_norm")
 _MLP = ("gptcourse.SwiGLU", "gptcourse.model.mlp.make_mlp")
@@ -134,23 +134,6 @@ def _norm_inputs(b: int, t: int, c: int, seed: int, eps: float = 1e-6, scale: fl
             "sizes": {"B": b, "T": t, "C": c}}
 
 
-def _norm_call(cls: Any, inputs: Inputs) -> Outputs:
-    what = f"RMSNorm({inputs['init']['d']}, eps={inputs['init']['eps']})"
-    module = build_module(cls, what, inputs["init"], inputs["weights"])
-    return {"y": as_tensor(module(inputs["x"].clone()), f"{what} on x {tuple(inputs['x'].shape)}")}
-
-
-def _norm_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    check_shape(got["y"], "B T C", inputs["sizes"], "RMSNorm output")
-    check_close(got["y"], expected["y"], "RMSNorm output",
-                mistakes=norm_mistakes(inputs["x"], inputs["weights"]["weight"], inputs["init"]["eps"]))
-
-
-def _norm_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _norm_inputs(r.randint(2, 4), r.randint(3, 9), r.choice([10, 16, 20]), seed, eps=r.choice([1e-5, 1e-4]))
-
-
 # ---- SwiGLU(d_model, d_ff): w_out(silu(gate) * value), [gate; value] = w_in(x)
 
 
@@ -160,30 +143,12 @@ def _swiglu_inputs(b: int, t: int, c: int, f: int, seed: int) -> Inputs:
             "x": torch.randn(b, t, c, generator=gen) * 2, "sizes": {"B": b, "T": t, "C": c, "F": f}}
 
 
-def _swiglu_call(cls: Any, inputs: Inputs) -> Outputs:
-    what = f"SwiGLU({inputs['init']['d_model']}, {inputs['init']['d_ff']})"
-    module = build_module(cls, what, inputs["init"], inputs["weights"])
-    return {"y": as_tensor(module(inputs["x"].clone()), f"{what} on x {tuple(inputs['x'].shape)}")}
-
-
 def _swiglu_expected(inputs: Inputs) -> Outputs:
     """gptcourse.SwiGLU with the same weights: its width argument is `d` where the lab's is `d_model`."""
     module = SwiGLU(inputs["init"]["d_model"], inputs["init"]["d_ff"])
     module.load_state_dict(inputs["weights"])
     with torch.no_grad():
         return {"y": module(inputs["x"])}
-
-
-def _swiglu_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    w = inputs["weights"]
-    check_shape(got["y"], "B T C", inputs["sizes"], "SwiGLU output")
-    check_close(got["y"], expected["y"], "SwiGLU output",
-                mistakes=swiglu_mistakes(inputs["x"], w["w_in.weight"], w["w_out.weight"]))
-
-
-def _swiglu_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _swiglu_inputs(r.randint(1, 3), r.randint(4, 9), r.choice([10, 12, 14]), r.choice([6, 20, 28]), seed)
 
 
 # ---- DecoderBlock(d_model, n_heads, d_ff): x + attn(norm1(x)), then + mlp(norm2(.))
@@ -236,13 +201,11 @@ def _block_call(cls: Any, inputs: Inputs) -> Outputs:
     return {"y": _block_forward(module, inputs["x"], inputs)}
 
 
-def _block_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    check_shape(got["y"], "B T C", inputs["sizes"], "block output")
+def _block_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     block = build_module(_LabBlock, _block_what(inputs), inputs["init"], inputs["weights"])
     rope = _rope_of(inputs)
     with torch.no_grad():
-        mistakes = block_mistakes(inputs["x"], lambda z: block.attn(z, rope=rope), block.mlp, block.norm1, block.norm2)
-    check_close(got["y"], expected["y"], "block output", mistakes=mistakes)
+        return block_mistakes(inputs["x"], lambda z: block.attn(z, rope=rope), block.mlp, block.norm1, block.norm2)
 
 
 _COMPONENTS = {"norm1.": "norms", "norm2.": "norms", "attn.": "attention", "mlp.": "mlp"}
@@ -250,12 +213,9 @@ _COMPONENTS = {"norm1.": "norms", "norm2.": "norms", "attn.": "attention", "mlp.
 
 def _params_call(cls: Any, inputs: Inputs) -> Outputs:
     """The student's parameters by component, counted on a freshly built block (no weights loaded)."""
-    what = _block_what(inputs)
-    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
-        raise fail(f"{what}: expected a class derived from nn.Module, got {type(cls).__name__} {cls!r}")
     counts = dict.fromkeys(("attention", "mlp", "norms"), 0)
     other = []
-    for name, p in cls(**inputs["init"]).named_parameters():
+    for name, p in module_class(cls, _block_what(inputs))(**inputs["init"]).named_parameters():
         component = next((v for k, v in _COMPONENTS.items() if name.startswith(k)), None)
         if component is None:
             other.append(name)
@@ -273,28 +233,30 @@ def _params_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                                 _config(init["d_model"], init["n_heads"], init["d_ff"]))
 
 
-def _block_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _block_inputs(r.randint(1, 3), r.randint(4, 8), r.choice([2, 4]), r.choice([4, 6]), r.choice([12, 20]),
-                         seed)
-
-
 _CAUSAL = causal_probe(_block_what, _block_forward, "block output", "DecoderBlock")
 
 PIECES = declare(
-    Piece("04", "RMSNorm", RMSNorm, _norm_call, judge=_norm_judge, forbidden=_NORM + _WHOLE,
+    Piece("04", "RMSNorm", RMSNorm, module_returns("y", lambda i: "RMSNorm({d}, eps={eps})".format(**i["init"])),
+          label="RMSNorm output", shape="B T C", forbidden=_NORM + _WHOLE,
+          mistakes=lambda i: norm_mistakes(i["x"], i["weights"]["weight"], i["init"]["eps"]),
           visible=[("visible", "RMSNorm(8) on x (B, T, C) = (2, 5, 8)", lambda seed: _norm_inputs(2, 5, 8, seed))],
           hidden=[("hidden_single", "RMSNorm on one token (B=1, T=1)", lambda seed: _norm_inputs(1, 1, 6, seed)),
                   ("hidden_tiny", "RMSNorm on tiny inputs, where eps matters (x ~ 1e-3, eps=1e-6)",
                    lambda seed: _norm_inputs(2, 3, 7, seed, scale=1e-3)),
-                  ("hidden_sizes", "RMSNorm with other sizes and eps", _norm_hidden)]),
-    Piece("04", "SwiGLU", SwiGLU, _swiglu_call, expected=_swiglu_expected, judge=_swiglu_judge,
-          forbidden=_MLP + _WHOLE,
+                  ("hidden_sizes", "RMSNorm with other sizes and eps",
+                   sized(lambda r, seed: _norm_inputs(r.randint(2, 4), r.randint(3, 9), r.choice([10, 16, 20]), seed,
+                                                      eps=r.choice([1e-5, 1e-4]))))]),
+    Piece("04", "SwiGLU", SwiGLU, module_returns("y", lambda i: "SwiGLU({d_model}, {d_ff})".format(**i["init"])),
+          expected=_swiglu_expected, label="SwiGLU output", shape="B T C", forbidden=_MLP + _WHOLE,
+          mistakes=lambda i: swiglu_mistakes(i["x"], i["weights"]["w_in.weight"], i["weights"]["w_out.weight"]),
           visible=[("visible", "SwiGLU(d_model=8, d_ff=12) on x (B, T, C) = (2, 5, 8)",
                     lambda seed: _swiglu_inputs(2, 5, 8, 12, seed))],
           hidden=[("hidden_single", "SwiGLU on one token (B=1, T=1)", lambda seed: _swiglu_inputs(1, 1, 6, 10, seed)),
-                  ("hidden_sizes", "SwiGLU with other sizes (d_ff smaller or larger than C)", _swiglu_hidden)]),
-    Piece("04", "DecoderBlock", _LabBlock, _block_call, judge=_block_judge, forbidden=_NORM + _MLP + _WHOLE,
+                  ("hidden_sizes", "SwiGLU with other sizes (d_ff smaller or larger than C)",
+                   sized(lambda r, seed: _swiglu_inputs(r.randint(1, 3), r.randint(4, 9), r.choice([10, 12, 14]),
+                                                        r.choice([6, 20, 28]), seed)))]),
+    Piece("04", "DecoderBlock", _LabBlock, _block_call, label="block output", shape="B T C", mistakes=_block_mistakes,
+          forbidden=_NORM + _MLP + _WHOLE,
           visible=[("visible", "DecoderBlock(12, 3, 16) on x (B, T, C) = (2, 5, 12), no RoPE",
                     lambda seed: _block_inputs(2, 5, 3, 4, 16, seed, rope=False)),
                    ("rope", "DecoderBlock(16, 2, 24) with RoPE on x (B, T, C) = (3, 6, 16)",
@@ -308,5 +270,7 @@ PIECES = declare(
                    lambda seed: _block_inputs(1, 1, 2, 4, 12, seed)),
                   ("hidden_one_head", "DecoderBlock with a single head (H=1)",
                    lambda seed: _block_inputs(2, 5, 1, 6, 10, seed)),
-                  ("hidden_sizes", "DecoderBlock with RoPE, other sizes", _block_hidden)]),
+                  ("hidden_sizes", "DecoderBlock with RoPE, other sizes",
+                   sized(lambda r, seed: _block_inputs(r.randint(1, 3), r.randint(4, 8), r.choice([2, 4]),
+                                                       r.choice([4, 6]), r.choice([12, 20]), seed)))]),
 )

@@ -10,6 +10,7 @@ variants test the logits, causality, `forward_hidden` and the tied head (the las
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import torch
@@ -18,8 +19,8 @@ from torch import nn
 from ...checks import check_causal, check_parameter_count, check_shape, fail, perturbed_copies
 from ...model.config import GPTConfig, preset
 from ...model.gpt import GPT
-from ..cases import Inputs, Outputs, random_weights, sizes_rng, tensor_rng
-from ..fixtures import check_close_lazily, load_gpt_weights, reference_gpt
+from ..cases import Inputs, Outputs, random_weights, sized, sizes_rng, tensor_rng
+from ..fixtures import check_close_lazily, gpt_config, load_gpt_weights, reference_gpt
 from ..piece import Piece, Probe, declare
 from ..student import as_tensor, module_class
 
@@ -165,10 +166,6 @@ def _tying_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 # ---- the configs: the default (GPT-2-like), seed-tiny and two other families, at small sizes
 
 
-def _config(v: int, c: int, h: int, n: int, t_max: int, **changes: Any) -> GPTConfig:
-    return GPTConfig(vocab_size=v, d_model=c, n_heads=h, n_layers=n, context_length=t_max, **changes)
-
-
 LLAMA_LIKE = {"position": "rope", "norm": "rmsnorm", "mlp": "swiglu", "attn_bias": False, "mlp_bias": False,
               "tie_weights": False}
 SEED_REPO_LIKE = {"position": "learned", "norm": "layernorm", "mlp": "relu", "attn_bias": False, "tie_weights": False,
@@ -176,15 +173,15 @@ SEED_REPO_LIKE = {"position": "learned", "norm": "layernorm", "mlp": "relu", "at
 SEED_TINY = preset("seed-tiny").replace(context_length=16)
 
 
-def _random_config(r: Any) -> GPTConfig:
+def _random_config(r: random.Random) -> GPTConfig:
     """Other sizes and a non-default number of heads, with one of the three families."""
     h = r.choice([1, 2, 8])
     family = r.choice([{}, LLAMA_LIKE, SEED_REPO_LIKE])
-    return _config(r.randint(70, 99), 8 * h if h > 2 else 16, h, r.randint(1, 3), r.randint(10, 16), **family)
+    return gpt_config(r.randint(70, 99), 8 * h if h > 2 else 16, h, r.randint(1, 3), r.randint(10, 16), **family)
 
 
-def _hidden_sizes(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _hidden_sizes(r: random.Random, seed: int) -> Inputs:
     config = _random_config(r)
     return _gpt_inputs(config, r.randint(2, 3), r.randint(3, config.context_length - 1), seed)
 
@@ -198,27 +195,28 @@ PIECES = declare(
                    ("rope", "GPT(seed-tiny) (RoPE, RMSNorm, SwiGLU, tied) on idx (3, 7)",
                     lambda seed: _gpt_inputs(SEED_TINY, 3, 7, seed)),
                    ("causal", "GPT is causal: changing a later token never changes earlier logits",
-                    lambda seed: _gpt_inputs(_config(50, 24, 3, 2, 12), 2, 5, seed),
+                    lambda seed: _gpt_inputs(gpt_config(50, 24, 3, 2, 12), 2, 5, seed),
                     Probe(_causal_call, _causal_judge)),
                    ("forward_hidden", "forward_hidden of GPT(GPTConfig()) on idx (2, 5)",
                     lambda seed: _gpt_inputs(GPTConfig(), 2, 5, seed), _FORWARD_HIDDEN),
                    ("tying", "GPT(GPTConfig()) tied and untied: untied has V x C = 3,200 parameters more",
                     lambda seed: _tying_inputs(GPTConfig()), _TYING)],
           hidden=[("hidden_single", "GPT on a single token (B=1, T=1), untied Llama-like",
-                   lambda seed: _gpt_inputs(_config(30, 16, 2, 1, 8, **LLAMA_LIKE), 1, 1, seed)),
+                   lambda seed: _gpt_inputs(gpt_config(30, 16, 2, 1, 8, **LLAMA_LIKE), 1, 1, seed)),
                   ("hidden_rope_untied", "GPT with RoPE, 8 heads and an untied head (Llama-like)",
-                   lambda seed: _gpt_inputs(_config(60, 32, 8, 2, 12, **LLAMA_LIKE), 2, 7, seed)),
+                   lambda seed: _gpt_inputs(gpt_config(60, 32, 8, 2, 12, **LLAMA_LIKE), 2, 7, seed)),
                   ("hidden_head_bias", "GPT with an untied output projection with bias (batch 1, full context)",
-                   lambda seed: _gpt_inputs(_config(45, 20, 5, 2, 9, **SEED_REPO_LIKE), 1, 9, seed)),
+                   lambda seed: _gpt_inputs(gpt_config(45, 20, 5, 2, 9, **SEED_REPO_LIKE), 1, 9, seed)),
                   ("hidden_sizes", "GPT with other sizes and heads", _hidden_sizes),
                   ("hidden_forward_hidden_single", "forward_hidden on a single token (B=1, T=1)",
-                   lambda seed: _gpt_inputs(_config(30, 16, 2, 1, 8, **SEED_REPO_LIKE), 1, 1, seed), _FORWARD_HIDDEN),
+                   lambda seed: _gpt_inputs(gpt_config(30, 16, 2, 1, 8, **SEED_REPO_LIKE), 1, 1, seed),
+                   _FORWARD_HIDDEN),
                   ("hidden_forward_hidden_rope", "forward_hidden with RoPE on a batch of one (B=1, T=5)",
                    lambda seed: _gpt_inputs(SEED_TINY, 1, 5, seed), _FORWARD_HIDDEN),
                   ("hidden_forward_hidden_sizes", "forward_hidden with other sizes and heads", _hidden_sizes,
                    _FORWARD_HIDDEN),
                   ("hidden_tying_head_bias", "tied and untied with an output bias and RoPE",
-                   lambda seed: _tying_inputs(_config(45, 20, 5, 2, 9, **LLAMA_LIKE | {"lm_head_bias": True})),
+                   lambda seed: _tying_inputs(gpt_config(45, 20, 5, 2, 9, **LLAMA_LIKE | {"lm_head_bias": True})),
                    _TYING),
                   ("hidden_tying_sizes", "tied and untied with other sizes and heads",
                    lambda seed: _tying_inputs(_random_config(sizes_rng(seed))), _TYING)]),

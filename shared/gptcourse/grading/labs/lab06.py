@@ -20,7 +20,7 @@ import torch
 from ...checks import check_parameter_count, fail, gpt_module_breakdown
 from ...model.config import PRESETS, GPTConfig, preset
 from ...model.gpt import GPT
-from ..cases import Inputs, Outputs, sizes_rng
+from ..cases import Inputs, Outputs, sized
 from ..piece import Piece, declare
 
 _FORBIDDEN = ("gptcourse.count_parameters", "gptcourse.parameter_breakdown", "gptcourse.block_breakdown",
@@ -125,11 +125,6 @@ def random_config(r: random.Random) -> GPTConfig:
     )
 
 
-def _random_configs(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return {"configs": [random_config(r) for _ in range(3)]}
-
-
 VARIANTS = (
     preset("seed-repo"),  # learned, LayerNorm, ReLU, untied head with a bias, no attention biases
     GPTConfig(vocab_size=300, context_length=128, d_model=48, n_heads=3, n_layers=5, position="none",
@@ -146,12 +141,13 @@ PIECES = declare(
                    ("llama", "parameter_breakdown of llama2-7b (6,738,415,616)", _configs(preset("llama2-7b")))],
           hidden=[("hidden_variants", "parameter_breakdown of seed-repo, no positions, biased SwiGLU",
                    _configs(*VARIANTS)),
-                  ("hidden_random", "parameter_breakdown of three random configs", _random_configs)]),
+                  ("hidden_random", "parameter_breakdown of three random configs",
+                   sized(lambda r, seed: {"configs": [random_config(r) for _ in range(3)]}))]),
     Piece("06", "count_parameters", _model_total, _total_call, judge=_total_judge, forbidden=_FORBIDDEN,
           visible=[("visible", "count_parameters of seed-tiny (24,096) and seed-tiny-untied (27,296)",
                     _configs(preset("seed-tiny"), preset("seed-tiny-untied"))),
                    ("published", "count_parameters of gpt2-small (124,439,808) and llama2-7b (6,738,415,616)",
                     _configs(preset("gpt2-small"), preset("llama2-7b")))],
           hidden=[("hidden_random", "count_parameters of seed-repo, no positions, a biased SwiGLU and three random "
-                   "configs", lambda seed: {"configs": [*VARIANTS, *_random_configs(seed)["configs"]]})]),
+                   "configs", sized(lambda r, seed: {"configs": [*VARIANTS, *(random_config(r) for _ in range(3))]}))]),
 )

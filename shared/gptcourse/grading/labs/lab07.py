@@ -10,6 +10,7 @@ function with the lab's arguments (the package's take x and y, or sample a whole
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import torch
@@ -19,23 +20,23 @@ from ...checks import check_close, check_dtype, check_shape, fail, fmt_shape
 from ...inference.sampling import filter_logits, generate
 from ...model.config import GPTConfig
 from ...training.loop import lm_loss, train_step
-from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
-from ..fixtures import check_close_lazily, gpt_inputs, reference_gpt
+from ..cases import Inputs, Outputs, sized, sizes_rng, tensor_rng
+from ..fixtures import (
+    case_gpt,
+    check_close_lazily,
+    check_differentiable,
+    check_scalar_loss,
+    gpt_config,
+    gpt_inputs,
+    loss_outputs,
+)
 from ..piece import Piece, declare
-from ..student import as_tensor
+from ..student import as_tensor, returns
 
 _TRAINING = ("gptcourse.train", "gptcourse.training.loop", "gptcourse.training.loop.lm_loss",
              "gptcourse.training.loop.train_step", "gptcourse.estimate_loss")
 _SAMPLING = ("gptcourse.generate", "gptcourse.inference.sampling", "gptcourse.filter_logits",
              "gptcourse.widgets.TemperatureSampler")
-
-
-def _model(inputs: Inputs) -> torch.nn.Module:
-    return reference_gpt(inputs["config"], inputs["weights"])
-
-
-def _config(v: int, c: int, h: int, n: int, t_max: int, **changes: Any) -> GPTConfig:
-    return GPTConfig(vocab_size=v, d_model=c, n_heads=h, n_layers=n, context_length=t_max, **changes)
 
 
 # ---- next_token_loss(model, tokens (B, T + 1)) -> the mean cross-entropy of predicting tokens[:, 1:]
@@ -53,14 +54,12 @@ def _loss_inputs(config: GPTConfig, b: int, t: int, seed: int) -> Inputs:
 
 def _loss_call(fn: Any, inputs: Inputs) -> Outputs:
     tokens = inputs["tokens"]
-    loss = fn(_model(inputs), tokens.clone())
-    differentiable = isinstance(loss, torch.Tensor) and loss.requires_grad
-    return {"loss": as_tensor(loss, f"next_token_loss(model, tokens {fmt_shape(tokens.shape)})"),
-            "differentiable": differentiable}
+    what = f"next_token_loss(model, tokens {fmt_shape(tokens.shape)})"
+    return loss_outputs(fn(case_gpt(inputs), tokens.clone()), what)
 
 
 def _loss_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
-    model, tokens = _model(inputs), inputs["tokens"]
+    model, tokens = case_gpt(inputs), inputs["tokens"]
     x, y = tokens[:, :-1], tokens[:, 1:]  # each (B, T)
     with torch.no_grad():
         logits = model(x)  # (B, T, V)
@@ -83,20 +82,17 @@ def _loss_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
 
 
 def _loss_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    loss = got["loss"]
-    if loss.dim() != 0:
-        raise fail(f"the loss has shape {fmt_shape(loss.shape)}, expected a single number (a 0-dim tensor): "
-                   "average over all B x T positions, as F.cross_entropy(logits.flatten(0, 1), y.flatten()) does")
-    check_close_lazily(loss, expected["loss"], "the loss", lambda: _loss_mistakes(inputs))
-    if not got["differentiable"]:
-        raise fail("the loss does not require grad: return the tensor computed from the model's logits (not "
-                   "loss.item() or a detached copy), so that loss.backward() reaches the parameters")
+    check_scalar_loss(got["loss"], "average over all B x T positions, as F.cross_entropy(logits.flatten(0, 1), "
+                      "y.flatten()) does")
+    check_close_lazily(got["loss"], expected["loss"], "the loss", lambda: _loss_mistakes(inputs))
+    check_differentiable(got["differentiable"], "return the tensor computed from the model's logits (not loss.item() "
+                         "or a detached copy), so that loss.backward() reaches the parameters")
 
 
-def _loss_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _loss_hidden(r: random.Random, seed: int) -> Inputs:
     h = r.choice([1, 2, 4])
-    return _loss_inputs(_config(r.randint(20, 60), 8 * h, h, r.randint(1, 2), 16), r.randint(2, 5),
+    return _loss_inputs(gpt_config(r.randint(20, 60), 8 * h, h, r.randint(1, 2), 16), r.randint(2, 5),
                         r.randint(2, 15), seed)
 
 
@@ -149,7 +145,7 @@ def _as_number(value: Any, what: str) -> float:
 
 
 def _step_call(fn: Any, inputs: Inputs) -> Outputs:
-    model = _model(inputs).train()
+    model = case_gpt(inputs).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=inputs["lr"], momentum=inputs["momentum"],
                                 weight_decay=inputs["weight_decay"])
     losses = [_as_number(fn(model, optimizer, tokens.clone(), inputs["grad_clip"]),
@@ -168,7 +164,7 @@ STEP_MISTAKES = {
 
 
 def _step_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    if torch.equal(got["parameters"], _flat(_model(inputs))):
+    if torch.equal(got["parameters"], _flat(case_gpt(inputs))):
         raise fail("the parameters did not change: call loss.backward() and then optimizer.step() (in that order: "
                    "step() uses the gradients that backward() computed)")
     variants: dict[str, Outputs] = {}
@@ -196,12 +192,6 @@ def _next_token_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int
 def _probs_inputs(b: int, v: int, temperature: float, top_k: int | None, seed: int) -> Inputs:
     logits = torch.randn(b, v, generator=tensor_rng(seed)) * 2.0
     return {"logits": logits, "temperature": temperature, "top_k": top_k, "sizes": {"B": b, "V": v}}
-
-
-def _probs_call(fn: Any, inputs: Inputs) -> Outputs:
-    out = fn(inputs["logits"].clone(), temperature=inputs["temperature"], top_k=inputs["top_k"])
-    return {"probs": as_tensor(out, f"next_token_probs(logits {fmt_shape(inputs['logits'].shape)}, temperature="
-                                    f"{inputs['temperature']}, top_k={inputs['top_k']})")}
 
 
 def probs_mistakes(logits: torch.Tensor, temperature: float, top_k: int | None) -> dict[str, torch.Tensor]:
@@ -244,8 +234,8 @@ def _probs_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 mistakes=probs_mistakes(inputs["logits"], inputs["temperature"], inputs["top_k"]))
 
 
-def _probs_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _probs_hidden(r: random.Random, seed: int) -> Inputs:
     v = r.randint(20, 60)
     return _probs_inputs(r.randint(2, 5), v, round(r.uniform(0.3, 2.5), 2), r.randint(2, v - 1), seed)
 
@@ -268,7 +258,7 @@ def _sample_inputs(config: GPTConfig, b: int, t: int, temperature: float, top_k:
 def _sample_call(fn: Any, inputs: Inputs) -> Outputs:
     generator = torch.Generator().manual_seed(inputs["sample_seed"])
     with torch.no_grad():
-        out = fn(_model(inputs), inputs["idx"].clone(), temperature=inputs["temperature"], top_k=inputs["top_k"],
+        out = fn(case_gpt(inputs), inputs["idx"].clone(), temperature=inputs["temperature"], top_k=inputs["top_k"],
                  generator=generator)
     return {"next_id": as_tensor(out, f"sample_next_token(model, idx {fmt_shape(inputs['idx'].shape)}, "
                                       f"temperature={inputs['temperature']}, top_k={inputs['top_k']}, generator)")}
@@ -300,14 +290,14 @@ def _sample_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(next_id, expected["next_id"], "the next tokens", atol=0, rtol=0, mistakes=mistakes)
 
 
-SMALL = _config(23, 16, 2, 1, 8)
-SAMPLER = _config(40, 16, 2, 1, 8)
+SMALL = gpt_config(23, 16, 2, 1, 8)
+SAMPLER = gpt_config(40, 16, 2, 1, 8)
 PIECES = declare(
     Piece("07", "next_token_loss", _next_token_loss, _loss_call, judge=_loss_judge, forbidden=_TRAINING,
           visible=[("visible", "next_token_loss on tokens (B, T + 1) = (3, 7), V=23",
                     lambda seed: _loss_inputs(SMALL, 3, 6, seed))],
           hidden=[("hidden_single", "next_token_loss on one pair of tokens (B=1, T + 1 = 2)",
-                   lambda seed: _loss_inputs(_config(17, 12, 3, 1, 4), 1, 1, seed)),
+                   lambda seed: _loss_inputs(gpt_config(17, 12, 3, 1, 4), 1, 1, seed)),
                   ("hidden_sizes", "next_token_loss with other sizes", _loss_hidden)]),
     Piece("07", "train_step", _train_step, _step_call, judge=_step_judge, forbidden=_TRAINING,
           visible=[("visible", "one train_step with SGD(lr=0.5), grad_clip=0.5, tokens (3, 7)",
@@ -315,12 +305,16 @@ PIECES = declare(
                    ("twice", "two train_steps in a row on two batches (gradients must not accumulate)",
                     lambda seed: _step_inputs(SMALL, 3, 6, 2, seed))],
           hidden=[("hidden_momentum", "three train_steps with momentum and weight decay, batch 1",
-                   lambda seed: _step_inputs(_config(31, 12, 3, 2, 10), 1, 9, 3, seed, momentum=0.9,
+                   lambda seed: _step_inputs(gpt_config(31, 12, 3, 2, 10), 1, 9, 3, seed, momentum=0.9,
                                              weight_decay=0.01)),
                   ("hidden_tied_rope", "two train_steps of a tied RoPE model with other sizes",
-                   lambda seed: _step_inputs(_config(29, 16, 4, 1, 12, position="rope", norm="rmsnorm",
+                   lambda seed: _step_inputs(gpt_config(29, 16, 4, 1, 12, position="rope", norm="rmsnorm",
                                                      mlp="swiglu"), 2, sizes_rng(seed).randint(3, 11), 2, seed))]),
-    Piece("07", "next_token_probs", _next_token_probs, _probs_call, judge=_probs_judge, forbidden=_SAMPLING,
+    Piece("07", "next_token_probs", _next_token_probs,
+          returns("probs", lambda i: f"next_token_probs(logits {fmt_shape(i['logits'].shape)}, temperature="
+                                     f"{i['temperature']}, top_k={i['top_k']})",
+                  "logits", temperature="temperature", top_k="top_k"),
+          judge=_probs_judge, forbidden=_SAMPLING,
           visible=[("visible", "next_token_probs of logits (3, 12) at temperature 0.7, no top-k",
                     lambda seed: _probs_inputs(3, 12, 0.7, None, seed)),
                    ("top_k", "next_token_probs of logits (3, 12) at temperature 1.5 with top_k=4",

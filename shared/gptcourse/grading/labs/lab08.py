@@ -24,9 +24,9 @@ import torch
 from ...checks import fail
 from ...text.bpe import GPT2_PATTERN, BPETokenizer, _merge_pair, pretoken_counts
 from ...text.corpus import load_text
-from ..cases import Inputs, Outputs, sizes_rng
+from ..cases import Inputs, Outputs, given, sizes_rng
 from ..piece import Piece, declare
-from ..student import as_ids
+from ..student import as_ids, as_text
 
 _FORBIDDEN = ("gptcourse.BPETokenizer", "gptcourse.text.bpe")
 Pair = tuple[int, int]
@@ -254,13 +254,9 @@ def _merge_mistakes(inputs: Inputs) -> dict[str, Sequence[int]]:
     return mistakes
 
 
-def _merge_inputs(ids: list[int], pair: Pair, new_id: int) -> Callable[[int], Inputs]:
-    return lambda seed: {"ids": ids, "pair": pair, "new_id": new_id}
-
-
 def _merge_hidden(seed: int) -> Inputs:
     ids = _random_ids(seed)
-    return _merge_inputs(ids, (ids[1], ids[2]), 300 + sizes_rng(seed).randint(0, 50))(seed)
+    return {"ids": ids, "pair": (ids[1], ids[2]), "new_id": 300 + sizes_rng(seed).randint(0, 50)}
 
 
 # ---- train_bpe(text, vocab_size) -> merges [(a, b), ...], merge k makes id 256 + k
@@ -336,10 +332,6 @@ VISIBLE_TEXT = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    retur
 TIES_TEXT = "low lower lowest newer wider new wide wider newest widest"  # after Sennrich et al.: many ties
 
 
-def _train_inputs(text: str, vocab_size: int) -> Callable[[int], Inputs]:
-    return lambda seed: {"text": text, "vocab_size": vocab_size}
-
-
 # ---- encode(text, merges) -> ids
 
 
@@ -379,9 +371,7 @@ def _decode_call(fn: Any, inputs: Inputs) -> Outputs:
         text = fn(list(inputs["ids"]), list(inputs["merges"]))
     except UnicodeDecodeError as err:  # the mistake this piece teaches: the judge explains it
         return {"text": "", "error": f"UnicodeDecodeError: {err}"[:300]}
-    if not isinstance(text, str):
-        raise fail(f"{_what('decode', inputs)} returned {type(text).__name__} {text!r:.60}, expected a str")
-    return {"text": text, "error": ""}
+    return {"text": as_text(text, _what("decode", inputs)), "error": ""}
 
 
 SPLIT_HINT = ("a character's UTF-8 bytes can be spread over several tokens (😀 is 4 bytes), so join the bytes of "
@@ -428,22 +418,23 @@ PIECES = declare(
     Piece("08", "merge_pair", lambda ids, pair, new_id: _merge_pair(ids, *pair, new_id), _merge_call,
           judge=partial(_judge_ids, "merge_pair", _merge_mistakes), forbidden=_FORBIDDEN,
           visible=[("visible", "merge_pair of 'aaabdaaabac' with (97, 98) 'ab' -> 256",
-                    _merge_inputs(list(b"aaabdaaabac"), (97, 98), 256)),
+                    given(ids=list(b"aaabdaaabac"), pair=(97, 98), new_id=256)),
                    ("overlap", "merge_pair of 'aaaaa' with (97, 97) 'aa' -> 256 (overlapping occurrences)",
-                    _merge_inputs(list(b"aaaaa"), (97, 97), 256))],
+                    given(ids=list(b"aaaaa"), pair=(97, 97), new_id=256))],
           hidden=[("hidden_end", "merge_pair with the pair at the very end",
-                   _merge_inputs([5, 9, 5, 5, 9, 1, 5, 9], (5, 9), 300)),
+                   given(ids=[5, 9, 5, 5, 9, 1, 5, 9], pair=(5, 9), new_id=300)),
                   ("hidden_random", "merge_pair of other ids", _merge_hidden)]),
     Piece("08", "train_bpe", trained_merges, _train_call, judge=_train_judge, forbidden=_FORBIDDEN,
           visible=[("visible", "train_bpe on three small Python functions, vocab_size=276",
-                    _train_inputs(VISIBLE_TEXT, 276)),
-                   ("ties", f"train_bpe({TIES_TEXT!r}, vocab_size=270): many ties", _train_inputs(TIES_TEXT, 270))],
+                    given(text=VISIBLE_TEXT, vocab_size=276)),
+                   ("ties", f"train_bpe({TIES_TEXT!r}, vocab_size=270): many ties",
+                    given(text=TIES_TEXT, vocab_size=270))],
           hidden=[("hidden_corpus", "train_bpe on 3,000 characters of the course corpus, vocab_size=320",
                    lambda seed: {"text": _corpus_slice(seed, 3000), "vocab_size": 320}),
                   ("hidden_unicode", "train_bpe on text with accents, CJK and emoji (multi-byte UTF-8)",
-                   _train_inputs("café crème, 日本語と日本, 😀😀 😀! " * 3 + "naïve café", 290)),
+                   given(text="café crème, 日本語と日本, 😀😀 😀! " * 3 + "naïve café", vocab_size=290)),
                   ("hidden_exhausted", "train_bpe asked for more tokens than the text has pairs to merge",
-                   _train_inputs("ab ab abc", 300))]),
+                   given(text="ab ab abc", vocab_size=300))]),
     Piece("08", "encode", lambda text, merges: tokenizer(merges).encode(text), _encode_call,
           judge=partial(_judge_ids, "encode", _encode_mistakes), forbidden=_FORBIDDEN,
           visible=[("visible", f"encode({ENCODE_TEXT!r}) with the merges of 08.train_bpe.visible",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import io
 import math
-from functools import partial
+import random
 from typing import Any, Literal
 
 import torch
@@ -27,10 +27,10 @@ from ...training.clipping import clip_grad_norm
 from ...training.loop import TrainConfig, lm_loss, lr_at
 from ...training.losses import cross_entropy
 from ...training.optim import AdamW
-from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
-from ..fixtures import check_close_lazily, gpt_inputs, reference_gpt
+from ..cases import Inputs, Outputs, given, sized, tensor_rng
+from ..fixtures import case_gpt, check_close_lazily, check_differentiable, check_scalar_loss, gpt_inputs, mistaken
 from ..piece import Piece, declare
-from ..student import as_tensor
+from ..student import as_number, as_tensor
 
 _CHECKPOINT = ("gptcourse.save_checkpoint", "gptcourse.load_checkpoint", "gptcourse.training.checkpoint")
 
@@ -71,22 +71,19 @@ def _ce_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
 
 def _ce_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     loss = got["loss"]
-    if loss.dim() != 0:
-        raise fail(f"the loss has shape {fmt_shape(loss.shape)}, expected a single number (a 0-dim tensor): the "
-                   "mean over the N rows")
+    check_scalar_loss(loss, "the mean over the N rows")
     if not bool(torch.isfinite(loss)):
         raise fail(f"the loss is {float(loss)} for logits as large as {inputs['logits'].abs().max():.0f}: exp() "
                    "overflows float32 past 88. Subtract each row's largest logit m before exp and add it back: "
                    "log(sum exp(z)) = m + log(sum exp(z - m)) (log-sum-exp)")
     check_close(loss, expected["loss"], "the loss", atol=1e-4, rtol=1e-5, mistakes=_ce_mistakes(inputs))
-    if "grad" not in got:
-        raise fail("the loss does not require grad: compute it from the logits with torch operations (not .item() "
-                   "or a detached copy), so that loss.backward() reaches the model")
+    check_differentiable("grad" in got, "compute it from the logits with torch operations (not .item() or a detached "
+                         "copy), so that loss.backward() reaches the model")
     check_close(got["grad"], expected["grad"], "the loss's gradient with respect to the logits", atol=1e-6)
 
 
-def _ce_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _ce_hidden(r: random.Random, seed: int) -> Inputs:
     return _ce_inputs(r.randint(2, 40), r.randint(2, 60), r.choice([200.0, 500.0, 1000.0]), seed)
 
 
@@ -175,16 +172,15 @@ def _adamw_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "the bias correction uses step + 1: `step` is already 1 at the first update, so divide m by "
         "(1 - beta1**step) and v by (1 - beta2**step)": {"step_offset": 1},
     }
-    check_close_lazily(got["params"], expected["params"], "the parameters after each step", lambda: {
-        why: _adamw_call(partial(_wrong_adamw_step, **flags), inputs)["params"] for why, flags in mistakes.items()},
-        atol=1e-6)
+    check_close_lazily(got["params"], expected["params"], "the parameters after each step",
+                       lambda: mistaken(_adamw_call, _wrong_adamw_step, mistakes, inputs, "params"), atol=1e-6)
     for name in ("exp_avg", "exp_avg_sq"):
         check_close(got[name], expected[name], f"{name} after the last step (the moments before bias correction)",
                     atol=1e-7, rtol=1e-5)
 
 
-def _adamw_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _adamw_hidden(r: random.Random, seed: int) -> Inputs:
     return _adamw_inputs(r.randint(1, 30), r.randint(3, 8), seed, lr=r.choice([1e-3, 3e-3, 0.05]),
                          beta1=r.choice([0.8, 0.9]), beta2=r.choice([0.95, 0.99, 0.999]), eps=1e-8,
                          weight_decay=r.choice([0.01, 0.1, 0.3]))
@@ -196,10 +192,6 @@ def _adamw_hidden(seed: int) -> Inputs:
 def _lr_at(step: int, max_lr: float, min_lr: float, warmup_steps: int, total_steps: int) -> float:
     """The reference: gptcourse's lr_at, which reads the schedule from a TrainConfig."""
     return lr_at(step, TrainConfig(steps=total_steps, lr=max_lr, min_lr=min_lr, warmup_steps=warmup_steps))
-
-
-def _schedule_inputs(max_lr: float, min_lr: float, warmup: int, total: int) -> Inputs:
-    return {"max_lr": max_lr, "min_lr": min_lr, "warmup_steps": warmup, "total_steps": total}
 
 
 def _wrong_lr_at(step: int, max_lr: float, min_lr: float, warmup_steps: int, total_steps: int, *,
@@ -219,11 +211,7 @@ def _schedule_call(fn: Any, inputs: Inputs) -> Outputs:
     values = []
     for s in range(inputs["total_steps"] + 5):
         value = fn(s, inputs["max_lr"], inputs["min_lr"], inputs["warmup_steps"], inputs["total_steps"])
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            value = value.item()
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise fail(f"lr_at({s}, ...) returned {type(value).__name__}, expected a number")
-        values.append(float(value))
+        values.append(float(as_number(value, f"lr_at({s}, ...)", "a number")))
     return {"lrs": torch.tensor(values, dtype=torch.float64)}
 
 
@@ -240,14 +228,14 @@ def _schedule_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "the cosine swings over max_lr, not max_lr - min_lr, so it starts at max_lr + min_lr: min_lr + 0.5 * (1 + "
         "cos(pi * progress)) * (max_lr - min_lr)": {"span": False},
     }
-    return {why: _schedule_call(partial(_wrong_lr_at, **flags), inputs)["lrs"] for why, flags in mistakes.items()}
+    return mistaken(_schedule_call, _wrong_lr_at, mistakes, inputs, "lrs")
 
 
-def _schedule_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _schedule_hidden(r: random.Random, seed: int) -> Inputs:
     total = r.randint(12, 60)
-    return _schedule_inputs(r.choice([1e-3, 6e-4, 3e-3]), r.choice([1e-5, 6e-5, 1e-4]), r.randint(1, total // 3),
-                            total)
+    return {"max_lr": r.choice([1e-3, 6e-4, 3e-3]), "min_lr": r.choice([1e-5, 6e-5, 1e-4]),
+            "warmup_steps": r.randint(1, total // 3), "total_steps": total}
 
 
 # ---- clip_grad_norm(parameters, max_norm) -> the global norm before clipping; scales every .grad in place
@@ -301,18 +289,14 @@ def _clip_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "the spikes were)": clipped})
 
 
-def _clip_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _clip_hidden(r: random.Random, seed: int) -> Inputs:
     shapes = [tuple(r.randint(1, 5) for _ in range(r.randint(1, 3))) for _ in range(r.randint(2, 5))]
     return _clip_inputs(shapes, r.choice([0.5, 1.0, 2.0]), seed, without_grad=r.randrange(len(shapes)))
 
 
 # ---- accumulate_gradients(model, tokens (B, T + 1), micro_batches) -> the mean loss; the whole batch's
 #      gradient left in every parameter's .grad
-
-
-def _model(inputs: Inputs) -> torch.nn.Module:
-    return reference_gpt(inputs["config"], inputs["weights"]).train()
 
 
 def _accumulate_gradients(model: torch.nn.Module, tokens: torch.Tensor, micro_batches: int) -> float:
@@ -346,16 +330,12 @@ def _accumulate_inputs(config: GPTConfig, b: int, t: int, micro_batches: int, se
 
 
 def _accumulate_call(fn: Any, inputs: Inputs) -> Outputs:
-    model = _model(inputs)
+    model = case_gpt(inputs).train()
     for p in model.parameters():  # what a previous step left behind: the function must start from zero
         p.grad = torch.ones_like(p)
     tokens, k = inputs["tokens"], inputs["micro_batches"]
-    loss = fn(model, tokens.clone(), k)
-    what = f"accumulate_gradients(model, tokens {fmt_shape(tokens.shape)}, micro_batches={k})"
-    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-        loss = loss.item()
-    if not isinstance(loss, int | float) or isinstance(loss, bool):
-        raise fail(f"{what} returned {type(loss).__name__}, expected the mean loss as a number")
+    loss = as_number(fn(model, tokens.clone(), k), f"accumulate_gradients(model, tokens {fmt_shape(tokens.shape)}, "
+                     f"micro_batches={k})", "the mean loss as a number")
     grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in model.parameters()]
     return {"grads": torch.cat(grads), "loss": torch.tensor([float(loss)], dtype=torch.float64)}
 
@@ -370,15 +350,14 @@ def _accumulate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "the gradients left in .grad before the call were added to: call model.zero_grad() first":
             {"zero_first": False},
     }
-    check_close_lazily(got["grads"], expected["grads"], "the accumulated gradients", lambda: {
-        why: _accumulate_call(partial(_wrong_accumulation, **flags), inputs)["grads"]
-        for why, flags in mistakes.items()})
+    check_close_lazily(got["grads"], expected["grads"], "the accumulated gradients",
+                       lambda: mistaken(_accumulate_call, _wrong_accumulation, mistakes, inputs, "grads"))
     check_close(got["loss"], expected["loss"], "the returned loss", atol=1e-5, mistakes={
         f"the returned loss is the sum over the {k} micro-batches: return their mean": expected["loss"] * k})
 
 
-def _accumulate_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _accumulate_hidden(r: random.Random, seed: int) -> Inputs:
     k = r.choice([3, 6])
     return _accumulate_inputs(GPTConfig(vocab_size=r.randint(15, 40), d_model=12, n_heads=3, n_layers=2,
                                         context_length=10), 6, r.randint(2, 9), k, seed)
@@ -407,7 +386,7 @@ def _restore_training_state(state: dict[str, Any], model: torch.nn.Module, optim
         optimizer.load_state_dict(state["optimizer"])
     if restore_generator:
         generator.set_state(state["generator"])
-    return state["step"]
+    return int(state["step"])
 
 
 def _resume_inputs(config: GPTConfig, b: int, t: int, steps: int, seed: int) -> Inputs:
@@ -423,7 +402,7 @@ class _Run:
 
     def __init__(self, inputs: Inputs) -> None:
         self.inputs = inputs
-        self.model = _model(inputs)
+        self.model = case_gpt(inputs).train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=inputs["lr"], weight_decay=0.1, foreach=False)
         self.generator = torch.Generator().manual_seed(inputs["data_seed"])
 
@@ -450,11 +429,12 @@ def _through_a_file(state: Any, what: str) -> Any:
                    f"({type(err).__name__}: {err}): keep it to tensors, numbers and dicts of them") from None
 
 
-def _state_call(fn: Any, inputs: Inputs) -> Outputs:
-    """The student's training_state, restored by the reference's restore_training_state."""
+def _resume(save: Any, restore: Any, inputs: Inputs) -> Outputs:
+    """Train, `save` the state, load it back through a file, `restore` it into fresh objects and train on: the
+    student's half is checked as it comes (the reference's other half passes those checks)."""
     first = _Run(inputs)
     first.train(inputs["steps"])
-    state = fn(first.model, first.optimizer, first.generator, inputs["steps"])
+    state = save(first.model, first.optimizer, first.generator, inputs["steps"])
     what = "training_state(model, optimizer, generator, step)"
     if not isinstance(state, dict):
         raise fail(f"{what} returned {type(state).__name__}, expected a dict with the keys {STATE_KEYS}")
@@ -470,25 +450,20 @@ def _state_call(fn: Any, inputs: Inputs) -> Outputs:
                    "generator.get_state()")
     state = _through_a_file(state, f"the dict {what} returned")
     second = _Run(inputs)
-    step = _restore_training_state(state, second.model, second.optimizer, second.generator)
+    step = as_number(restore(state, second.model, second.optimizer, second.generator), "restore_training_state(...)",
+                     "the step (an int)", kinds=(int,))
     second.train(inputs["steps"])
-    return {"parameters": second.parameters(), "step": int(step)}
+    return {"parameters": second.parameters(), "step": step}
+
+
+def _state_call(fn: Any, inputs: Inputs) -> Outputs:
+    """The student's training_state, restored by the reference's restore_training_state."""
+    return _resume(fn, _restore_training_state, inputs)
 
 
 def _restore_call(fn: Any, inputs: Inputs) -> Outputs:
     """The student's restore_training_state, of a state the reference's training_state saved."""
-    first = _Run(inputs)
-    first.train(inputs["steps"])
-    state = _through_a_file(_training_state(first.model, first.optimizer, first.generator, inputs["steps"]),
-                            "the state")
-    second = _Run(inputs)
-    step = fn(state, second.model, second.optimizer, second.generator)
-    if isinstance(step, torch.Tensor) and step.numel() == 1:
-        step = step.item()
-    if not isinstance(step, int) or isinstance(step, bool):
-        raise fail(f"restore_training_state(...) returned {type(step).__name__}, expected the step (an int)")
-    second.train(inputs["steps"])
-    return {"parameters": second.parameters(), "step": step}
+    return _resume(_training_state, fn, inputs)
 
 
 RESUME_MISTAKES = {
@@ -502,15 +477,15 @@ RESUME_MISTAKES = {
 def _resume_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close_lazily(got["parameters"], expected["parameters"],
                        f"the weights after {inputs['steps']} steps, save, restore and {inputs['steps']} more",
-                       lambda: {why: _restore_call(partial(_restore_training_state, **flags), inputs)["parameters"]
-                                for why, flags in RESUME_MISTAKES.items()}, atol=1e-6)
+                       lambda: mistaken(_restore_call, _restore_training_state, RESUME_MISTAKES, inputs,
+                                        "parameters"), atol=1e-6)
     if got["step"] != inputs["steps"]:
         raise fail(f"the step restored is {got['step']}, expected {inputs['steps']}: save the step reached and "
                    "return it from restore_training_state")
 
 
-def _resume_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _resume_hidden(r: random.Random, seed: int) -> Inputs:
     return _resume_inputs(GPTConfig(vocab_size=r.randint(15, 30), d_model=12, n_heads=2, n_layers=r.randint(1, 2),
                                     context_length=8, position=r.choice(["learned", "rope"])),
                           r.randint(1, 4), r.randint(2, 8), r.randint(1, 3), seed)
@@ -542,7 +517,7 @@ PIECES = declare(
           label="the learning rates at steps 0 .. total_steps + 4", atol=1e-12, rtol=1e-9,
           forbidden=("gptcourse.lr_at", "gptcourse.training.loop", "torch.optim.lr_scheduler"),
           visible=[("visible", "lr_at over 24 steps, warmup 4, max_lr 1e-3, min_lr 1e-4",
-                    lambda seed: _schedule_inputs(1e-3, 1e-4, 4, 24))],
+                    given(max_lr=1e-3, min_lr=1e-4, warmup_steps=4, total_steps=24))],
           hidden=[("hidden_sizes", "lr_at with other lengths, warmups and rates", _schedule_hidden)]),
     Piece("09", "clip_grad_norm", clip_grad_norm, _clip_call, judge=_clip_judge,
           forbidden=("gptcourse.clip_grad_norm", "gptcourse.training.clipping", "torch.nn.utils.clip_grad_norm_",

@@ -10,6 +10,7 @@ of the same names, which the lab forbids.
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
 import torch
@@ -21,7 +22,8 @@ from ...finetuning.lora import LoRALinear
 from ...finetuning.losses import IGNORE_INDEX, bradley_terry_loss, response_labels
 from ...model.causal_attention import causal_mask, padding_mask
 from ...model.heads import last_real_token
-from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
+from ..cases import Inputs, Outputs, sized, sizes_rng, tensor_rng
+from ..fixtures import check_differentiable, check_scalar_loss, loss_outputs
 from ..piece import Piece, declare
 from ..student import as_tensor, load_weights, module_class
 
@@ -101,11 +103,6 @@ def _mask_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                "to itself.")
 
 
-def _mask_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _mask_inputs(r.randint(3, 5), r.randint(2, 9), "mixed", seed)
-
-
 # ---- last_real_token(hidden (B, T, C), attention_mask (B, T)) -> (B, C)
 
 
@@ -138,11 +135,6 @@ def _pool_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "the states were averaged: read the one state of the last real token": (hidden * mask[..., None]).sum(1)
             / mask.sum(1, keepdim=True),
     }
-
-
-def _pool_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _pool_inputs(r.randint(3, 5), r.randint(2, 9), r.randint(3, 7), "mixed", seed)
 
 
 # ---- response_labels(input_ids (B, T), prompt_lengths (B,), attention_mask (B, T)) -> labels (B, T)
@@ -191,11 +183,6 @@ def _labels_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     }
 
 
-def _labels_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _labels_inputs(r.randint(3, 5), r.randint(3, 10), "mixed", seed)
-
-
 # ---- bradley_terry_loss(chosen (B,), rejected (B,)) -> mean of -log sigmoid(chosen - rejected)
 
 
@@ -210,17 +197,13 @@ def _bt_inputs(b: int, scale: float, seed: int) -> Inputs:
 def _bt_call(fn: Any, inputs: Inputs) -> Outputs:
     chosen = inputs["chosen"].clone().requires_grad_(True)
     rejected = inputs["rejected"].clone().requires_grad_(True)
-    loss = fn(chosen, rejected)
-    what = f"bradley_terry_loss(chosen {fmt_shape(chosen.shape)}, rejected {fmt_shape(rejected.shape)})"
-    differentiable = isinstance(loss, torch.Tensor) and loss.requires_grad
-    return {"loss": as_tensor(loss, what), "differentiable": differentiable}
+    return loss_outputs(fn(chosen, rejected),
+                        f"bradley_terry_loss(chosen {fmt_shape(chosen.shape)}, rejected {fmt_shape(rejected.shape)})")
 
 
 def _bt_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     loss = got["loss"]
-    if loss.dim() != 0:
-        raise fail(f"the loss has shape {fmt_shape(loss.shape)}, expected a single number (a 0-dim tensor): "
-                   "average over the pairs with .mean()")
+    check_scalar_loss(loss, "average over the pairs with .mean()")
     chosen, rejected = inputs["chosen"], inputs["rejected"]
     d = chosen - rejected
     if not bool(torch.isfinite(loss)):
@@ -238,14 +221,8 @@ def _bt_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     } | eps_in_log_mistakes(torch.sigmoid(d), "sigmoid(d)", "pair", "for a pair far the wrong way round sigmoid(d) "
                             "is 0 in float32. Use F.logsigmoid(d), which never forms sigmoid(d)")
     check_close(loss.double(), expected["loss"].double(), "the loss", atol=1e-5, mistakes=mistakes)
-    if not got["differentiable"]:
-        raise fail("the loss does not require grad: return the tensor computed from the rewards (not .item() or a "
-                   "detached copy), so that loss.backward() reaches the reward model")
-
-
-def _bt_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _bt_inputs(r.randint(1, 12), r.uniform(0.5, 3.0), seed)
+    check_differentiable(got["differentiable"], "return the tensor computed from the rewards (not .item() or a "
+                         "detached copy), so that loss.backward() reaches the reward model")
 
 
 # ---- LoRALinear(base: nn.Linear, rank, alpha): base(x) + (alpha / rank) x A^T B^T, base frozen, B = 0 at first
@@ -336,8 +313,8 @@ def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         check_close(got[f"grad_{name}"], expected[f"grad_{name}"], f"the gradient of {name}", atol=1e-3)
 
 
-def _lora_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _lora_hidden(r: random.Random, seed: int) -> Inputs:
     return _lora_inputs(r.randint(3, 12), r.randint(3, 12), r.randint(1, 3), float(r.choice([1, 4, 16])),
                         (r.randint(1, 3), r.randint(1, 5)), seed)
 
@@ -351,14 +328,17 @@ PIECES = declare(
                     lambda seed: _mask_inputs(3, 6, "left", seed))],
           hidden=[("hidden_single", "padding_mask of one unpadded sequence (B=1): the causal mask",
                    lambda seed: _mask_inputs(1, 4, "right", seed)),
-                  ("hidden_mixed", "padding_mask with other sizes, rows padded on either side", _mask_hidden)]),
+                  ("hidden_mixed", "padding_mask with other sizes, rows padded on either side",
+                   sized(lambda r, seed: _mask_inputs(r.randint(3, 5), r.randint(2, 9), "mixed", seed)))]),
     Piece("10", "last_real_token", last_real_token, _pool_call, mistakes=_pool_mistakes, label="the pooled states",
           shape="B C", atol=1e-6, forbidden=("gptcourse.last_real_token", "gptcourse.model.heads"),
           visible=[("visible", "last_real_token of a right-padded batch, hidden (B, T, C) = (4, 6, 5)",
                     lambda seed: _pool_inputs(4, 6, 5, "right", seed)),
                    ("left", "last_real_token of a left-padded batch, hidden (B, T, C) = (3, 5, 4)",
                     lambda seed: _pool_inputs(3, 5, 4, "left", seed))],
-          hidden=[("hidden_mixed", "last_real_token with other sizes, rows padded on either side", _pool_hidden)]),
+          hidden=[("hidden_mixed", "last_real_token with other sizes, rows padded on either side",
+                   sized(lambda r, seed: _pool_inputs(r.randint(3, 5), r.randint(2, 9), r.randint(3, 7), "mixed",
+                                                      seed)))]),
     Piece("10", "response_labels", response_labels, _labels_call, mistakes=_labels_mistakes, label="the labels",
           shape="B T", dtype=(torch.int64, "token ids (and -100) for F.cross_entropy"), atol=0, rtol=0,
           forbidden=("gptcourse.response_labels", "gptcourse.finetuning.losses"),
@@ -366,7 +346,8 @@ PIECES = declare(
                     lambda seed: _labels_inputs(4, 8, "right", seed)),
                    ("left", "response_labels of a left-padded batch (B, T) = (3, 7)",
                     lambda seed: _labels_inputs(3, 7, "left", seed))],
-          hidden=[("hidden_mixed", "response_labels with other sizes, rows padded on either side", _labels_hidden)]),
+          hidden=[("hidden_mixed", "response_labels with other sizes, rows padded on either side",
+                   sized(lambda r, seed: _labels_inputs(r.randint(3, 5), r.randint(3, 10), "mixed", seed)))]),
     Piece("10", "bradley_terry_loss", bradley_terry_loss, _bt_call, judge=_bt_judge,
           forbidden=("gptcourse.bradley_terry_loss", "gptcourse.finetuning.losses"),
           visible=[("visible", "bradley_terry_loss of 6 pairs of rewards", lambda seed: _bt_inputs(6, 1.5, seed)),
@@ -374,7 +355,8 @@ PIECES = declare(
                     "(sigmoid rounds to 0: log-sigmoid needed)", lambda seed: _bt_inputs(5, 100.0, seed))],
           hidden=[("hidden_large", "bradley_terry_loss with rewards of size 100 (sigmoid rounds to 0 or 1)",
                    lambda seed: _bt_inputs(5, 100.0, seed)),
-                  ("hidden_sizes", "bradley_terry_loss with other sizes, a single pair among them", _bt_hidden)]),
+                  ("hidden_sizes", "bradley_terry_loss with other sizes, a single pair among them",
+                   sized(lambda r, seed: _bt_inputs(r.randint(1, 12), r.uniform(0.5, 3.0), seed)))]),
     Piece("10", "LoRALinear", LoRALinear, _lora_call, judge=_lora_judge,
           forbidden=("gptcourse.LoRALinear", "gptcourse.finetuning.lora"),
           visible=[("visible", "LoRALinear(nn.Linear(6, 5), rank=2, alpha=4) on x (3, 6)",

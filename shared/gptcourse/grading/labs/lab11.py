@@ -12,6 +12,7 @@ gptcourse's, except top-p's, the layer's and the generation's (each says why at 
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
 import torch
@@ -27,10 +28,10 @@ from ...model.gpt import GPT
 from ...model.mlp import make_mlp
 from ...model.norms import make_norm
 from ...model.positions import LearnedPositions, RotaryEmbedding, apply_rope
-from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
-from ..fixtures import load_gpt_weights, reference_gpt, unit_scale_weights
+from ..cases import Inputs, Outputs, sized, tensor_rng
+from ..fixtures import gpt_inputs, load_gpt_weights, reference_gpt
 from ..piece import Piece, declare
-from ..student import as_tensor, as_tensors, build_module
+from ..student import as_tensor, as_tensors, build_module, returns
 
 _CACHE = ("gptcourse.LayerCache", "gptcourse.KVCache", "gptcourse.inference.kv_cache")
 _ATTENTION = ("gptcourse.attention", "gptcourse.fused_attention", "gptcourse.MultiHeadAttention",
@@ -133,8 +134,8 @@ def _cache_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                                   if v[part][i].shape == expected[part][i].shape})
 
 
-def _cache_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _cache_hidden(r: random.Random, seed: int) -> Inputs:
     chunks = [r.randint(1, 5)] + [1] * r.randint(2, 5) + [r.randint(2, 3)]
     return _cache_inputs(r.randint(1, 3), r.choice([1, 2, 4]), r.choice([2, 4, 6]), chunks, sum(chunks) + 3, seed)
 
@@ -154,12 +155,6 @@ def _one_token_large(b: int, h: int, t: int, seed: int) -> Inputs:
     gen = tensor_rng(seed)
     q, k = torch.randint(-100, 101, (b, h, 1, 4), generator=gen), torch.randint(-3, 4, (b, h, t, 4), generator=gen)
     return {"q": q.float(), "k": k.float(), "v": torch.randn(b, h, t, 4, generator=gen), "sizes": _sizes(b, h, 1, 4)}
-
-
-def _one_token_call(fn: Any, inputs: Inputs) -> Outputs:
-    q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    out = fn(q.clone(), k.clone(), v.clone())
-    return {"y": as_tensor(out, f"attend_new_token(q {fmt_shape(q.shape)}, k, v {fmt_shape(k.shape)})")}
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: bool = True) -> torch.Tensor:
@@ -197,11 +192,6 @@ def _one_token_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(y, expected["y"], "attend_new_token output", mistakes=_one_token_mistakes(inputs))
 
 
-def _one_token_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _one_token_inputs(r.randint(1, 3), r.choice([1, 3, 4]), r.randint(2, 12), r.choice([4, 6, 8]), seed)
-
-
 # ---- top_p_filter(logits (B, V), top_p) -> logits with -inf outside the nucleus
 
 
@@ -217,12 +207,6 @@ def _top_p_large(b: int, v: int, top_p: float, seed: int) -> Inputs:
     inputs = _top_p_inputs(b, v, top_p, 1.5, seed)
     inputs["logits"][1::2] += torch.randint(100, 1000, (b // 2, 1), generator=tensor_rng(seed + 1))
     return inputs
-
-
-def _top_p_call(fn: Any, inputs: Inputs) -> Outputs:
-    logits = inputs["logits"]
-    out = fn(logits.clone(), inputs["top_p"])
-    return {"filtered": as_tensor(out, f"top_p_filter(logits {fmt_shape(logits.shape)}, top_p={inputs['top_p']})")}
 
 
 def _nucleus(logits: torch.Tensor, top_p: float, *, before: bool = True, ascending: bool = False,
@@ -279,12 +263,6 @@ def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "probabilities (the sampler applies the softmax)")
 
 
-def _top_p_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _top_p_inputs(r.randint(2, 6), r.randint(10, 80), round(r.uniform(0.2, 0.95), 2), r.uniform(0.5, 3.0),
-                         seed)
-
-
 # ---- repeat_kv(x (B, H_kv, T, D), n_rep) -> (B, H_kv * n_rep, T, D)
 
 
@@ -293,22 +271,10 @@ def _repeat_inputs(b: int, h_kv: int, t: int, d: int, n_rep: int, seed: int) -> 
             "sizes": _sizes(b, h_kv * n_rep, t, d)}
 
 
-def _repeat_call(fn: Any, inputs: Inputs) -> Outputs:
-    x = inputs["x"]
-    what = f"repeat_kv(x {fmt_shape(x.shape)}, n_rep={inputs['n_rep']})"
-    return {"y": as_tensor(fn(x.clone(), inputs["n_rep"]), what)}
-
-
 def _repeat_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     return {"the kv heads are tiled (x.repeat(1, n_rep, 1, 1) gives heads 0, 1, 0, 1, ...): kv head j serves "
             "the consecutive query heads j * n_rep ... j * n_rep + n_rep - 1, so repeat each head in place, "
             "x.repeat_interleave(n_rep, dim=1)": inputs["x"].repeat(1, inputs["n_rep"], 1, 1)}
-
-
-def _repeat_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _repeat_inputs(r.randint(1, 3), r.choice([2, 3]), r.randint(1, 6), r.choice([2, 4]), r.choice([2, 3, 4]),
-                          seed)
 
 
 # ---- GroupedQueryAttention(d_model, n_heads, n_kv_heads): forward(x, cache=None), x (B, T, C) -> (B, T, C)
@@ -411,8 +377,8 @@ def _gqa_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "repeat_kv, so the cache stores only the kv heads (that is what GQA saves)")
 
 
-def _gqa_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _gqa_hidden(r: random.Random, seed: int) -> Inputs:
     h_kv, t = 2, r.randint(3, 9)  # groups of 2 or 3 query heads (one kv head is hidden_mqa's)
     prefill = r.randint(1, t - 1)
     return _gqa_inputs(r.randint(1, 3), t, h_kv * r.choice([2, 3]), h_kv, r.choice([2, 4]), seed,
@@ -424,11 +390,6 @@ def _gqa_hidden(seed: int) -> Inputs:
 
 def _positions_inputs(past: int, t: int) -> Inputs:
     return {"past": past, "t": t, "sizes": {"T": t}}
-
-
-def _positions_call(fn: Any, inputs: Inputs) -> Outputs:
-    past, t = inputs["past"], inputs["t"]
-    return {"positions": as_tensor(fn(past, t), f"new_positions(past={past}, t={t})")}
 
 
 def _gpt_positions(past: int, t: int) -> torch.Tensor:
@@ -466,11 +427,6 @@ def _positions_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                     POSITIONS_FROM_ZERO: offset, POSITIONS_PAST_PLUS_ONE: offset + past + 1,
                     "every new token got position past: the t new tokens are at past, past + 1, ..., past + t - 1":
                         torch.full((t,), past)})
-
-
-def _positions_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
-    return _positions_inputs(r.randint(1, 40), r.randint(1, 6))
 
 
 # ---- generate_cached(model, prompt (B, P), max_new_tokens) -> (tokens (B, P + N), logits (B, N, V)), greedy
@@ -545,10 +501,7 @@ class _CachedGPT(nn.Module):
 
 def _generate_inputs(config: GPTConfig, b: int, p: int, n: int, seed: int) -> Inputs:
     gen = tensor_rng(seed)
-    with torch.device("meta"):  # shapes only: the weights are drawn from `gen`
-        skeleton = GPT(config)
-    return {"config": config, "weights": unit_scale_weights(skeleton, gen), "new": n,
-            "prompt": torch.randint(0, config.vocab_size, (b, p), generator=gen)}
+    return gpt_inputs(config, gen) | {"new": n, "prompt": torch.randint(0, config.vocab_size, (b, p), generator=gen)}
 
 
 def _generate_call(fn: Any, inputs: Inputs) -> Outputs:
@@ -628,8 +581,8 @@ def _generate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "logits[:, -1].argmax(dim=-1, keepdim=True) at every step")
 
 
-def _generate_hidden(seed: int) -> Inputs:
-    r = sizes_rng(seed)
+@sized
+def _generate_hidden(r: random.Random, seed: int) -> Inputs:
     h = r.choice([1, 2])
     position = r.choice(["learned", "rope"])
     config = GPTConfig(vocab_size=r.randint(20, 40), context_length=48, d_model=8 * h, n_heads=h,
@@ -651,7 +604,9 @@ PIECES = declare(
           hidden=[("hidden_full", "LayerCache filled one token at a time up to its capacity, batch 1",
                    lambda seed: _cache_inputs(1, 3, 2, [1] * 6, 6, seed)),
                   ("hidden_sizes", "LayerCache with other sizes and chunks", _cache_hidden)]),
-    Piece("11", "attend_new_token", _new_token_attention, _one_token_call, judge=_one_token_judge,
+    Piece("11", "attend_new_token", _new_token_attention,
+          returns("y", lambda i: f"attend_new_token(q {fmt_shape(i['q'].shape)}, k, v {fmt_shape(i['k'].shape)})",
+                  "q", "k", "v"), judge=_one_token_judge,
           forbidden=_ATTENTION + _WHOLE,
           visible=[("visible", "attend_new_token with q (2, 3, 1, 4) against 7 cached keys",
                     lambda seed: _one_token_inputs(2, 3, 7, 4, seed)),
@@ -659,8 +614,12 @@ PIECES = declare(
                     lambda seed: _one_token_large(2, 2, 6, seed))],
           hidden=[("hidden_first", "attend_new_token on the first token (T=1: it sees only itself)",
                    lambda seed: _one_token_inputs(1, 2, 1, 4, seed)),
-                  ("hidden_sizes", "attend_new_token with other sizes", _one_token_hidden)]),
-    Piece("11", "top_p_filter", None, _top_p_call, expected=_top_p_expected, judge=_top_p_judge,
+                  ("hidden_sizes", "attend_new_token with other sizes",
+                   sized(lambda r, seed: _one_token_inputs(r.randint(1, 3), r.choice([1, 3, 4]), r.randint(2, 12),
+                                                           r.choice([4, 6, 8]), seed)))]),
+    Piece("11", "top_p_filter", None,
+          returns("filtered", lambda i: f"top_p_filter(logits {fmt_shape(i['logits'].shape)}, top_p={i['top_p']})",
+                  "logits", "top_p"), expected=_top_p_expected, judge=_top_p_judge,
           forbidden=_SAMPLING,
           visible=[("visible", "top_p_filter of logits (4, 20) with top_p=0.9",
                     lambda seed: _top_p_inputs(4, 20, 0.9, 1.5, seed)),
@@ -670,14 +629,20 @@ PIECES = declare(
                     "overflows: a stable softmax needed)", lambda seed: _top_p_large(4, 16, 0.8, seed))],
           hidden=[("hidden_all", "top_p_filter with top_p=1.0 (nothing is filtered)",
                    lambda seed: _top_p_inputs(2, 9, 1.0, 1.0, seed)),
-                  ("hidden_sizes", "top_p_filter with other sizes, spreads and p", _top_p_hidden)]),
-    Piece("11", "repeat_kv", repeat_kv, _repeat_call, mistakes=_repeat_mistakes, label="repeat_kv output",
+                  ("hidden_sizes", "top_p_filter with other sizes, spreads and p",
+                   sized(lambda r, seed: _top_p_inputs(r.randint(2, 6), r.randint(10, 80),
+                                                       round(r.uniform(0.2, 0.95), 2), r.uniform(0.5, 3.0), seed)))]),
+    Piece("11", "repeat_kv", repeat_kv,
+          returns("y", lambda i: f"repeat_kv(x {fmt_shape(i['x'].shape)}, n_rep={i['n_rep']})", "x", "n_rep"),
+          mistakes=_repeat_mistakes, label="repeat_kv output",
           shape="B H T D", atol=0, rtol=0, forbidden=("gptcourse.repeat_kv", *_ATTENTION, *_WHOLE),
           visible=[("visible", "repeat_kv of x (2, 2, 5, 3) with n_rep=3 (2 kv heads for 6 query heads)",
                     lambda seed: _repeat_inputs(2, 2, 5, 3, 3, seed))],
           hidden=[("hidden_mha", "repeat_kv with n_rep=1 (plain multi-head attention: unchanged)",
                    lambda seed: _repeat_inputs(1, 4, 3, 2, 1, seed)),
-                  ("hidden_sizes", "repeat_kv with other sizes", _repeat_hidden)]),
+                  ("hidden_sizes", "repeat_kv with other sizes",
+                   sized(lambda r, seed: _repeat_inputs(r.randint(1, 3), r.choice([2, 3]), r.randint(1, 6),
+                                                        r.choice([2, 4]), r.choice([2, 3, 4]), seed)))]),
     Piece("11", "GroupedQueryAttention", MultiHeadAttention, _gqa_call, expected=_gqa_expected, judge=_gqa_judge,
           forbidden=("gptcourse.repeat_kv", *_ATTENTION, *_CACHE, *_WHOLE),
           visible=[("visible", "GroupedQueryAttention(24, n_heads=6, n_kv_heads=2) on x (2, 7, 24)",
@@ -688,7 +653,9 @@ PIECES = declare(
           hidden=[("hidden_mqa", "multi-query attention (n_kv_heads=1), cached one token at a time",
                    lambda seed: _gqa_inputs(1, 5, 4, 1, 2, seed, chunks=[1] * 5)),
                   ("hidden_sizes", "GroupedQueryAttention with other sizes", _gqa_hidden)]),
-    Piece("11", "new_positions", _gpt_positions, _positions_call, judge=_positions_judge,
+    Piece("11", "new_positions", _gpt_positions,
+          returns("positions", lambda i: f"new_positions(past={i['past']}, t={i['t']})", "past", "t"),
+          judge=_positions_judge,
           forbidden=(*_SAMPLING, *_WHOLE),
           visible=[("visible", "new_positions(past=6, t=3): three tokens after six cached",
                     lambda seed: _positions_inputs(6, 3))],
@@ -696,7 +663,8 @@ PIECES = declare(
                    lambda seed: _positions_inputs(0, 5)),
                   ("hidden_decode", "new_positions(past=37, t=1): one decode step",
                    lambda seed: _positions_inputs(37, 1)),
-                  ("hidden_sizes", "new_positions with other past and t", _positions_hidden)]),
+                  ("hidden_sizes", "new_positions with other past and t",
+                   sized(lambda r, seed: _positions_inputs(r.randint(1, 40), r.randint(1, 6))))]),
     Piece("11", "generate_cached", generate, _generate_call, expected=_generate_expected, judge=_generate_judge,
           forbidden=(*_SAMPLING, *_CACHE, *_ATTENTION, *_WHOLE),
           visible=[("visible", "generate_cached: 6 greedy tokens after prompts (2, 5), a 2-layer RoPE model (Llama's "
