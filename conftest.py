@@ -85,15 +85,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
         report.longrepr = f"skipped, but GPTCOURSE_REQUIRE_ALL=1 requires every test to run: {report.longrepr}"
 
 
-LONGEST_FIRST = ("tests/test_grading_batch.py", "tests/browser/test_hub.py", "tests/browser/test_site.py",
-                 "tests/browser/test_course_in_browser.py",
+LONGEST_FIRST = ("tests/test_grading_batch.py", "tests/browser/test_hub.py", "tests/test_grading_cluster.py",
+                 "tests/browser/test_site.py", "tests/browser/test_course_in_browser.py",
                  "tests/test_grading_sandbox.py", "tests/test_labs_07.py", "tests/test_grading_attacks.py",
                  "lessons/10_finetuning_and_rewards.ipynb", "tests/test_distributed.py", "tests/test_labs_06.py",
                  "tests/test_grading_postgres.py", "tests/test_labs_09.py", "tests/test_grading_forbidden.py",
                  "lessons/08_bpe_tokenizer.ipynb", "tests/test_labs_01.py", "tests/test_labs_05.py",
                  "lessons/09_training_by_hand.ipynb", "tests/test_grading_memory.py", "tests/test_labs_03.py",
-                 "tests/test_labs_11.py", "tests/test_labs_12.py", "tests/test_bench.py", "tests/test_labs_02.py",
-                 "lessons/07_training_and_generation.ipynb")  # by the summed --durations of a CI run, longest first
+                 "tests/test_labs_11.py", "tests/test_labs_12.py", "tests/test_labs_13.py", "tests/test_bench.py",
+                 "tests/test_labs_02.py",
+                 "lessons/07_training_and_generation.ipynb", "lessons/13_preference_optimization.ipynb")
+# by the summed --durations of a CI run, longest first; the files added since (hub, cluster, labs 12-13, lesson 13)
+# placed by their durations when run alone
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
