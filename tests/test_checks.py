@@ -106,6 +106,14 @@ def test_softmax_over_the_wrong_axis(qkv):
         check_attention_weights(wrong)
 
 
+def test_a_query_with_every_key_masked_is_named(qkv):
+    q, k, _ = qkv
+    scores = q @ k.transpose(-2, -1) / math.sqrt(8)
+    wrong = _weights(scores, torch.ones(5, 5, dtype=torch.bool).tril(diagonal=-1))  # row 0 keeps no key: NaN
+    with _fails(r"row \(0, 0\) is NaN.*every key of that query masked.*itself"):
+        check_attention_weights(wrong)
+
+
 def test_mask_on_the_wrong_triangle(qkv):
     q, k, _ = qkv
     scores = q @ k.transpose(-2, -1) / math.sqrt(8)

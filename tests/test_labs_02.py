@@ -3,7 +3,8 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-from lab_roundtrip import RoundTrip, Validation
+import pytest
+from lab_roundtrip import RoundTrip, Validation, check_named_mistake
 from reference_routes import copied_references
 
 LAB = "02_causal_attention"
@@ -16,6 +17,7 @@ def attention(q, k, v):
     return weights @ v, weights
 '''
 RIGHT = {"scale": "math.sqrt(q.size(-1))", "mask": "causal_mask(T)", "dim": -1}
+MASK_WITHOUT_DIAGONAL = "def causal_mask(T):\n    return torch.ones(T, T, dtype=torch.bool).tril(diagonal=-1)\n"
 ATTENTION_TESTS = {"test_attention", "test_attention_hidden", "test_AttentionHead", "test_AttentionHead_hidden"}
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
@@ -25,6 +27,9 @@ WRONG = {
     "mask-wrong-triangle": ({"attention": ATTENTION.format(**RIGHT | {"mask": "torch.ones(T, T).bool().triu()"})},
                             ATTENTION_TESTS | {"test_attention_causal"}),
     "no-scaling": ({"attention": ATTENTION.format(**RIGHT | {"scale": "1"})}, ATTENTION_TESTS),
+    # the first query keeps no key: its softmax is NaN, in the mask's tests and in everything that uses the mask
+    "mask-diagonal-masked": ({"causal_mask": MASK_WITHOUT_DIAGONAL},
+                             ATTENTION_TESTS | {"test_causal_mask", "test_causal_mask_hidden"}),
     "no-value-projection": ({"AttentionHead": '''
 class AttentionHead(nn.Module):
     def __init__(self, d_model, d_head):
@@ -38,6 +43,16 @@ class AttentionHead(nn.Module):
 '''}, {"test_AttentionHead", "test_AttentionHead_hidden"}),
     **copied_references(LAB),  # the reference copied by routes the scan does not follow
 }
+
+# (a case the mistake fails, what its message says)
+SAYS = [("02.causal_mask.visible", "the diagonal is masked: every position must see itself"),
+        ("02.attention.visible", "row (0, 0) is NaN. A softmax over scores that are all -inf")]
+
+
+@pytest.mark.parametrize(("case", "says"), SAYS)
+def test_a_mask_without_its_diagonal_is_named(case, says):
+    check_named_mistake(LAB, WRONG["mask-diagonal-masked"][0], case, says)
+
 
 class TestLab02(RoundTrip):
     LAB = LAB

@@ -81,6 +81,9 @@ WRONG = {
     "ties-joined-bytes": ({"train_bpe": TRAIN.format(**RIGHT_TRAIN | {
         "pick": "max(counts, key=lambda p: (counts[p], vocab[p[0]] + vocab[p[1]]))"})},
         {"test_train_bpe", "test_train_bpe_hidden"}),
+    # a set of the pairs, not their counts; train_bpe counts with it, so its first merges go wrong too
+    "count-pairs-once": ({"count_pairs": "def count_pairs(ids):\n    return {pair: 1 for pair in zip(ids, ids[1:])}\n"},
+                         {"test_count_pairs", "test_count_pairs_hidden", "test_train_bpe", "test_train_bpe_hidden"}),
     "encode-code-points": ({"encode": ENCODE}, {"test_encode_hidden"}),  # ord(c), not the UTF-8 bytes
     "decode-errors-ignore": ({"decode": DECODE.format(text=f'{JOINED}.decode("utf-8", "ignore")')},
                              {"test_decode_hidden"}),
@@ -89,6 +92,7 @@ WRONG = {
 }
 # student -> (a case their code fails, what its message says)
 SAYS = {
+    "count-pairs-once": ("08.count_pairs.visible", "every pair is counted once: count how *often*"),
     "ties-least": ("08.train_bpe.ties", "ties are broken the other way"),
     "no-pretokenize": ("08.train_bpe.visible", "the text is not pre-tokenized"),
     "ties-joined-bytes": ("08.train_bpe.visible", "ties are compared on the joined bytes vocab[a] + vocab[b]"),
