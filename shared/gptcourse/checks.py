@@ -281,8 +281,9 @@ def check_rows_sum_to_one(weights: torch.Tensor, name: str = "attention weights"
     if weights.size(-1) == weights.size(-2) and torch.allclose(weights.double().sum(-2), ones, atol=1e-4):
         raise fail(f"{name}: each column sums to 1 instead of each row. The softmax is over the wrong axis: "
                    "each query i spreads its attention over the keys j, so use softmax(dim=-1).")
-    if row_sums.isnan().any():
-        index = tuple(int(i) for i in row_sums.isnan().nonzero()[0])
+    nan_rows = row_sums.isnan()
+    if nan_rows.any():
+        index = tuple(int(i) for i in nan_rows.nonzero()[0])
         raise fail(f"{name}: row {fmt_index(index)} is NaN. A softmax over scores that are all -inf (every key of "
                    "that query masked) divides 0 by 0: every query must keep at least one key, itself (the causal "
                    "mask's diagonal is True).")
