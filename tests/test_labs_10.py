@@ -62,6 +62,9 @@ WRONG = {
         loss="-torch.log(torch.sigmoid(chosen - rejected) + 1e-8).mean()")}, BT_TESTS),
     "bt-mean-before-log-sigmoid": ({"bradley_terry_loss": BRADLEY_TERRY.format(
         loss="-F.logsigmoid((chosen - rejected).mean())")}, {"test_bradley_terry_loss", *BT_TESTS}),
+    # rank-stabilised LoRA's alpha / sqrt(rank): right only at rank 1 (none of this student's hidden cases)
+    "lora-rslora-scale": ({"LoRALinear": LORA.format(**RIGHT_LORA).replace("alpha / rank", "alpha / math.sqrt(rank)")},
+                          {"test_LoRALinear", "test_LoRALinear_sequence", "test_LoRALinear_hidden"}),
     **copied_references(LAB),  # the reference copied by routes the scan does not follow
 }
 # student -> (a case their code fails, what its message says)
@@ -76,6 +79,7 @@ SAYS = {
     "bt-log-plus-eps": ("10.bradley_terry_loss.large", "log(sigmoid(d) + 1e-08) caps each pair's loss"),
     "bt-mean-before-log-sigmoid": ("10.bradley_terry_loss.visible",
                                    "the differences were averaged before the log-sigmoid"),
+    "lora-rslora-scale": ("10.LoRALinear.visible", "the update is scaled by alpha / sqrt(rank) = 2.82843"),
 }
 
 

@@ -89,6 +89,10 @@ WRONG = {
     # right for ordinary logits; NaN probabilities, so every token masked, on the rows where exp() overflows
     "top-p-naive-softmax": ({"top_p_filter": TOP_P.format(**RIGHT_TOP_P | {
         "probs": "ordered.exp() / ordered.exp().sum(dim=-1, keepdim=True)"})}, {"test_top_p_filter_large"}),
+    # the threshold 1 - p (lucidrains/x-transformers#184): right only at p = 0.5 (the skewed case); p = 1 masks all
+    "top-p-one-minus-p": ({"top_p_filter": TOP_P.format(**RIGHT_TOP_P | {
+        "keep": "probs.cumsum(dim=-1) - probs < 1 - top_p"})},
+        {"test_top_p_filter", "test_top_p_filter_large", "test_top_p_filter_hidden"}),
     # one query and a top-left mask: right only when the single key is the token itself (hidden_first)
     "one-token-causal-mask": ({"attend_new_token": "def attend_new_token(q, k, v):\n"
                                             "    return F.scaled_dot_product_attention(q, k, v, is_causal=True)"},
@@ -125,6 +129,7 @@ SAYS = {
     "top-p-above-threshold": ("11.top_p_filter.visible", "top-p keeps the tokens *above* the threshold"),
     "top-p-naive-softmax": ("11.top_p_filter.large", "exp() overflows float32 past 88, so exp(logits) / "
                             "exp(logits).sum() is inf / inf = NaN there"),
+    "top-p-one-minus-p": ("11.top_p_filter.visible", "the threshold is 1 - top_p"),
     "one-token-causal-mask": ("11.attend_new_token.visible", "the new token sees only the first key"),
     "attend-naive-softmax": ("11.attend_new_token.large", "exp() overflows float32 past 88"),
     "repeat-tiled": ("11.repeat_kv.visible", "the kv heads are tiled"),

@@ -251,6 +251,9 @@ def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
             _nucleus(logits, p, of_logits=True),
         "each token's own probability was compared with p: top-p adds the probabilities up, most likely first":
             logits.softmax(dim=-1) >= p,
+        "the threshold is 1 - top_p: the nucleus is the most likely tokens whose mass reaches top_p itself "
+        f"(top_p={p} keeps {p:.0%} of the probability), so keep a token while the mass before it is < top_p":
+            _nucleus(logits, 1 - p),
     }
     if not bool(kept.any(dim=-1).all()):
         known = next((what for what, m in mistakes.items() if torch.equal(m, kept)), None)
