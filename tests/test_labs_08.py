@@ -114,6 +114,7 @@ SAYS = {
     "decode-token-by-token-strict": ("08.decode.split", "join the bytes of all the tokens first and decode once"),
     "decode-errors-ignore": ("08.decode.hidden_invalid", "the bytes that are not UTF-8 were dropped (errors='ignore')"),
     "decode-latin-1": ("08.decode.split", "the bytes were decoded as Latin-1"),
+    "ties-first-counted": ("08.train_bpe.ties", "ties are broken by which pair was counted first"),
     "count-pairs-without-overlaps": ("08.train_bpe.visible", "overlapping occurrences were counted once"),
 }
 

@@ -120,6 +120,10 @@ WRONG = {
         GENERATE_TESTS),
     "generate-rope-positions-from-zero": ({"generate_cached": GENERATE.format(**RIGHT_GENERATE | {
         "positions": "torch.arange(feed.size(1))"})}, GENERATE_TESTS),
+    # an offset that adds the prompt's length once more after the prefill (skyzh/tiny-llm#46)
+    "generate-prompt-counted-twice": ({"generate_cached": GENERATE.format(**RIGHT_GENERATE | {
+        "positions": "new_positions(caches[0].length + (prompt.size(1) if caches[0].length else 0), feed.size(1))"})},
+        GENERATE_TESTS),
 }
 
 # student -> (a case their code fails, what its message says)
@@ -140,6 +144,7 @@ SAYS = {
     "generate-feeds-whole-sequence": ("11.generate_cached.visible", "the whole sequence again"),
     "generate-refeeds-last-prompt-token": ("11.generate_cached.visible", "the last prompt token was fed again"),
     "generate-rope-positions-from-zero": ("11.generate_cached.visible", "with RoPE its query and key are rotated"),
+    "generate-prompt-counted-twice": ("11.generate_cached.visible", "the prompt was counted twice"),
 }
 
 

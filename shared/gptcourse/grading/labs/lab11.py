@@ -414,6 +414,9 @@ POSITIONS_FROM_ZERO = ("the positions start at 0 in every call: the new tokens c
                        "so they are at torch.arange(past, past + t)")
 POSITIONS_PAST_PLUS_ONE = ("the positions start at past + 1: positions count from 0, so the cache holds 0 ... past - 1 "
                            "and the first new token is at position past")
+PROMPT_COUNTED_TWICE = ("the prompt was counted twice: the prefill already moved the offset to P, and adding the "
+                        "prompt's length again puts the first new token at 2P; after the prefill each call advances "
+                        "it by the tokens it fed")
 
 
 def _positions_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -566,9 +569,12 @@ def _generate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 which = f"{POSITIONS_FROM_ZERO}; " + (
                     "with RoPE its query and key are rotated as if it were first, so its angle to every cached key "
                     "is wrong" if config.position == "rope" else "it gets row 0 of the learned position table")
+            elif torch.equal(positions, right + 1):
+                which = POSITIONS_PAST_PLUS_ONE
+            elif i and torch.equal(positions, right + p):
+                which = PROMPT_COUNTED_TWICE
             else:
-                which = (POSITIONS_PAST_PLUS_ONE if torch.equal(positions, right + 1) else
-                         "each token's position is its index in the sequence")
+                which = "each token's position is its index in the sequence"
             raise fail(f"call {i + 1}, with {start} cached, gave its token(s) the positions {positions.tolist()}, "
                        f"expected {right.tolist()}: {which}. Pass new_positions(cache.length, T), the cache's length "
                        "before the call")
