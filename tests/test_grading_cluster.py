@@ -1,9 +1,12 @@
 """`gptcourse autograde LAB --cluster`: on Dask workers (each grading in its own box) into a PostgreSQL gradebook,
-the same scores as one-machine `gptcourse autograde`; resume; a worker killed mid-batch loses only the submission
-it was grading; each start-up check stops the batch with its error before anyone is graded.
+the same scores as plain `nbgrader autograde`; a worker killed mid-batch loses only the submission it was
+grading; resume; each start-up check stops the batch with its error before anyone is graded.
 
-One class of lab 02 (the cheapest) is graded three times in this module: on one machine (SQLite, the reference),
-on `--cluster local:2`, and on a scheduler and two `dask worker` processes this test starts, one of them killed."""
+One class of 12 submissions of lab 02 (the cheapest): solved, untouched, one piece left as released, four known
+mistakes (lab 02's round trip), and five sly or broken ones (the attacks' table: a kernel that dies, patched
+checks, edited locked cells, a notebook that is not JSON, deleted cells). It is graded twice: by plain
+`nbgrader autograde` (SQLite, the reference) and on a scheduler and two `dask worker` processes this test
+starts, one of them killed mid-batch; `--cluster local:2` then resumes that class and grades a resubmission."""
 
 from __future__ import annotations
 
@@ -18,26 +21,49 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import nbformat
 import pytest
 from nbgrader_course import Course
-from test_grading_batch import LAB, gptcourse_autograde, make_class
+from test_grading_attacks import submissions as attacks
+from test_grading_batch import LAB
 from test_grading_postgres import postgres_url  # noqa: F401 (the module's throwaway PostgreSQL server)
+from test_labs_02 import WRONG
 
-from gptcourse.grading.bench_grading import build_class
+from gptcourse.grading.bench_grading import answered
+from gptcourse.grading.throwaway_postgres import create_database
 from gptcourse.grading.zygote import Zygote
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not Zygote.supported(), reason="gptcourse autograde's graders need Linux")]
-STUDENTS = 4
+ATTACKS = ("solution", "untouched", "kernel-dies", "patch-torch", "edited-locked-cells", "malformed-json",
+           "deleted-cells")
+MISTAKES = ("softmax-wrong-axis", "mask-wrong-triangle", "mask-diagonal-masked", "no-value-projection")
+PARTIAL = "AttentionHead-left-as-released"
+STUDENTS = len(ATTACKS) + len(MISTAKES) + 1
+RESUBMITTED = "no-value-projection"
 
 
-def database(server_url: str, name: str) -> str:
-    """A new database on the throwaway server: each course its own gradebook."""
-    import psycopg
+def the_class(course: Course) -> dict[str, tuple[nbformat.NotebookNode | str, set[str]]]:
+    """{student: (notebook, or the text of a file that is not one; the test cells it fails)}."""
+    sly = attacks(course)
+    class_ = {student: sly[student][:2] for student in ATTACKS}
+    class_.update({student: (course.solved(LAB, WRONG[student][0]), WRONG[student][1]) for student in MISTAKES})
+    class_[PARTIAL] = (answered(course.root, LAB, {"AttentionHead"}),  # the released stub fails the head's tests
+                       {"test_AttentionHead", "test_AttentionHead_hidden"})
+    return class_
 
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    return server_url.rsplit("/", 1)[0] + f"/{name}"
+
+def hand_in(course: Course) -> dict[str, set[str]]:
+    """Hand in the class (the lab already released): {student: the test cells it fails}."""
+    class_ = the_class(course)
+    for student, (nb, _) in class_.items():
+        if isinstance(nb, str):
+            folder = course.root / "grading" / "submitted" / student / LAB
+            folder.mkdir(parents=True)
+            (folder / f"{LAB}.ipynb").write_text(nb)
+        else:
+            course.submit(student, LAB, nb)
+    return {student: failing for student, (_, failing) in class_.items()}
 
 
 def postgres_scores(db_url: str) -> dict[str, dict[str, float]]:
@@ -60,8 +86,7 @@ def row_counts(db_url: str) -> tuple[int, int, int, int]:
 def postgres_course(root: Path, db_url: str) -> Course:
     course = Course(root, sqlite_gradebook=False)
     course.nbgrader("generate_assignment", LAB, "--force", "--db", db_url)
-    for student, nb in build_class(course.root, LAB, STUDENTS).items():
-        course.submit(student, LAB, nb)
+    hand_in(course)
     return course
 
 
@@ -111,51 +136,28 @@ def dask_cluster(folder: Path, workers: int, worker_env: dict[str, str] | None =
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, float]]:
-    """The class graded by one-machine `gptcourse autograde` (SQLite): {student: {test cell: score}}."""
-    course = Course(tmp_path_factory.mktemp("one-machine"))
-    make_class(course, STUDENTS)
-    gptcourse_autograde(course, "--workers", "2")
-    return course.scores(LAB)
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Course, dict[str, set[str]],
+                                                                 dict[str, dict[str, float]]]:
+    """The class graded by plain `nbgrader autograde` (SQLite): (course, {student: test cells it fails},
+    {student: {test cell: score}})."""
+    course = Course(tmp_path_factory.mktemp("nbgrader"))
+    course.nbgrader("generate_assignment", LAB, "--force")
+    failing = hand_in(course)
+    course.nbgrader("autograde", LAB)
+    return course, failing, course.scores(LAB)
 
 
 @pytest.fixture(scope="module")
-def on_local_cluster(postgres_url, tmp_path_factory) -> tuple[Course, str, str]:  # noqa: F811
-    """The same class graded by `--cluster local:2` into PostgreSQL: (course, gradebook URL, output)."""
-    db_url = database(postgres_url, "local_cluster")
-    course = postgres_course(tmp_path_factory.mktemp("local-cluster"), db_url)
-    return course, db_url, autograde(course, "--cluster", "local:2", "--db", db_url)
-
-
-def test_local_cluster_gives_the_one_machine_scores(reference, on_local_cluster):
-    _, db_url, output = on_local_cluster
-    assert postgres_scores(db_url) == reference
-    assert len({sum(scores.values()) for scores in reference.values()}) == 3  # solved, partial, untouched differ
-    assert "2 Dask workers" in output
-    assert f"graded {STUDENTS}, up to date 0, no notebook 0, failed or not graded 0" in output, output
-    submissions, students, grades, cells = row_counts(db_url)
-    assert submissions == students == STUDENTS and grades == STUDENTS * cells
-    for student, by_cell in reference.items():  # the summary table, as on one machine
-        line = next(line for line in output.splitlines() if line.startswith(student))
-        assert f"{sum(by_cell.values()):g}/" in line and "graded" in line
-
-
-def test_local_cluster_resumes(on_local_cluster):
-    course, db_url, _ = on_local_cluster
-    notebooks = sorted((course.root / "grading" / "autograded").glob(f"*/{LAB}/{LAB}.ipynb"))
-    before = {p: p.stat().st_mtime_ns for p in notebooks}
-    assert len(before) == STUDENTS
-    output = autograde(course, "--cluster", "local:2", "--db", db_url)
-    assert f"graded 0, up to date {STUDENTS}" in output, output
-    assert {p: p.stat().st_mtime_ns for p in notebooks} == before
-
-
-def test_killed_worker_loses_only_its_current_submission(reference, postgres_url, tmp_path):  # noqa: F811
-    db_url = database(postgres_url, "killed_worker")
-    course = postgres_course(tmp_path / "course", db_url)
+def killed_worker(postgres_url, tmp_path_factory) -> tuple[Course, str, str, set[str], int]:  # noqa: F811
+    """The class graded on a scheduler and two workers started here, one killed while both were grading:
+    (course, gradebook URL, the batch's output, the submissions being graded when the worker was killed, the
+    batch's exit status)."""
+    db_url = create_database(postgres_url, "killed_worker")
+    folder = tmp_path_factory.mktemp("killed-worker")
+    course = postgres_course(folder / "course", db_url)
     autograded = course.root / "grading" / "autograded"
     records = autograded / ".gptcourse-batch" / LAB
-    with dask_cluster(tmp_path / "dask", 2) as (address, workers):
+    with dask_cluster(folder / "dask", 2) as (address, workers):
         grader = subprocess.Popen([sys.executable, "-m", "gptcourse.cli", "autograde", LAB, "--cluster", address,
                                    "--db", db_url], cwd=course.root, text=True, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT)
@@ -173,39 +175,100 @@ def test_killed_worker_loses_only_its_current_submission(reference, postgres_url
         killed_during = grading_now()
         os.kill(workers[0].pid, signal.SIGKILL)
         output, _ = grader.communicate(timeout=900)
-    assert grader.returncode == 0, output[-4000:]
+    return course, db_url, output, killed_during, grader.returncode
+
+
+def test_the_class_is_a_mix_that_nbgrader_grades_as_expected(reference):
+    course, failing, scores = reference
+    assert len(scores) == STUDENTS
+    for student, fails in failing.items():
+        assert scores[student] == course.expected_scores(LAB, fails), student
+    assert len({sum(by_cell.values()) for by_cell in scores.values()}) >= 6  # solved, blank, wrong in many ways
+
+
+def test_killed_worker_loses_only_its_current_submission(reference, killed_worker):
+    _, _, expected = reference
+    course, db_url, output, killed_during, returncode = killed_worker
+    assert returncode == 0, output[-4000:]
     assert len(killed_during) == 2
+    assert "2 Dask workers" in output
     assert f"graded {STUDENTS}, up to date 0, no notebook 0, failed or not graded 0" in output, output
-    assert postgres_scores(db_url) == reference
+    assert postgres_scores(db_url) == expected
     submissions, students, grades, cells = row_counts(db_url)
     assert submissions == students == STUDENTS and grades == STUDENTS * cells  # each graded exactly once
-    assert len(list(records.iterdir())) == STUDENTS
+    records = course.root / "grading" / "autograded" / ".gptcourse-batch" / LAB
+    assert sorted(p.stem for p in records.iterdir()) == sorted(expected)
+
+
+def test_summary_table_lists_every_student_with_its_score(reference, killed_worker):
+    course, _, expected = reference
+    output, full = killed_worker[2], sum(course.expected_scores(LAB).values())
+    for student, by_cell in expected.items():  # the summary table, as on one machine
+        line = next(line for line in output.splitlines() if line.startswith(student + " "))
+        assert f" {sum(by_cell.values()):g}/{full:g}  graded" in line, line
+
+
+def test_local_cluster_resumes_and_grades_only_a_resubmission(reference, killed_worker):
+    """Runs after the killed worker's tests: it grades one submission of that class again."""
+    _, _, expected = reference
+    course, db_url, *_ = killed_worker
+    notebooks = sorted((course.root / "grading" / "autograded").glob(f"*/{LAB}/{LAB}.ipynb"))
+    before = {p: p.stat().st_mtime_ns for p in notebooks}
+    assert len(before) == STUDENTS
+    (course.root / "grading" / "submitted" / RESUBMITTED / LAB / "notes.txt").write_text("handed in again")
+    output = autograde(course, "--cluster", "local:2", "--db", db_url)
+    assert "2 Dask workers" in output
+    assert f"graded 1, up to date {STUDENTS - 1}, no notebook 0, failed or not graded 0" in output, output
+    changed = {p.parent.parent.name for p in notebooks if p.stat().st_mtime_ns != before[p]}
+    assert changed == {RESUBMITTED}
+    assert postgres_scores(db_url) == expected
+    assert row_counts(db_url)[:2] == (STUDENTS, STUDENTS)
+
+
+def test_one_machine_options_are_refused_with_cluster(tmp_path):
+    from gptcourse.grading.batch import require_cluster_options
+
+    with pytest.raises(SystemExit, match=r"^--no-zygote applies to this machine's .*: drop --no-zygote$"):
+        require_cluster_options(None, use_zygote=False)
+    require_cluster_options(None, use_zygote=True)
+    course = Course(tmp_path / "course", sqlite_gradebook=False)
+    output = autograde(course, "--cluster", "local:2", "--workers", "3", ok=False)
+    assert "--workers 3 sets this machine's graders, and --cluster grades on the Dask cluster's workers" in output
+    assert "(--cluster local:N, or start N `dask worker ADDRESS --nthreads 1`), without --workers" in output
 
 
 # The start-up checks: each mismatch is an error naming the worker and what to do, before anyone is graded.
 
 
 def test_worker_checks_name_the_course_folder_sandbox_and_gradebook(tmp_path):
-    from gptcourse.grading.cluster import file_digest, worker_problems
+    from gptcourse.grading.cluster import SHARED_COURSE, file_digest, shared_folder_probe, worker_problems
 
     course = tmp_path / "course"
     course.mkdir()
     config = course / "nbgrader_config.py"
     config.write_text("c = get_config()  # noqa: F821\nc.Sandbox.bwrap = '/nonexistent/bwrap'\n")
-    unreachable = "postgresql://postgres@127.0.0.1:1/gradebook"
+    digest, unreachable = file_digest(config), "postgresql://postgres@127.0.0.1:1/gradebook"
+    assert SHARED_COURSE.startswith("expected the grading machine's course folder at the same path on every worker")
 
-    elsewhere = worker_problems(str(tmp_path / "not-here"), file_digest(config), unreachable)["problems"]
-    assert len(elsewhere) == 2
-    assert elsewhere[0].startswith("the course folder: ") and "is missing here" in elsewhere[0]
-    assert "same path on every worker" in elsewhere[0]
-    assert elsewhere[1].startswith(f"the gradebook: {unreachable} is not reachable (OperationalError")
+    with shared_folder_probe(str(course)) as probe:
+        elsewhere = worker_problems(str(tmp_path / "not-here"), digest, unreachable, probe)["problems"]
+        assert elsewhere[0] == f"the course folder: {tmp_path / 'not-here'} does not exist here; {SHARED_COURSE}"
+        assert len(elsewhere) == 2
+        assert elsewhere[1].startswith(f"the gradebook: {unreachable} is not reachable (OperationalError")
 
-    differs = worker_problems(str(course), "0" * 64, unreachable)["problems"]
-    assert "is a different file here" in differs[0]
+        (tmp_path / "empty").mkdir()
+        empty = worker_problems(str(tmp_path / "empty"), digest, unreachable, probe)["problems"]
+        assert empty[0] == f"the course folder: {tmp_path / 'empty'} has no nbgrader_config.py here; {SHARED_COURSE}"
+        differs = worker_problems(str(course), "0" * 64, unreachable, probe)["problems"]
+        assert differs[0] == f"the course folder: {course} has another nbgrader_config.py here; {SHARED_COURSE}"
+        copy = worker_problems(str(course), digest, unreachable, probe + "-elsewhere")["problems"]
+        assert copy[0] == (f"the course folder: {course} is a copy here, not the shared folder: {probe}-elsewhere, "
+                           f"just written there, is missing; {SHARED_COURSE}")
 
-    facts = worker_problems(str(course), file_digest(config), unreachable)
-    assert facts["problems"][0].startswith("the sandbox: ") and "/nonexistent/bwrap" in facts["problems"][0]
-    assert len(facts["problems"]) == 2 and facts["cores"] >= 1
+        facts = worker_problems(str(course), digest, unreachable, probe)
+        assert facts["problems"][0].startswith("the sandbox: ") and "/nonexistent/bwrap" in facts["problems"][0]
+        assert len(facts["problems"]) == 2 and facts["cores"] >= 1
+    assert sorted(p.name for p in course.iterdir()) == ["nbgrader_config.py"]  # the probe is gone
 
 
 def test_cluster_needs_postgres(tmp_path):
@@ -214,20 +277,17 @@ def test_cluster_needs_postgres(tmp_path):
     assert "--cluster needs a gradebook every worker can write to at once: PostgreSQL" in output
 
 
-def test_workers_without_bubblewrap_or_gradebook_stop_the_batch(postgres_url, tmp_path):  # noqa: F811
-    db_url = database(postgres_url, "checks")
+def test_workers_without_bubblewrap_or_gradebook_stop_the_batch(tmp_path):
     course = Course(tmp_path / "course", sqlite_gradebook=False)
-    course.nbgrader("generate_assignment", LAB, "--force", "--db", db_url)
     course.submit("student000", LAB, course.solved(LAB))
     no_bwrap = tmp_path / "bin"  # a PATH with python only
     no_bwrap.mkdir()
     os.symlink(sys.executable, no_bwrap / "python")
+    unreachable = "postgresql://postgres@127.0.0.1:1/gradebook"
     with dask_cluster(tmp_path / "dask", 1, worker_env={"PATH": str(no_bwrap)}) as (address, _):
-        output = autograde(course, "--cluster", address, "--db", db_url, ok=False)
-        assert "autograde stopped before grading anyone: the cluster's workers are not ready" in output
-        assert "the sandbox: " in output and "no `bwrap` executable on PATH" in output, output
-        unreachable = "postgresql://postgres@127.0.0.1:1/gradebook"
         output = autograde(course, "--cluster", address, "--db", unreachable, ok=False)
+    assert "autograde stopped before grading anyone: the cluster's workers are not ready" in output
+    assert "the sandbox: " in output and "no `bwrap` executable on PATH" in output, output
     assert f"the gradebook: {unreachable} is not reachable" in output, output
     assert not (course.root / "grading" / "autograded").exists()
 

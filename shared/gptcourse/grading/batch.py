@@ -384,6 +384,8 @@ def autograde_class(lab: str, workers: int | None = None, force: bool = False, u
     Stops before grading anyone if the sandbox cannot start (unless the course allows unsandboxed grading).
     `cluster`: a Dask scheduler's address or local:N, whose workers grade instead (`cluster.py`)."""
     nbgrader_args = list(nbgrader_args or [])
+    if cluster is not None:
+        require_cluster_options(workers, use_zygote)
     app = _nbgrader_app(lab, nbgrader_args)
     if cluster is not None:
         from .cluster import ClusterRunner
@@ -396,6 +398,17 @@ def autograde_class(lab: str, workers: int | None = None, force: bool = False, u
         return _autograde_class(app, lab, force, progress, runner)
     finally:
         runner.close()
+
+
+def require_cluster_options(workers: int | None, use_zygote: bool) -> None:
+    """Refuse the one-machine options that mean nothing on a cluster, saying what to use instead."""
+    if workers is not None:
+        raise SystemExit(f"--workers {workers} sets this machine's graders, and --cluster grades on the Dask "
+                         "cluster's workers instead: choose their number there (--cluster local:N, or start N "
+                         "`dask worker ADDRESS --nthreads 1`), without --workers")
+    if not use_zygote:
+        raise SystemExit("--no-zygote applies to this machine's unsandboxed graders; a cluster's workers grade in "
+                         "their own boxes (or, unsandboxed, with ordinary kernels already): drop --no-zygote")
 
 
 class LocalRunner:
@@ -519,11 +532,12 @@ def command(args: argparse.Namespace) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("lab", help="the assignment, e.g. 02_causal_attention")
-    parser.add_argument("--workers", type=int, default=None, help="parallel graders (default: cores + 1)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="parallel graders on this machine (default: cores + 1; not with --cluster)")
     parser.add_argument("--force", action="store_true", help="grade again submissions already graded")
     parser.add_argument("--db", default=None, help="gradebook URL, as nbgrader's --db (e.g. postgresql://...)")
     parser.add_argument("--cluster", default=None, metavar="ADDRESS",
                         help="grade on a Dask cluster: a scheduler's address (tcp://host:8786) or local:N (N worker "
                              "processes here); needs a PostgreSQL gradebook and the cluster extra")
     parser.add_argument("--no-zygote", action="store_true",
-                        help="start an ordinary kernel per notebook (unsandboxed grading only)")
+                        help="start an ordinary kernel per notebook (unsandboxed grading on this machine only)")

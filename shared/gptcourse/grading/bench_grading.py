@@ -1,6 +1,7 @@
 """Benchmark: stock serial `nbgrader autograde LAB` against `gptcourse autograde LAB` on the same class.
 
     python -m gptcourse.grading.bench_grading [--lab 02_causal_attention] [--students 32] [--course .]
+                                              [--cluster local:2] [--cluster-db postgresql://...]
 
 Builds a class of submissions of one lab in two identical temporary copies of the course (its
 nbgrader_config.py, solutions/ and labs/): a third hand in the solution, a third the solution with one piece
@@ -10,11 +11,18 @@ left as the released stub (which piece varies), a third the untouched release. O
 nbgrader_config.py requires. Prints the machine's cores and load, both wall-clock times and their ratio (the target is
 <= 0.25), the CPU time each used (itself and every process it started: a measure other programs running on
 the machine do not inflate as much), and whether every test cell of every student got the same score from both.
+
+Then a third copy is graded by `gptcourse autograde LAB --cluster local:2` (`--cluster`: another size or a
+scheduler's address; `--cluster none` skips it) into a PostgreSQL gradebook (`--cluster-db`, else a throwaway
+server on loopback, `throwaway_postgres.py`): its time against one-machine `gptcourse autograde` on the same
+submissions, as a ratio, and whether its scores are the stock ones. Skipped, with the reason printed, where Dask,
+psycopg or PostgreSQL is missing.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import shutil
@@ -22,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -98,11 +107,11 @@ def run(command: list[str], course: Path) -> tuple[float, float]:
     return seconds, _children_cpu() - cpu
 
 
-def scores(course: Path, lab: str) -> dict[str, dict[str, float]]:
-    """{student: {test cell: score}} from the course's SQLite gradebook."""
+def scores(course: Path, lab: str, db_url: str | None = None) -> dict[str, dict[str, float]]:
+    """{student: {test cell: score}} from `db_url`, by default the course's SQLite gradebook."""
     from nbgrader.api import Gradebook
 
-    with Gradebook(f"sqlite:///{course / 'grading' / 'gradebook.db'}") as gb:
+    with Gradebook(db_url or f"sqlite:///{course / 'grading' / 'gradebook.db'}") as gb:
         return {sub.student.id: {grade.name: grade.score for nb in sub.notebooks for grade in nb.grades}
                 for sub in gb.find_assignment(lab).submissions}
 
@@ -139,9 +148,59 @@ def load_average() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def cluster_unavailable(db_url: str | None) -> str | None:
+    """Why the cluster line cannot run here, or None."""
+    import importlib.util
+
+    from .throwaway_postgres import postgres_bin
+
+    missing = [name for name in ("distributed", "psycopg") if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed (pip install -e '.[cluster,dev]')"
+    if db_url is None and postgres_bin() is None:
+        return "no PostgreSQL server to start (initdb not found: apt-get install postgresql) and no --cluster-db"
+    return None
+
+
+@contextlib.contextmanager
+def cluster_gradebook(db_url: str | None) -> Iterator[str]:
+    """`db_url`, or a new database on a throwaway server started for the benchmark."""
+    from .throwaway_postgres import create_database, postgres_bin, throwaway_server
+
+    if db_url is not None:
+        yield db_url
+        return
+    bindir = postgres_bin()
+    assert bindir is not None  # cluster_unavailable said so
+    with throwaway_server(bindir) as server:
+        yield create_database(server, "bench_cluster")
+
+
+def bench_cluster(args: argparse.Namespace, course: Path, class_: dict[str, nbformat.NotebookNode],
+                  fast_seconds: float, expected: dict[str, dict[str, float]]) -> bool:
+    """Grade `class_` in `course` with --cluster into PostgreSQL; print its time against one-machine
+    `gptcourse autograde` (`fast_seconds`) and whether its scores are `expected`. Returns whether they are."""
+    with cluster_gradebook(args.cluster_db) as db_url:
+        run(nbgrader("generate_assignment", args.lab, "--force", "--db", db_url), course)
+        submit(course, args.lab, class_)
+        seconds, cpu = run(gptcourse("autograde", args.lab, "--cluster", args.cluster, "--db", db_url), course)
+        got = scores(course, args.lab, db_url)
+    same = got == expected and len(got) == len(class_)
+    print(f"cluster gptcourse autograde {args.lab} --cluster {args.cluster}: {seconds:7.1f} s "
+          f"({seconds / len(class_):.2f} s per submission), CPU {cpu:.1f} s (the local cluster's workers included; "
+          f"a remote scheduler's are not)")
+    print(f"ratio cluster/fast: {seconds / fast_seconds:.3f} wall-clock (--cluster {args.cluster} against one "
+          f"machine's gptcourse autograde); scores identical to stock for all {len(class_)} submissions: {same}")
+    return same
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__spec__.name, __doc__, "02_causal_attention", 32)
     parser.add_argument("--workers", type=int, default=None, help="gptcourse autograde --workers")
+    parser.add_argument("--cluster", default="local:2",
+                        help="the cluster line's --cluster (default: local:2; none: no cluster line)")
+    parser.add_argument("--cluster-db", default=None,
+                        help="the cluster line's PostgreSQL gradebook (default: a throwaway server)")
     args = parse_bench_arguments(parser, argv)
     with tempfile.TemporaryDirectory(prefix="gptcourse-bench-") as tmp:
         stock, fast = (copy_course(args.course, Path(tmp) / name) for name in ("stock", "fast"))
@@ -171,6 +230,15 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {student}: stock {expected.get(student)} fast {got.get(student)}")
         totals = sorted(sum(s.values()) for s in expected.values())
         print(f"total scores (stock): min {totals[0]:g}, max {totals[-1]:g}, distinct {len(set(totals))}")
+        if args.cluster == "none":
+            return 0 if same else 1
+        unavailable = cluster_unavailable(args.cluster_db)
+        if unavailable:
+            print(f"cluster line skipped: {unavailable}")
+            return 0 if same else 1
+        cluster = copy_course(args.course, Path(tmp) / "cluster")
+        (cluster / "grading").mkdir(exist_ok=True)
+        same = bench_cluster(args, cluster, class_, fast_seconds, expected) and same
     return 0 if same else 1
 
 

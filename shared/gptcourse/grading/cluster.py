@@ -10,8 +10,9 @@ A worker grades one submission at a time (a lock, whatever its thread count), in
 What every worker needs, checked before anyone is graded (`require_workers`; a mismatch stops the batch with the
 list of what is wrong where):
 - the same gptcourse version as the scheduler (and as this process): the task's code is the package's;
-- the course folder at the same path, with the same nbgrader_config.py (a shared filesystem: the submissions are
-  read and the autograded notebooks written there);
+- the course folder at the same path, the same folder (a shared filesystem: the submissions are read and the
+  autograded notebooks written there; nothing is shipped to the workers): the same nbgrader_config.py, and a file
+  this process has just written there is seen (a copy of the course fails that);
 - bubblewrap and user namespaces (the sandbox, `sandbox.require_sandbox`; the course's `allow_unsandboxed`
   opt-out holds here too);
 - the gradebook reachable: PostgreSQL (nbgrader's `db_url` or `--db`), since workers on several machines write at
@@ -33,6 +34,7 @@ import hashlib
 import importlib.metadata
 import logging
 import os
+import secrets
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -44,6 +46,8 @@ from .batch import Outcome
 
 LOCAL = "local:"
 PACKAGE = "gptcourse"
+SHARED_COURSE = ("expected the grading machine's course folder at the same path on every worker, from a shared "
+                 "filesystem (the workers read the submissions and write the autograded notebooks there)")
 
 
 def connect(address: str) -> Any:
@@ -82,18 +86,23 @@ def installed_version(where: Any = None) -> str:
         return "not installed"
 
 
-def worker_problems(root: str, config_digest: str | None, db_url: str) -> dict[str, Any]:
-    """Run on each worker before grading: {"problems": what this worker lacks, "cores": its machine's cores}."""
+def worker_problems(root: str, config_digest: str | None, db_url: str, probe: str) -> dict[str, Any]:
+    """Run on each worker before grading: {"problems": what this worker lacks, "cores": its machine's cores}.
+    `probe`: the name of a file the grading machine has just written in the course folder (a shared folder
+    shows it; a copy does not)."""
     from traitlets.config import Config, PyFileConfigLoader
 
     from .sandbox import SandboxUnavailable, course_folders, require_sandbox
 
     problems = []
     config_file = Path(root, "nbgrader_config.py")
-    if file_digest(config_file) != config_digest:
-        seen = "missing" if not config_file.exists() else "a different file"
-        problems.append(f"the course folder: {config_file} is {seen} here; mount the course at the same path on "
-                        "every worker (a shared filesystem)")
+    seen = ("does not exist here" if not Path(root).is_dir()
+            else "has no nbgrader_config.py here" if not config_file.exists()
+            else "has another nbgrader_config.py here" if file_digest(config_file) != config_digest
+            else f"is a copy here, not the shared folder: {probe}, just written there, is missing"
+            if not Path(root, probe).exists() else None)
+    if seen:
+        problems.append(f"the course folder: {root} {seen}; {SHARED_COURSE}")
     else:
         config = Config(PyFileConfigLoader(config_file.name, root).load_config())
         config.CourseDirectory.root = root
@@ -127,6 +136,17 @@ def require_postgres(db_url: str) -> None:
                          f"postgresql://user@host/db or c.CourseDirectory.db_url), not {db_url}")
 
 
+@contextlib.contextmanager
+def shared_folder_probe(root: str) -> Iterator[str]:
+    """The name of a new empty file in `root`, deleted afterwards: a worker that sees it sees this folder."""
+    probe = Path(root, f".gptcourse-cluster-check-{secrets.token_hex(8)}")
+    probe.touch(exist_ok=False)
+    try:
+        yield probe.name
+    finally:
+        probe.unlink(missing_ok=True)
+
+
 def require_workers(client: Any, root: str, db_url: str) -> int:
     """Check every worker (see the module's docstring); raise SystemExit listing each problem per worker, else
     return the intra-op threads each may use: its machine's cores shared among the workers there (the fewest)."""
@@ -141,8 +161,9 @@ def require_workers(client: Any, root: str, db_url: str) -> int:
                 for w, v in client.run(importlib.metadata.version, PACKAGE, on_error="return").items()}
     same = [w for w, version in versions.items() if version == scheduler]
     problems += [f"{w}: {PACKAGE} {versions[w]}, the scheduler's is {scheduler}" for w in versions if w not in same]
-    facts = client.run(worker_problems, root, file_digest(Path(root, "nbgrader_config.py")), db_url,
-                       workers=same, on_error="return") if same else {}
+    with shared_folder_probe(root) as probe:
+        facts = client.run(worker_problems, root, file_digest(Path(root, "nbgrader_config.py")), db_url, probe,
+                           workers=same, on_error="return") if same else {}
     for worker, found in facts.items():
         if isinstance(found, BaseException):
             problems.append(f"{worker}: the checks failed ({type(found).__name__}: {found})")
