@@ -90,21 +90,8 @@ def gpt_with_tokens(config: GPTConfig, seed: int, shape: tuple[int, ...], name: 
     return gpt_inputs(config, gen) | {name: torch.randint(0, config.vocab_size, shape, generator=gen)} | extra
 
 
-Forward = Callable[[nn.Module, torch.Tensor, Inputs], torch.Tensor]  # (module, x, inputs) -> its output
-
-
-def forward_call(what: Callable[[Inputs], str], forward: Forward) -> Callable[[Any, Inputs], Outputs]:
-    """A piece's call for a sequence module: built with the case's `init` and `weights`, {"y": `forward` of it on
-    the case's x}; `causal_probe` runs the same two on perturbed copies of x."""
-
-    def call(cls: Any, inputs: Inputs) -> Outputs:
-        module = build_module(cls, what(inputs), inputs["init"], inputs["weights"])
-        return {"y": forward(module, inputs["x"], inputs)}
-
-    return call
-
-
-def causal_probe(what: Callable[[Inputs], str], forward: Forward, label: str, piece: str) -> Probe:
+def causal_probe(what: Callable[[Inputs], str], forward: Callable[[nn.Module, torch.Tensor, Inputs], torch.Tensor],
+                 label: str, piece: str) -> Probe:
     """A case that a sequence module is causal: built with the case's `init` and `weights`, run (`forward`) on
     copies of x (B, T, C) changed at later positions only (`perturbed_copies`), its earlier outputs never move."""
 

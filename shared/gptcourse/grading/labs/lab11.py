@@ -157,11 +157,6 @@ def _one_token_large(b: int, h: int, t: int, seed: int) -> Inputs:
     return {"q": q.float(), "k": k.float(), "v": torch.randn(b, h, t, 4, generator=gen), "sizes": _sizes(b, h, 1, 4)}
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: bool = True) -> torch.Tensor:
-    scores = q @ k.transpose(-2, -1) / (math.sqrt(q.size(-1)) if scale else 1.0)  # (B, H, 1, T)
-    return scores.softmax(dim=-1) @ v  # (B, H, 1, D)
-
-
 def _new_token_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """gptcourse's attention, which also returns the weights: only its output is the piece's."""
     return attention(q, k, v)[0]
@@ -175,7 +170,7 @@ def _one_token_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "is_causal=True) hides every later key, but the new token is the *last* position and sees all T": v[:, :, :1],
         "the new token sees only itself: it attends over every cached key and its own, not just the newest":
             v[:, :, -1:],
-        "the scores are not divided by sqrt(D)": _attend(q, k, v, scale=False),
+        "the scores are not divided by sqrt(D)": (q @ k.transpose(-2, -1)).softmax(dim=-1) @ v,
         "the softmax runs over the query axis (dim=-2): with one query every weight is 1; take it over the keys, "
         "dim=-1": scores.softmax(dim=-2) @ v,
     }
