@@ -163,3 +163,34 @@ def test_report_has_the_tiled_attention_lines(quick_report):
 
     lines = [line for line in report(quick_report).splitlines() if "(blocks of" in line]
     assert len(lines) == 2 * len(QUICK["tiled_lengths"]) and all("tiled" in line and "sdpa" in line for line in lines)
+
+
+def test_without_a_gpu_the_report_says_why_there_is_no_gpu_line(quick_report):
+    from gptcourse.bench import report
+
+    assert quick_report["tiled_attention_gpu"] is None  # this machine has no GPU; a GPU machine reports rows
+    assert "on a GPU: none here" in report(quick_report)
+
+
+def test_flash_attn_joins_the_comparison_only_on_a_gpu_where_installed(monkeypatch):
+    """`flash-attn` is CUDA-only: on the CPU it is never asked for, on a GPU only when its package is found."""
+    import importlib.util
+
+    from gptcourse import bench
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "flash_attn" else None)
+    assert list(bench.tiled_methods("cpu")) == ["explicit", "tiled", "sdpa"]
+    assert list(bench.tiled_methods("cuda")) == ["explicit", "tiled", "sdpa", "flash_attn"]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert list(bench.tiled_methods("cuda")) == ["explicit", "tiled", "sdpa"]
+
+
+def test_a_gpu_result_is_reported_with_its_precision_and_flash_attn_status(quick_report):
+    """The GPU rows have the CPU rows' form; here CPU rows in bfloat16, relabelled as a GPU's, stand in for them."""
+    from gptcourse.bench import bench_tiled_attention, report
+
+    rows = bench_tiled_attention(QUICK["tiled_lengths"], QUICK["tiled_block"], 1, dtype=torch.bfloat16)
+    gpu = [row | {"device": "cuda"} for row in rows]
+    text = report(quick_report | {"tiled_attention_gpu": gpu})
+    assert "on the GPU (bfloat16" in text and "flash-attn is not installed" in text
+    assert sum("(blocks of" in line for line in text.splitlines()) == 4 * len(QUICK["tiled_lengths"])

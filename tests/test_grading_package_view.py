@@ -126,3 +126,32 @@ def test_every_route_to_a_reference_gives_a_stub_or_nothing(lab, tmp_path):
     assert not real, f"lab {lab}'s kernel reached a reference: {real}"
     for module, name in wanted:  # the routes that always find the name find its stub
         assert found[f"{module}.{name} import_module"] == found[f"{module}.{name} pickle"] == "stub"
+
+
+STUBBED_RECORDS = '''
+import typing
+from typing import NamedTuple
+
+
+class Loss(NamedTuple):
+    value: float
+
+    def doubled(self) -> float:
+        return 2 * self.value
+
+
+class Pair(typing.NamedTuple):
+    first: int
+'''
+
+
+def test_a_forbidden_named_tuple_becomes_a_stub_that_raises_when_built():
+    """A NamedTuple refuses a `__new__` of its own: stubbed naively, the module would not even import."""
+    from gptcourse.grading.package_view import stub_source
+
+    namespace: dict = {}
+    exec(stub_source(STUBBED_RECORDS, {"Loss", "Pair"}, "gptcourse.records", "13"), namespace)
+    for name in ("Loss", "Pair"):
+        with pytest.raises(RuntimeError, match=f"gptcourse.records.{name} is not available while lab 13"):
+            namespace[name](1)
+        assert not hasattr(namespace[name], "_fields")  # the fields and methods are gone with the record

@@ -3,7 +3,8 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-from lab_roundtrip import RoundTrip, Validation
+import pytest
+from lab_roundtrip import RoundTrip, Validation, check_named_mistake
 
 LAB = "01_tokens_and_embeddings"
 EMBEDDING = '''
@@ -45,6 +46,12 @@ def one_hot_embed(ids, table):
     return nn.functional.one_hot(ids, table.size(0)).double() @ table
 '''}, {"test_one_hot_embed", "test_one_hot_embed_hidden"}),
 }
+# student -> (a case their code fails, what its message says)
+SAYS = {
+    # the largest ids need not occur (jwcalder/GraphLearning#12, pytorch/vision#7173)
+    "one-hot-without-num-classes": ("01.one_hot_embed.hidden_sizes", "one_hot(ids) without num_classes makes "
+                                    "max(ids) + 1"),
+}
 
 class TestLab01(RoundTrip):
     LAB = LAB
@@ -67,3 +74,8 @@ class TestLab01(RoundTrip):
                   if r["assignment"] == LAB}
         assert totals["solution"] == (11.0, 11.0) and totals["untouched"] == (0.0, 11.0)
         assert totals["no-positions"] == (6.0, 11.0)
+
+
+@pytest.mark.parametrize("student", sorted(SAYS))
+def test_each_named_mistake_gets_its_message(student):
+    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])

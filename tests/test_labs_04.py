@@ -3,7 +3,8 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-from lab_roundtrip import RoundTrip, Validation
+import pytest
+from lab_roundtrip import RoundTrip, Validation, check_named_mistake
 
 LAB = "04_decoder_block"
 RMSNORM = '''
@@ -36,6 +37,10 @@ WRONG = {
         body="(x - x.mean(-1, keepdim=True)) / (x - x.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True)"
              ".add(self.eps).sqrt() * self.weight")}, {"test_RMSNorm", "test_RMSNorm_hidden"} | BLOCK_VALUES),
     # only the hidden tiny-input test sees where eps went
+    # rsqrt is 1 / sqrt already (mosaicml/llm-foundry#371): the scale is inverted, and the block goes wrong too
+    "divides-by-rsqrt": ({"RMSNorm": RMSNORM.format(
+        body="x / torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight")},
+        {"test_RMSNorm", "test_RMSNorm_hidden"} | BLOCK_VALUES),
     "eps-outside-sqrt": ({"RMSNorm": RMSNORM.format(
         body="x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.weight")}, {"test_RMSNorm_hidden"}),
     "gate-value-swapped": ({"SwiGLU": SWIGLU.format(**RIGHT_SWIGLU | {"hidden": "nn.functional.silu(value) * gate"})},
@@ -58,6 +63,10 @@ class DecoderBlock(nn.Module):
         return self.norm2(x + self.mlp(x))
 '''}, BLOCK_VALUES),
 }
+# student -> (a case their code fails, what its message says)
+SAYS = {
+    "divides-by-rsqrt": ("04.RMSNorm.visible", "x is divided by torch.rsqrt(mean(x^2) + eps)"),
+}
 
 class TestLab04(RoundTrip):
     LAB = LAB
@@ -75,3 +84,8 @@ class TestLab04(RoundTrip):
         message = " ".join(message)  # the message is wrapped for display
         assert "mlp has 6,304, expected 6,144 (+160: SwiGLU's linear" in message
         assert "use bias=False" in message
+
+
+@pytest.mark.parametrize("student", sorted(SAYS))
+def test_each_named_mistake_gets_its_message(student):
+    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])

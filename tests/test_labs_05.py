@@ -3,7 +3,8 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-from lab_roundtrip import RoundTrip, Validation
+import pytest
+from lab_roundtrip import RoundTrip, Validation, check_named_mistake
 
 LAB = "05_assembling_gpt"
 GPT_CELL = '''
@@ -48,6 +49,15 @@ WRONG = {
                         {"test_GPT_rope", "test_GPT_hidden", "test_GPT_forward_hidden_hidden"}),
     # the logits are right (the head is loaded with the token table), but two matrices are counted
     "never-tied": ({"GPT": GPT_CELL.format(**RIGHT | {"tie": "False"})}, {"test_GPT_tying", "test_GPT_tying_hidden"}),
+    # a copy of the token table, not the table itself (rasbt/LLMs-from-scratch#822): right logits, two matrices
+    "tied-by-copy": ({"GPT": GPT_CELL.format(**RIGHT).replace(
+        "self.lm_head.weight = self.tok_emb.weight",
+        "self.lm_head.weight = nn.Parameter(self.tok_emb.weight.clone())")},
+        {"test_GPT_tying", "test_GPT_tying_hidden"}),
+}
+# student -> (a case their code fails, what its message says)
+SAYS = {
+    "tied-by-copy": ("05.GPT.tying", "lm_head.weight is a copy of tok_emb.weight"),
 }
 
 class TestLab05(RoundTrip):
@@ -59,3 +69,8 @@ class TestLab05(RoundTrip):
         "(2, 5, 32), expected (B, T, V) = (2, 5, 100)",
         "the output projection is missing",
     ))
+
+
+@pytest.mark.parametrize("student", sorted(SAYS))
+def test_each_named_mistake_gets_its_message(student):
+    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])

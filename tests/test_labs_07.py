@@ -3,7 +3,8 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-from lab_roundtrip import RoundTrip, Validation
+import pytest
+from lab_roundtrip import RoundTrip, Validation, check_named_mistake
 
 LAB = "07_training_and_generation"
 STEP = '''
@@ -55,6 +56,15 @@ WRONG = {
                                "test_sample_next_token"}),
     "first-position": ({"sample_next_token": SAMPLE.format(position=0)},
                        {"test_sample_next_token_greedy", "test_sample_next_token", "test_sample_next_token_hidden"}),
+    # softmax(logits / temperature**2) (RL-Align/RL-Kernel#81); this student's visible draws agree by chance
+    "temperature-twice": ({"next_token_probs": PROBS.format(**RIGHT_PROBS | {
+        "scale": "logits = logits / temperature / temperature"})},
+        {"test_next_token_probs", "test_next_token_probs_top_k", "test_next_token_probs_hidden",
+         "test_sample_next_token_hidden"}),
+}
+# student -> (a case their code fails, what its message says)
+SAYS = {
+    "temperature-twice": ("07.next_token_probs.visible", "the temperature is applied twice"),
 }
 
 class TestLab07(RoundTrip):
@@ -65,3 +75,8 @@ class TestLab07(RoundTrip):
         'check("07.train_step.twice", train_step)',
         "the gradients accumulate from one step to the next",
     ))
+
+
+@pytest.mark.parametrize("student", sorted(SAYS))
+def test_each_named_mistake_gets_its_message(student):
+    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])

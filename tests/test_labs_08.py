@@ -61,6 +61,16 @@ def decode(ids, merges):
     return {text}
 '''
 JOINED = 'b"".join(vocab[i] for i in ids)'  # the bytes of all the tokens
+# overlapping occurrences counted once, as SentencePiece counts (karpathy/minbpe#72): a run a a a holds (a, a) once
+NON_OVERLAPPING_COUNT = '''
+def count_pairs(ids):
+    counts, i = {}, 0
+    while i < len(ids) - 1:
+        pair = (ids[i], ids[i + 1])
+        counts[pair] = counts.get(pair, 0) + 1
+        i += 2 if i + 2 < len(ids) and ids[i] == ids[i + 1] == ids[i + 2] else 1
+    return counts
+'''
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
     # sorted by count, then by bytes, the first taken: the least pair wins the tie
@@ -89,6 +99,9 @@ WRONG = {
                              {"test_decode_hidden"}),
     "decode-latin-1": ({"decode": DECODE.format(text=f'{JOINED}.decode("latin-1")')},
                        {"test_decode_split", "test_decode_hidden"}),
+    # train_bpe counts with it; the ties text and this student's hidden ids have no run of three equal ids
+    "count-pairs-without-overlaps": ({"count_pairs": NON_OVERLAPPING_COUNT},
+                                     {"test_count_pairs", "test_train_bpe", "test_train_bpe_hidden"}),
 }
 # student -> (a case their code fails, what its message says)
 SAYS = {
@@ -101,6 +114,8 @@ SAYS = {
     "decode-token-by-token-strict": ("08.decode.split", "join the bytes of all the tokens first and decode once"),
     "decode-errors-ignore": ("08.decode.hidden_invalid", "the bytes that are not UTF-8 were dropped (errors='ignore')"),
     "decode-latin-1": ("08.decode.split", "the bytes were decoded as Latin-1"),
+    "ties-first-counted": ("08.train_bpe.ties", "ties are broken by which pair was counted first"),
+    "count-pairs-without-overlaps": ("08.train_bpe.visible", "overlapping occurrences were counted once"),
 }
 
 

@@ -65,6 +65,23 @@ def accumulate_gradients(model, tokens, micro_batches):
         losses.append(loss.item())
     return sum(losses) / micro_batches
 '''
+# a stable softmax, then its log: a target far below its row's best logit has probability 0, and log(0) = -inf
+SOFTMAX_THEN_LOG = '''
+def cross_entropy(logits, targets):
+    shifted = logits - logits.max(dim=-1, keepdim=True).values
+    probs = shifted.exp() / shifted.exp().sum(dim=-1, keepdim=True)
+    return -probs.gather(1, targets[:, None]).log().mean()
+'''
+SEEN_ACCUMULATION = '''
+def accumulate_gradients(model, tokens, micro_batches):
+    model.zero_grad()
+    losses = []
+    for micro_step, piece in enumerate(tokens.chunk(micro_batches)):
+        loss = cross_entropy(model(piece[:, :-1]).flatten(0, 1), piece[:, 1:].flatten())
+        (loss / (micro_step + 1)).backward()
+        losses.append(loss.item())
+    return sum(losses) / micro_batches
+'''
 FORGETFUL_RESTORE = '''
 def restore_training_state(state, model, optimizer, generator):
     model.load_state_dict(state["model"])
@@ -110,6 +127,18 @@ WRONG = {
     "restore-without-optimizer": ({"restore_training_state": FORGETFUL_RESTORE},
                                   {"test_restore_training_state", "test_restore_training_state_hidden"}),
     "global-rng-state": ({"training_state": GLOBAL_RNG_STATE}, {"test_training_state", "test_training_state_hidden"}),
+    # finite for ordinary logits; inf once a target's probability underflows (accumulate_gradients' case is mild)
+    "softmax-then-log": ({"cross_entropy": SOFTMAX_THEN_LOG},
+                         {"test_cross_entropy_large", "test_cross_entropy_hidden"}),
+    # 1 - beta instead of 1 - beta**step: right at step 1 only (with betas (0.9, 0.99) it equals no correction at all)
+    "bias-correction-without-power": ({"adamw_step": ADAMW.format(**RIGHT_ADAMW | {
+        "correction": " / (1 - beta1)", "update": "param - lr * m_hat / ((exp_avg_sq / (1 - beta2)).sqrt() + eps)"})},
+        ADAMW_TESTS),
+    # (step + 1) / (warmup_steps + 1), written as the template allows
+    "warmup-over-warmup-plus-one": ({"lr_at": LR_AT.format(**RIGHT_LR_AT | {
+        "warmup": "(step + 1) * warmup_steps / (warmup_steps + 1)"})}, {"test_lr_at", "test_lr_at_hidden"}),
+    "accumulation-divided-by-seen": ({"accumulate_gradients": SEEN_ACCUMULATION},
+                                     {"test_accumulate_gradients", "test_accumulate_gradients_hidden"}),
 }
 
 # student -> (a case their code fails, what its message says)
@@ -129,6 +158,12 @@ SAYS = {
     "undivided-accumulation": ("09.accumulate_gradients.visible", "the gradient is 2x too large"),
     "restore-without-optimizer": ("09.restore_training_state.visible", "the optimizer's state was not restored"),
     "global-rng-state": ("09.training_state.visible", "torch's global random state"),
+    "softmax-then-log": ("09.cross_entropy.large", "a stable softmax followed by log is not enough"),
+    "bias-correction-without-power": ("09.adamw_step.visible", "the bias correction divides by (1 - beta1) and "
+                                      "(1 - beta2), without the step's power"),
+    "warmup-over-warmup-plus-one": ("09.lr_at.visible", "the warmup divides by warmup_steps + 1"),
+    "accumulation-divided-by-seen": ("09.accumulate_gradients.visible", "divided by how many micro-batches had "
+                                     "been seen (micro_step + 1)"),
 }
 
 

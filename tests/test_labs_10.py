@@ -35,6 +35,12 @@ class LoRALinear(nn.Module):
         return self.base(x) + (x @ self.A.T @ self.B.T) * self.scaling
 '''
 RIGHT_LORA = {"freeze": "base.requires_grad_(False)", "b_init": "zeros"}
+# causal and real keys, without each position seeing itself: a left-padded row's pad queries see nothing (NaN)
+PAD_QUERY_SEES_NOTHING = '''
+def padding_mask(attention_mask):
+    t = attention_mask.size(1)
+    return torch.ones(t, t, dtype=torch.bool).tril() & attention_mask.bool()[:, None, None, :]
+'''
 BRADLEY_TERRY = "def bradley_terry_loss(chosen, rejected):\n    return {loss}"
 BT_TESTS = {"test_bradley_terry_loss_large", "test_bradley_terry_loss_hidden"}
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
@@ -62,6 +68,12 @@ WRONG = {
         loss="-torch.log(torch.sigmoid(chosen - rejected) + 1e-8).mean()")}, BT_TESTS),
     "bt-mean-before-log-sigmoid": ({"bradley_terry_loss": BRADLEY_TERRY.format(
         loss="-F.logsigmoid((chosen - rejected).mean())")}, {"test_bradley_terry_loss", *BT_TESTS}),
+    # right for an unpadded row (hidden_single) only: a right-padded row's pads lose their own key
+    "mask-pad-query-sees-nothing": ({"padding_mask": PAD_QUERY_SEES_NOTHING},
+                                    {"test_padding_mask", "test_padding_mask_left", "test_padding_mask_hidden"}),
+    # rank-stabilised LoRA's alpha / sqrt(rank): right only at rank 1 (none of this student's hidden cases)
+    "lora-rslora-scale": ({"LoRALinear": LORA.format(**RIGHT_LORA).replace("alpha / rank", "alpha / math.sqrt(rank)")},
+                          {"test_LoRALinear", "test_LoRALinear_sequence", "test_LoRALinear_hidden"}),
     **copied_references(LAB),  # the reference copied by routes the scan does not follow
 }
 # student -> (a case their code fails, what its message says)
@@ -76,6 +88,8 @@ SAYS = {
     "bt-log-plus-eps": ("10.bradley_terry_loss.large", "log(sigmoid(d) + 1e-08) caps each pair's loss"),
     "bt-mean-before-log-sigmoid": ("10.bradley_terry_loss.visible",
                                    "the differences were averaged before the log-sigmoid"),
+    "mask-pad-query-sees-nothing": ("10.padding_mask.left", "a pad query sees nothing at all"),
+    "lora-rslora-scale": ("10.LoRALinear.visible", "the update is scaled by alpha / sqrt(rank) = 2.82843"),
 }
 
 

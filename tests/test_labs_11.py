@@ -89,6 +89,10 @@ WRONG = {
     # right for ordinary logits; NaN probabilities, so every token masked, on the rows where exp() overflows
     "top-p-naive-softmax": ({"top_p_filter": TOP_P.format(**RIGHT_TOP_P | {
         "probs": "ordered.exp() / ordered.exp().sum(dim=-1, keepdim=True)"})}, {"test_top_p_filter_large"}),
+    # the threshold 1 - p (lucidrains/x-transformers#184): right only at p = 0.5 (the skewed case); p = 1 masks all
+    "top-p-one-minus-p": ({"top_p_filter": TOP_P.format(**RIGHT_TOP_P | {
+        "keep": "probs.cumsum(dim=-1) - probs < 1 - top_p"})},
+        {"test_top_p_filter", "test_top_p_filter_large", "test_top_p_filter_hidden"}),
     # one query and a top-left mask: right only when the single key is the token itself (hidden_first)
     "one-token-causal-mask": ({"attend_new_token": "def attend_new_token(q, k, v):\n"
                                             "    return F.scaled_dot_product_attention(q, k, v, is_causal=True)"},
@@ -116,6 +120,10 @@ WRONG = {
         GENERATE_TESTS),
     "generate-rope-positions-from-zero": ({"generate_cached": GENERATE.format(**RIGHT_GENERATE | {
         "positions": "torch.arange(feed.size(1))"})}, GENERATE_TESTS),
+    # an offset that adds the prompt's length once more after the prefill (skyzh/tiny-llm#46)
+    "generate-prompt-counted-twice": ({"generate_cached": GENERATE.format(**RIGHT_GENERATE | {
+        "positions": "new_positions(caches[0].length + (prompt.size(1) if caches[0].length else 0), feed.size(1))"})},
+        GENERATE_TESTS),
 }
 
 # student -> (a case their code fails, what its message says)
@@ -125,6 +133,7 @@ SAYS = {
     "top-p-above-threshold": ("11.top_p_filter.visible", "top-p keeps the tokens *above* the threshold"),
     "top-p-naive-softmax": ("11.top_p_filter.large", "exp() overflows float32 past 88, so exp(logits) / "
                             "exp(logits).sum() is inf / inf = NaN there"),
+    "top-p-one-minus-p": ("11.top_p_filter.visible", "the threshold is 1 - top_p"),
     "one-token-causal-mask": ("11.attend_new_token.visible", "the new token sees only the first key"),
     "attend-naive-softmax": ("11.attend_new_token.large", "exp() overflows float32 past 88"),
     "repeat-tiled": ("11.repeat_kv.visible", "the kv heads are tiled"),
@@ -135,6 +144,7 @@ SAYS = {
     "generate-feeds-whole-sequence": ("11.generate_cached.visible", "the whole sequence again"),
     "generate-refeeds-last-prompt-token": ("11.generate_cached.visible", "the last prompt token was fed again"),
     "generate-rope-positions-from-zero": ("11.generate_cached.visible", "with RoPE its query and key are rotated"),
+    "generate-prompt-counted-twice": ("11.generate_cached.visible", "the prompt was counted twice"),
 }
 
 

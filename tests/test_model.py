@@ -103,3 +103,26 @@ def test_bad_token_ids(idx, error, message):
 def test_gpt_wants_a_config():
     with pytest.raises(TypeError, match="GPT expects a GPTConfig, got dict"):
         GPT({"d_model": 32})
+
+
+def test_learned_positions_backward_repeats_itself_bit_for_bit_on_two_threads():
+    """A padded batch repeats positions: their gradients must add up in the same order every time, or training
+    with padding differs run to run on a multi-core laptop (indexing's backward gave 9-23 different results in 200)."""
+    from gptcourse.model.positions import LearnedPositions
+
+    table = LearnedPositions(64, 64)
+    positions = torch.randint(0, 8, (32, 64), generator=torch.Generator().manual_seed(0))  # (B, T), few rows
+    upstream = torch.randn(32, 64, 64, generator=torch.Generator().manual_seed(1))  # (B, T, C)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        results = set()
+        for _ in range(200):
+            table.weight.grad = None
+            table(positions).backward(upstream)
+            results.add(table.weight.grad.numpy().tobytes())
+    finally:
+        torch.set_num_threads(threads)
+    assert len(results) == 1, f"{len(results)} different gradients in 200 backward passes"
+    summed = torch.zeros(64, 64, dtype=torch.float64).index_add_(0, positions.flatten(), upstream.double().view(-1, 64))
+    torch.testing.assert_close(table.weight.grad.double(), summed, rtol=1e-4, atol=1e-4)

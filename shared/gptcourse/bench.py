@@ -32,7 +32,9 @@ clipping, AdamW), in two forms timed in the same rounds:
 Tiled attention (issue 28): explicit attention, `flash_attention` (FlashAttention's algorithm in PyTorch
 operators) and SDPA, causal, one head of width 64 at T = 2k and 4k: the peak of the bytes torch's CPU allocator
 holds during the call (`peak_allocated_bytes`, from torch.profiler's memory events) and the median time, forward
-alone and forward + backward. The tiled version wins memory, not time (lesson 12).
+alone and forward + backward. The tiled version wins memory, not time (lesson 12). Where a GPU is present the
+same comparison runs there too, in bfloat16 (the precision FlashAttention's kernels take), with the peak from
+torch.cuda's allocator, and with the `flash-attn` package's kernel (FlashAttention-2) where it is installed.
 
 BPE (issue 15): `BPETokenizer.train` on the default corpus to 1024 tokens, against `naive_train` (the same
 pre-tokens, tie rule and merges, but every merge recounts every pair; timed once, it takes about a minute) and
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import itertools
 import json
 import os
@@ -329,6 +332,24 @@ def peak_allocated_bytes(fn: Callable[[], object]) -> int:
     return max(itertools.accumulate((nbytes for _, nbytes in events), initial=0))
 
 
+def peak_cuda_bytes(fn: Callable[[], object]) -> int:
+    """The most bytes torch's CUDA allocator held at once while `fn` ran, above what it held before."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def flash_attn_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The `flash-attn` package's CUDA kernel (FlashAttention-2), causal, on the course's (B, H, T, D) layout."""
+    from flash_attn import flash_attn_func  # only where installed, on a GPU
+
+    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)  # (B, T, H, D)
+    return out.transpose(1, 2)  # (B, H, T, D)
+
+
 TILED_METHODS: dict[str, Callable[..., torch.Tensor]] = {
     "explicit": explicit_output,
     "tiled": flash_attention,  # called with the plan's block
@@ -336,19 +357,30 @@ TILED_METHODS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
-def bench_tiled_attention(lengths: tuple[int, ...], block: int, rounds: int, d_head: int = 64) -> list:
-    """Explicit vs tiled (`flash_attention`) vs SDPA, causal, on (B, H, T, D) = (1, 1, T, 64): peak allocated MB
-    and median ms, forward alone and forward + backward."""
+def tiled_methods(device: str) -> dict[str, Callable[..., torch.Tensor]]:
+    """The methods compared on `device`: on a GPU, `flash-attn`'s kernel joins them where it is installed."""
+    has_flash_attn = device == "cuda" and importlib.util.find_spec("flash_attn") is not None
+    return TILED_METHODS | ({"flash_attn": flash_attn_output} if has_flash_attn else {})
+
+
+def bench_tiled_attention(lengths: tuple[int, ...], block: int, rounds: int, d_head: int = 64,
+                          device: str = "cpu", dtype: torch.dtype = torch.float32) -> list:
+    """Explicit vs tiled (`flash_attention`) vs SDPA (and `flash-attn` on a GPU where installed), causal, on
+    (B, H, T, D) = (1, 1, T, 64): peak allocated MB and median ms, forward alone and forward + backward."""
+    on_gpu = device == "cuda"
+    peak = peak_cuda_bytes if on_gpu else peak_allocated_bytes
     rows = []
     for t in lengths:
-        q, k, v = (torch.randn(1, 1, t, d_head, requires_grad=True) for _ in range(3))
+        q, k, v = (torch.randn(1, 1, t, d_head, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
         calls = {}
-        for name, fn in TILED_METHODS.items():
+        for name, fn in tiled_methods(device).items():
             run = (lambda q, k, v, fn=fn: fn(q, k, v, block_q=block, block_k=block)) if name == "tiled" else fn
             calls[f"{name}_fwd"], calls[f"{name}_fwd_bwd"] = attention_calls(run, q, k, v)
-        row: dict = {"T": t, "block": block}
+        if on_gpu:  # a GPU call returns before its kernels finish: time until they have
+            calls = {key: (lambda call=call: (call(), torch.cuda.synchronize())) for key, call in calls.items()}
+        row: dict = {"T": t, "block": block, "device": device, "dtype": str(dtype).removeprefix("torch.")}
         for key, call in calls.items():
-            row[f"{key}_peak_mb"] = peak_allocated_bytes(call) / 2**20
+            row[f"{key}_peak_mb"] = peak(call) / 2**20
         row |= {f"{key}_ms": 1e3 * seconds for key, seconds in median_seconds(calls, rounds).items()}
         rows.append(row)
     return rows
@@ -536,6 +568,9 @@ def run(quick: bool = False) -> dict:
     attn = bench_attention(plan["attention_lengths"], plan["attention_rounds"])
     attn_kept = bench_attention_memory_kept(plan["attention_lengths"][-1], plan["attention_rounds"])
     tiled = bench_tiled_attention(plan["tiled_lengths"], plan["tiled_block"], plan["attention_rounds"])
+    # on a GPU in bfloat16, the precision flash-attn and SDPA's flash backend take
+    tiled_gpu = (bench_tiled_attention(plan["tiled_lengths"], plan["tiled_block"], plan["attention_rounds"],
+                                       device="cuda", dtype=torch.bfloat16) if torch.cuda.is_available() else None)
     training = [bench_training(shape, rounds, plan["peak_size"])
                 for shape, rounds in zip(plan["shapes"], plan["train_rounds"], strict=True)]
     gen = bench_generation(big, plan["generate_tokens"], plan["generate_rounds"])
@@ -561,6 +596,7 @@ def run(quick: bool = False) -> dict:
         "attention": attn,
         "attention_memory_kept": attn_kept,
         "tiled_attention": tiled,
+        "tiled_attention_gpu": tiled_gpu,
         "generation": gen,
         "command_line": cli,
         "optimizer": optimizer,
@@ -583,7 +619,7 @@ def _attention_line(row: dict) -> str:
 
 def _tiled_line(row: dict, part: str) -> str:
     cells = " | ".join(f"{name} {row[f'{name}_{part}_peak_mb']:7.1f} MB {row[f'{name}_{part}_ms']:8.1f} ms"
-                       for name in TILED_METHODS)
+                       for name in tiled_methods(row["device"]) if f"{name}_{part}_ms" in row)
     return f"  T={row['T']:>5} (blocks of {row['block']}) {part:>7}: {cells}"
 
 
@@ -617,6 +653,14 @@ def report(result: dict) -> str:
     lines.append("attention (B=1, H=1, D=64, causal), explicit | tiled (flash_attention) | SDPA: peak allocated MB "
                  "and ms, forward; forward+backward:")
     lines.extend(_tiled_line(row, part) for row in result["tiled_attention"] for part in ("fwd", "fwd_bwd"))
+    if result["tiled_attention_gpu"] is None:
+        lines.append("  on a GPU: none here (torch.cuda.is_available() is False), so no GPU line and no flash-attn")
+    else:
+        gpu = result["tiled_attention_gpu"]
+        with_flash = "flash_attn_fwd_ms" in gpu[0]
+        lines.append(f"  on the GPU ({gpu[0]['dtype']}, peak from torch.cuda.max_memory_allocated)"
+                     + ("" if with_flash else "; flash-attn is not installed (pip install flash-attn)") + ":")
+        lines.extend(_tiled_line(row, part) for row in gpu for part in ("fwd", "fwd_bwd"))
     g = result["generation"]
     t = targets["kv_cache_over_recompute"]
     lines.append(

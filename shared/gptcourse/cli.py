@@ -113,15 +113,10 @@ def _cell_passed(cell: dict) -> bool:
 
 def lab_progress(notebook: Path, timeout: int = 120) -> tuple[int, list[str]]:
     """Run a lab notebook (in memory: the file is not changed) -> (number of visible tests, ids of failing ones)."""
-    import nbformat
+    from .notebook_run import run_all
 
-    from .notebook_run import headless_client
-
-    nb = nbformat.read(notebook, as_version=4)
     # The kernel's own log (a warning about its local TCP connection, once per lab) would land between the rows.
-    folder = {"metadata": {"path": str(notebook.parent)}}
-    headless_client(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
-                    extra_arguments=["--log-level=ERROR"], resources=folder).execute()
+    nb = run_all(notebook, timeout, allow_errors=True, kernel_options=("--log-level=ERROR",))
     tests = [cell for cell in nb.cells if _is_visible_test(cell)]
     failing = [cell.metadata.nbgrader.get("grade_id", "?") for cell in tests if not _cell_passed(cell)]
     return len(tests), failing

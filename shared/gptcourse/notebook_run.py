@@ -33,10 +33,13 @@ def headless_client(nb: nbformat.NotebookNode, **options: Any) -> NotebookClient
     return client
 
 
-def run_all(notebook: Path, timeout: int = 1800) -> nbformat.NotebookNode:
-    """Execute `notebook` in a fresh kernel, in its own folder; the file is not changed. Raises on a failing cell."""
+def run_all(notebook: Path, timeout: int = 1800, allow_errors: bool = False,
+            kernel_options: tuple[str, ...] = ()) -> nbformat.NotebookNode:
+    """Execute `notebook` in a fresh kernel, in its own folder, and return it run; the file is not changed.
+    Raises on a failing cell unless `allow_errors` (then the cell keeps its error as output, and the run goes on)."""
     nb = nbformat.read(notebook, as_version=4)
-    headless_client(nb, timeout=timeout, kernel_name="python3",
+    headless_client(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
+                    extra_arguments=list(kernel_options),
                     resources={"metadata": {"path": str(notebook.parent)}}).execute()
     return nb
 

@@ -8,8 +8,9 @@ and exactly over the package folder, a copy of the package (`lab_view(lab)`) in 
 - every function and class the lab's pieces forbid (`Piece.forbidden`; a module: every function and class it
   defines) is a
   stub: `def attention(*args, **kwargs)` raising "gptcourse.attention is not available while lab 02 is graded:
-  write your own"; a class keeps its name and bases (so that module-level code subclassing it still imports)
-  and raises when instantiated. Its body, its source and its bytecode are gone from every file of the copy;
+  write your own"; a class keeps its name and bases (so that module-level code subclassing it still imports;
+  a NamedTuple's stub is a plain tuple, as a NamedTuple refuses a `__new__` of its own) and raises when
+  instantiated. Its body, its source and its bytecode are gone from every file of the copy;
 - the grader's own references are stubs too: in the grading modules (`GRADING`: the lab modules, their shared
   fixtures and `gptcourse.checks`) only the functions and classes a graded kernel can reach stay (see below);
   every case reference, judge and mistakes catalogue is a stub.
@@ -45,7 +46,7 @@ import types
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-VERSION = 2  # part of the cache key: a change to the transform below must bump it
+VERSION = 3  # part of the cache key: a change to the transform below must bump it
 # modules whose functions are kept only if reachable
 GRADING = ("gptcourse.checks", "gptcourse.grading.labs", "gptcourse.grading.fixtures")
 STUB_ERROR = "RuntimeError"
@@ -290,6 +291,10 @@ def unavailable_message(module: str, name: str, lab: str) -> str:
     return f"{public_name(module, name)} is not available while lab {lab} is graded: write your own"
 
 
+def _is_named_tuple(base: ast.expr) -> bool:
+    return ast.unparse(base) in ("NamedTuple", "typing.NamedTuple")
+
+
 def stub_source(source: str, names: set[str], module: str, lab: str) -> str:
     """`source` with each top-level function or class in `names` replaced by a stub (decorators, body and comments
     inside it gone); the other lines keep their numbers where the stub is no longer than what it replaces."""
@@ -301,7 +306,9 @@ def stub_source(source: str, names: set[str], module: str, lab: str) -> str:
         start = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
         message = repr(unavailable_message(module, node.name, lab))
         if isinstance(node, ast.ClassDef):
-            heads = [ast.unparse(base) for base in node.bases] + [ast.unparse(k) for k in node.keywords]
+            # a NamedTuple refuses a __new__ of its own: its stub is a plain tuple (no fields, no methods)
+            heads = [("tuple" if _is_named_tuple(base) else ast.unparse(base)) for base in node.bases]
+            heads += [ast.unparse(k) for k in node.keywords]
             stub = [f"class {node.name}({', '.join(heads)}):\n",
                     f"    def __new__(cls, *args, **kwargs): raise {STUB_ERROR}({message})\n"]
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 
 class LearnedPositions(nn.Module):
@@ -19,7 +20,10 @@ class LearnedPositions(nn.Module):
         self.weight = nn.Parameter(torch.randn(context_length, d) * 0.02)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        return self.weight[positions]  # (T, C)
+        # F.embedding, not self.weight[positions]: on a CPU with several threads, indexing's backward adds the
+        # rows of repeated positions (a padded batch's (B, T) positions) in whatever order the threads finish, so
+        # training would not repeat itself run to run; the embedding's backward adds them in a fixed order.
+        return F.embedding(positions, self.weight)  # (T, C) or (B, T, C)
 
 
 class RotaryEmbedding(nn.Module):

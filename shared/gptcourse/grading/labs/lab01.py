@@ -111,6 +111,25 @@ def _one_hot_inputs(b: int, t: int, v: int, c: int, seed: int, top_id_unused: bo
     return {"ids": ids, "table": torch.randn(v, c, generator=gen), "sizes": {"B": b, "T": t, "V": v, "C": c}}
 
 
+_one_hot_returns = returns("embedded", lambda i: f"one_hot_embed(ids {tuple(i['ids'].shape)}, table "
+                           f"{tuple(i['table'].shape)})", "ids", "table")
+
+
+def _one_hot_call(fn: Any, inputs: Inputs) -> Outputs:
+    """The student's one_hot_embed; a shape error when the batch lacks the vocabulary's top ids is named: one_hot
+    without num_classes sizes its rows by the largest id present."""
+    try:
+        return _one_hot_returns(fn, inputs)
+    except RuntimeError as err:
+        width, v = int(inputs["ids"].max()) + 1, inputs["table"].size(0)
+        if width < v and ("shape" in str(err) or "size" in str(err)):
+            raise fail(f"one_hot_embed raised RuntimeError: {str(err)[:120]}. Here the largest id is {width - 1} and "
+                       f"V = {v}: one_hot(ids) without num_classes makes max(ids) + 1 = {width} columns, not V, "
+                       "whenever the top ids of the vocabulary are missing from a batch. Pass num_classes=V, "
+                       "one_hot(ids, table.size(0))") from None
+        raise
+
+
 # ---- TokenAndPositionEmbedding: token vectors plus learned position vectors
 
 
@@ -168,9 +187,7 @@ PIECES = declare(
                   ("hidden_sizes", "CharTokenizer on another text (newlines, tabs, accents)",
                    sized(_tokenizer_hidden))]),
     # gptcourse has no one-hot lookup: the lookup it teaches is torch's, the one nn.Embedding (and the GPT) runs
-    Piece("01", "one_hot_embed", nn.functional.embedding,
-          returns("embedded", lambda i: f"one_hot_embed(ids {tuple(i['ids'].shape)}, table {tuple(i['table'].shape)})",
-                  "ids", "table"),
+    Piece("01", "one_hot_embed", nn.functional.embedding, _one_hot_call,
           label="one_hot_embed output", shape="B T C", mistakes=lambda i: {
               "row t of the table was taken for position t, not for the token id at position t":
                   i["table"][torch.arange(i["ids"].size(1))].expand(i["ids"].size(0), -1, -1)}, forbidden=_WHOLE,

@@ -45,6 +45,8 @@ def norm_mistakes(x: torch.Tensor, weight: torch.Tensor, eps: float) -> dict[str
             centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps) * weight,
         "eps is added outside the square root: use x / sqrt(mean(x^2) + eps)": x / (ms.sqrt() + eps) * weight,
         "the gain (weight) is not applied": x * torch.rsqrt(ms + eps),
+        "x is divided by torch.rsqrt(mean(x^2) + eps): rsqrt is already 1 / sqrt, so multiply by it, x * "
+        "torch.rsqrt(mean(x^2) + eps), or divide by torch.sqrt(...)": x / torch.rsqrt(ms + eps) * weight,
         "it divides by the standard deviation over the wrong axis: normalise each token over its C features "
         "(dim=-1)": x * torch.rsqrt(x.pow(2).mean(-2, keepdim=True) + eps) * weight,
     }

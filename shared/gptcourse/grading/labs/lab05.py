@@ -146,11 +146,17 @@ def _tying_call(cls: Any, inputs: Inputs) -> Outputs:
                        f"nn.Linear(C, V); found tok_emb {type(table).__name__}, lm_head {type(head).__name__}")
         outputs[f"{kind}_count"] = sum(p.numel() for p in model.parameters())  # a shared tensor counted once
         outputs[f"{kind}_shared"] = head.weight is table.weight
+        outputs[f"{kind}_copied"] = (head.weight is not table.weight and head.weight.shape == table.weight.shape
+                                     and bool(torch.equal(head.weight, table.weight)))
     return outputs
 
 
 def _tying_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     tied, untied = inputs["tied"], inputs["untied"]
+    if got["tied_copied"]:
+        raise fail(f"{_describe(tied)}: lm_head.weight is a copy of tok_emb.weight, two (V, C) matrices that start "
+                   "equal and drift apart in training (and are counted twice): share the one tensor, "
+                   "self.lm_head.weight = self.tok_emb.weight")
     check_parameter_count(got["tied_count"], tied, f"parameters of {_describe(tied)}")
     if not got["tied_shared"]:
         raise fail(f"{_describe(tied)}: lm_head.weight must be the very tensor tok_emb.weight (tie them with "

@@ -190,6 +190,8 @@ def probs_mistakes(logits: torch.Tensor, temperature: float, top_k: int | None) 
             filter_logits(logits, k).softmax(-1),
         "the logits are multiplied by the temperature: divide them, so that a temperature below 1 sharpens the "
         "distribution": filter_logits(logits * tau, k).softmax(-1),
+        "the temperature is applied twice (softmax(logits / temperature**2)): divide the logits by it once, "
+        "before the softmax": filter_logits(logits / tau**2, k).softmax(-1),
         "the softmax runs over the batch axis: each row (one sequence) is a distribution over the V tokens, "
         "softmax(dim=-1)": filter_logits(logits / tau, k).softmax(0),
     }

@@ -70,11 +70,18 @@ def words_of(text: str, pretokenize: bool = True) -> Counter[Word]:
     return Counter({tuple(word): n for word, n in counts.items()})
 
 
-def _pair_counts(words: Mapping[Word, int], weighted: bool = True) -> Counter[Pair]:
+def _pair_counts(words: Mapping[Word, int], weighted: bool = True, overlapping: bool = True) -> Counter[Pair]:
+    """How often each adjacent pair occurs; `overlapping=False` is the mistake of counting a run (97, 97, 97) as
+    one (97, 97), as many times as merge_pair can replace it."""
     counts: Counter[Pair] = Counter()
     for word, n in words.items():
+        skip = None  # a pair (a, a) just counted: the next position's (a, a) overlaps it
         for pair in pairwise(word):
+            if pair == skip and not overlapping:
+                skip = None
+                continue
             counts[pair] += n if weighted else 1
+            skip = pair if pair[0] == pair[1] else None
     return counts
 
 
@@ -96,10 +103,10 @@ TIE_RULES: dict[str, Callable[[list[Pair], dict[int, bytes]], Pair]] = {
 
 
 def slow_train(text: str, vocab_size: int, tie: str = "greatest", pretokenize: bool = True, weighted: bool = True,
-               overlap: bool = False) -> list[Pair]:
+               overlap: bool = False, overlapping: bool = True) -> list[Pair]:
     """A plain trainer, right or with one of the usual mistakes, for the diagnostics."""
     words, merges = words_of(text, pretokenize), []
-    while 256 + len(merges) < vocab_size and (counts := _pair_counts(words, weighted)):
+    while 256 + len(merges) < vocab_size and (counts := _pair_counts(words, weighted, overlapping)):
         top = max(counts.values())
         merges.append(TIE_RULES[tie]([p for p, n in counts.items() if n == top], vocab_of(merges)))
         words = _merged(words, merges[-1], 255 + len(merges), merged_twice if overlap else _merge_pair)
@@ -290,6 +297,9 @@ def _train_mistakes(inputs: Inputs) -> dict[str, list[Pair]]:
         "ties are compared on the joined bytes vocab[a] + vocab[b]: compare the pair of byte strings "
         "(vocab[a], vocab[b]), left token first (b'a' + b'bc' and b'ab' + b'c' join to the same bytes, and "
         "b'ab' wins as the left token)": train(tie="joined"),
+        "overlapping occurrences were counted once (a run (97, 97, 97) as one (97, 97), as SentencePiece counts): "
+        "count every adjacent pair, zip(ids, ids[1:]), so (97, 97, 97) holds (97, 97) twice":
+            train(overlapping=False),
     }
 
 

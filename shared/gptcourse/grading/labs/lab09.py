@@ -72,8 +72,14 @@ def _ce_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
 def _ce_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     loss = got["loss"]
     check_scalar_loss(loss, "the mean over the N rows")
+    top = f"{inputs['logits'].abs().max():.0f}"
+    if bool(torch.isposinf(loss)):  # no NaN, so no inf / inf: a probability rounded to 0 and its log is -inf
+        raise fail(f"the loss is inf for logits as large as {top}: a target far below its row's best logit has "
+                   "probability 0 in float32 (exp(z - m) underflows), and log(0) = -inf, so a stable softmax followed "
+                   "by log is not enough. Compute log p without forming p: z[target] - m - log(sum exp(z - m)), m "
+                   "the row's largest logit (log-sum-exp)")
     if not bool(torch.isfinite(loss)):
-        raise fail(f"the loss is {float(loss)} for logits as large as {inputs['logits'].abs().max():.0f}: exp() "
+        raise fail(f"the loss is {float(loss)} for logits as large as {top}: exp() "
                    "overflows float32 past 88. Subtract each row's largest logit m before exp and add it back: "
                    "log(sum exp(z)) = m + log(sum exp(z - m)) (log-sum-exp)")
     check_close(loss, expected["loss"], "the loss", atol=1e-4, rtol=1e-5, mistakes=_ce_mistakes(inputs))
@@ -125,7 +131,7 @@ def _wrong_adamw_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Te
                       step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, *,
                       decay: Literal["first", "gradient", "after", "in_step"] = "first", correct_m: bool = True,
                       correct_v: bool = True, decay_times_lr: bool = True, eps_inside: bool = False,
-                      step_offset: int = 0) -> tuple[torch.Tensor, ...]:
+                      step_offset: int = 0, power: bool = True) -> tuple[torch.Tensor, ...]:
     """An adamw_step with one of the usual mistakes, run through the same call as the student's. `decay`: where
     the weight decay goes, "first" (right: the weight is shrunk before the update)."""
     shrink = 1 - (lr * weight_decay if decay_times_lr else weight_decay)
@@ -136,8 +142,9 @@ def _wrong_adamw_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Te
     m = beta1 * exp_avg + (1 - beta1) * grad
     v = beta2 * exp_avg_sq + (1 - beta2) * grad * grad
     step += step_offset
-    m_hat = m / (1 - beta1**step) if correct_m else m
-    v_hat = v / (1 - beta2**step) if correct_v else v
+    b1, b2 = (beta1**step, beta2**step) if power else (beta1, beta2)
+    m_hat = m / (1 - b1) if correct_m else m
+    v_hat = v / (1 - b2) if correct_v else v
     if decay == "in_step":
         m_hat = m_hat + weight_decay * param  # the decay joins the update, and sqrt(v_hat) + eps divides it
     param = param - lr * m_hat / ((v_hat + eps).sqrt() if eps_inside else v_hat.sqrt() + eps)
@@ -166,6 +173,9 @@ def _adamw_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "eps is inside the square root: sqrt(v_hat) + eps": {"eps_inside": True},
         "the bias correction uses step + 1: `step` is already 1 at the first update, so divide m by "
         "(1 - beta1**step) and v by (1 - beta2**step)": {"step_offset": 1},
+        "the bias correction divides by (1 - beta1) and (1 - beta2), without the step's power: it is right at step "
+        "1 only. Divide m by (1 - beta1**step) and v by (1 - beta2**step), which tend to 1 as the moments fill up":
+            {"power": False},
     }
     check_close_lazily(got["params"], expected["params"], "the parameters after each step",
                        lambda: mistaken(_adamw_call, _wrong_adamw_step, mistakes, inputs, "params"), atol=1e-6)
@@ -184,11 +194,11 @@ def _lr_at(step: int, max_lr: float, min_lr: float, warmup_steps: int, total_ste
 
 def _wrong_lr_at(step: int, max_lr: float, min_lr: float, warmup_steps: int, total_steps: int, *,
                  warmup_from_zero: bool = False, floor: bool = True, after_warmup: bool = True,
-                 hold: bool = True, span: bool = True) -> float:
+                 hold: bool = True, span: bool = True, warmup_plus_one: bool = False) -> float:
     """An lr_at with one of the usual mistakes, run through the same call as the student's."""
     lo = min_lr if floor else 0.0
     if step < warmup_steps:
-        return max_lr * (step if warmup_from_zero else step + 1) / warmup_steps
+        return max_lr * (step if warmup_from_zero else step + 1) / (warmup_steps + warmup_plus_one)
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps) if after_warmup else step / total_steps
     swing = max_lr - lo if span else max_lr
     return lo + 0.5 * (1 + math.cos(math.pi * (min(1.0, progress) if hold else progress))) * swing
@@ -215,6 +225,9 @@ def _schedule_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             {"hold": False},
         "the cosine swings over max_lr, not max_lr - min_lr, so it starts at max_lr + min_lr: min_lr + 0.5 * (1 + "
         "cos(pi * progress)) * (max_lr - min_lr)": {"span": False},
+        "the warmup divides by warmup_steps + 1, so it never reaches max_lr: the last warmup step (step "
+        "warmup_steps - 1) trains at max_lr * warmup_steps / warmup_steps, so use (step + 1) / warmup_steps":
+            {"warmup_plus_one": True},
     }
     return mistaken(_schedule_call, _wrong_lr_at, mistakes, inputs, "lrs")
 
@@ -297,16 +310,16 @@ def _accumulate_gradients(model: torch.nn.Module, tokens: torch.Tensor, micro_ba
 
 
 def _wrong_accumulation(model: torch.nn.Module, tokens: torch.Tensor, micro_batches: int, *, divide: bool = True,
-                        keep: bool = True, zero_first: bool = True) -> float:
+                        keep: bool = True, zero_first: bool = True, by_seen: bool = False) -> float:
     """An accumulate_gradients with one of the usual mistakes, run through the same call as the student's."""
     if zero_first:
         model.zero_grad()
     losses = []
-    for piece in tokens.chunk(micro_batches):  # (B / k, T + 1) each
+    for i, piece in enumerate(tokens.chunk(micro_batches)):  # (B / k, T + 1) each
         if not keep:
             model.zero_grad()
         loss = lm_loss(model, piece[:, :-1], piece[:, 1:])
-        (loss / micro_batches if divide else loss).backward()
+        (loss / (i + 1 if by_seen else micro_batches) if divide else loss).backward()
         losses.append(loss.item())
     return sum(losses) / micro_batches
 
@@ -337,6 +350,8 @@ def _accumulate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "before the loop, not inside it": {"keep": False},
         "the gradients left in .grad before the call were added to: call model.zero_grad() first":
             {"zero_first": False},
+        "each micro-batch's loss was divided by how many micro-batches had been seen (micro_step + 1): the first "
+        f"counts {k}x more than the last. Divide every one by micro_batches={k}": {"by_seen": True},
     }
     check_close_lazily(got["grads"], expected["grads"], "the accumulated gradients",
                        lambda: mistaken(_accumulate_call, _wrong_accumulation, mistakes, inputs, "grads"))

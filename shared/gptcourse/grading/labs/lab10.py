@@ -276,6 +276,9 @@ def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         f"the update is not scaled: multiply it by alpha / rank = {alpha / r:g}": _lora_forward(inputs, 1.0, a, b),
         f"the update is scaled by rank / alpha: the scale is alpha / rank = {alpha / r:g}":
             _lora_forward(inputs, r / alpha, a, b),
+        f"the update is scaled by alpha / sqrt(rank) = {alpha / math.sqrt(r):g}, rank-stabilised LoRA's scale "
+        f"(PEFT's use_rslora): this layer is the original LoRA, scaled by alpha / rank = {alpha / r:g}":
+            _lora_forward(inputs, alpha / math.sqrt(r), a, b),
         "the base layer's output is missing: y = base(x) + (alpha / rank) x A^T B^T":
             _lora_forward(inputs, alpha / r, a, b) - _lora_forward(inputs, 0.0, a, b),
     }

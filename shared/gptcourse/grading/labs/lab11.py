@@ -242,6 +242,9 @@ def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
             _nucleus(logits, p, of_logits=True),
         "each token's own probability was compared with p: top-p adds the probabilities up, most likely first":
             logits.softmax(dim=-1) >= p,
+        "the threshold is 1 - top_p: the nucleus is the most likely tokens whose mass reaches top_p itself "
+        f"(top_p={p} keeps {p:.0%} of the probability), so keep a token while the mass before it is < top_p":
+            _nucleus(logits, 1 - p),
     }
     if not bool(kept.any(dim=-1).all()):
         known = next((what for what, m in mistakes.items() if torch.equal(m, kept)), None)
@@ -396,6 +399,9 @@ POSITIONS_FROM_ZERO = ("the positions start at 0 in every call: the new tokens c
                        "so they are at torch.arange(past, past + t)")
 POSITIONS_PAST_PLUS_ONE = ("the positions start at past + 1: positions count from 0, so the cache holds 0 ... past - 1 "
                            "and the first new token is at position past")
+PROMPT_COUNTED_TWICE = ("the prompt was counted twice: the prefill already moved the offset to P, and adding the "
+                        "prompt's length again puts the first new token at 2P; after the prefill each call advances "
+                        "it by the tokens it fed")
 
 
 def _positions_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -543,9 +549,12 @@ def _generate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 which = f"{POSITIONS_FROM_ZERO}; " + (
                     "with RoPE its query and key are rotated as if it were first, so its angle to every cached key "
                     "is wrong" if config.position == "rope" else "it gets row 0 of the learned position table")
+            elif torch.equal(positions, right + 1):
+                which = POSITIONS_PAST_PLUS_ONE
+            elif i and torch.equal(positions, right + p):
+                which = PROMPT_COUNTED_TWICE
             else:
-                which = (POSITIONS_PAST_PLUS_ONE if torch.equal(positions, right + 1) else
-                         "each token's position is its index in the sequence")
+                which = "each token's position is its index in the sequence"
             raise fail(f"call {i + 1}, with {start} cached, gave its token(s) the positions {positions.tolist()}, "
                        f"expected {right.tolist()}: {which}. Pass new_positions(cache.length, T), the cache's length "
                        "before the call")

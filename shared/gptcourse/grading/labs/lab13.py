@@ -29,8 +29,8 @@ from ..fixtures import flat_parameters
 from ..piece import Piece, declare
 from ..student import as_tensor, as_tensors
 
-# By name where a module also defines a NamedTuple (DPOLoss, PreferencePair): the package view's stub of a class
-# replaces its __new__, which a NamedTuple refuses, so the whole of finetuning.dpo or dpo_training cannot be stubbed.
+# By name in finetuning.dpo and dpo_training: their records (DPOLoss, PreferencePair) hold no reference logic, and a
+# learner may build them.
 FORBIDDEN = ("gptcourse.sequence_logprobs", "gptcourse.dpo_loss", "gptcourse.dpo_step", "gptcourse.train_dpo",
              "gptcourse.adapters_disabled", "gptcourse.finetuning.log_likelihood", "gptcourse.finetuning.reference")
 TINY = GPTConfig(vocab_size=13, context_length=12, d_model=16, n_heads=2, n_layers=1, mlp="relu")
