@@ -30,6 +30,10 @@ _ATTENTION = ("gptcourse.attention", "gptcourse.fused_attention",
               "torch.nn.functional.scaled_dot_product_attention")
 
 
+def _mask_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    check_causal_mask(got["mask"], expected["mask"], f"causal_mask({inputs['t']})")
+
+
 # ---- attention(q, k, v) -> (output, weights), on (..., T, D)
 
 
@@ -115,7 +119,7 @@ def _head_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 
 PIECES = declare(
     Piece("02", "causal_mask", causal_mask, returns("mask", lambda i: f"causal_mask({i['t']})", "t"),
-          judge=lambda got, expected, i: check_causal_mask(got["mask"], expected["mask"], f"causal_mask({i['t']})"),
+          judge=_mask_judge,
           forbidden=("gptcourse.causal_mask",),
           visible=[("visible", "causal_mask(4)", lambda seed: {"t": 4})],
           hidden=[("hidden_single", "causal_mask(1)", lambda seed: {"t": 1}),
