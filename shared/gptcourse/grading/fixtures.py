@@ -17,7 +17,7 @@ from torch import nn
 from ..checks import check_causal, check_close, check_shape, fail, fmt_shape, perturbed_copies
 from ..model.config import GPTConfig
 from ..model.gpt import GPT
-from .cases import Inputs, Outputs
+from .cases import Inputs, Outputs, tensor_rng
 from .piece import Probe
 from .student import as_tensor, build_module, load_weights
 
@@ -82,6 +82,14 @@ def gpt_inputs(config: GPTConfig, gen: torch.Generator) -> dict[str, Any]:
     return {"config": config, "weights": unit_scale_weights(skeleton, gen)}
 
 
+def gpt_with_tokens(config: GPTConfig, seed: int, shape: tuple[int, ...], name: str = "tokens",
+                    **extra: Any) -> Inputs:
+    """A case's model (`gpt_inputs`) and the token ids `name` of `shape`, drawn after its weights from the seed,
+    with any `extra` inputs."""
+    gen = tensor_rng(seed)
+    return gpt_inputs(config, gen) | {name: torch.randint(0, config.vocab_size, shape, generator=gen)} | extra
+
+
 def causal_probe(what: Callable[[Inputs], str], forward: Callable[[nn.Module, torch.Tensor, Inputs], torch.Tensor],
                  label: str, piece: str) -> Probe:
     """A case that a sequence module is causal: built with the case's `init` and `weights`, run (`forward`) on
@@ -103,6 +111,11 @@ def mistaken(call: Callable[[Any, Inputs], Outputs], wrong: Callable[..., Any], 
     """{why: `output` of `call` run on `wrong` with that mistake's keyword flags}: what each known mistake gives,
     computed through the same call as the student's code."""
     return {why: call(partial(wrong, **flag), inputs)[output] for why, flag in flags.items()}
+
+
+def flat_parameters(model: nn.Module) -> torch.Tensor:
+    """Every parameter of `model`, detached and flattened into one vector: what a training step changed."""
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
 def loss_outputs(loss: Any, what: str) -> Outputs:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..checks import check_close, check_dtype, check_shape
+from ..checks import check_close, check_dtype, check_shape, fail
 from .cases import Case, CaseId, Inputs, Outputs, register
 
 Judge = Callable[[Outputs, Outputs, Inputs], None]
@@ -48,8 +48,8 @@ class Piece:
     call(obj, inputs) -> outputs: runs `obj` (the student's or the reference) on a case's inputs and returns plain
         values; it alone runs in a graded kernel, so it may use the student's object and helpers, never a reference.
     judge(got, expected, inputs): raises CheckFailed with a teaching message. The default compares the single
-        output with `check_close` (after `shape` and `dtype`, when declared), recognising `mistakes(inputs)`:
-        {why: the wrong output that mistake gives}.
+        output with `check_close` (after `shape` and `dtype`, when declared, and `finite(inputs)`: the message when
+        it holds NaN or inf), recognising `mistakes(inputs)`: {why: the wrong output that mistake gives}.
     forbidden: the dotted names of the references a student must not use for this piece (`forbidden.py`).
     """
 
@@ -66,6 +66,7 @@ class Piece:
     shape: str | None = None  # e.g. "B C", with the sizes in inputs["sizes"]
     causes: Mapping[tuple[str, str], str] | None = None  # a wrong size's likely cause (`check_shape`)
     dtype: tuple[torch.dtype, str] | None = None  # (dtype, why that one)
+    finite: Callable[[Inputs], str] | None = None  # what a NaN or inf in the output means (e.g. an overflow)
     atol: float = 1e-5
     rtol: float = 1e-4
     expected: Callable[[Inputs], Outputs] | None = None  # only where `call(reference, inputs)` cannot be used
@@ -90,6 +91,8 @@ class Piece:
             check_shape(got[key], self.shape, inputs["sizes"], label, causes=self.causes)
         if self.dtype is not None:
             check_dtype(got[key], self.dtype[0], label, self.dtype[1])
+        if self.finite is not None and not bool(torch.isfinite(got[key]).all()):
+            raise fail(self.finite(inputs))
         mistakes = self.mistakes(inputs) if self.mistakes else None
         check_close(got[key], want, label, atol=self.atol, rtol=self.rtol, mistakes=mistakes)
 

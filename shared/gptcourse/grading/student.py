@@ -95,6 +95,12 @@ def as_text(value: Any, what: str) -> str:
     return value
 
 
+def describe_mask(mask: torch.Tensor) -> str:
+    """An attention mask (B, T) as a call's messages name it: its values too, while it is small."""
+    return f"attention_mask {fmt_shape(mask.shape)} = {mask.tolist()}" if mask.numel() <= 24 else \
+        f"attention_mask {fmt_shape(mask.shape)}"
+
+
 def _copy(value: Any) -> Any:
     return value.clone() if isinstance(value, torch.Tensor) else value
 

@@ -130,12 +130,6 @@ def _one_hot_call(fn: Any, inputs: Inputs) -> Outputs:
         raise
 
 
-def _one_hot_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
-    ids, table = inputs["ids"], inputs["table"]
-    return {"row t of the table was taken for position t, not for the token id at position t":
-            table[torch.arange(ids.size(1))].expand(ids.size(0), -1, -1)}
-
-
 # ---- TokenAndPositionEmbedding: token vectors plus learned position vectors
 
 
@@ -194,7 +188,9 @@ PIECES = declare(
                    sized(_tokenizer_hidden))]),
     # gptcourse has no one-hot lookup: the lookup it teaches is torch's, the one nn.Embedding (and the GPT) runs
     Piece("01", "one_hot_embed", nn.functional.embedding, _one_hot_call,
-          label="one_hot_embed output", shape="B T C", mistakes=_one_hot_mistakes, forbidden=_WHOLE,
+          label="one_hot_embed output", shape="B T C", mistakes=lambda i: {
+              "row t of the table was taken for position t, not for the token id at position t":
+                  i["table"][torch.arange(i["ids"].size(1))].expand(i["ids"].size(0), -1, -1)}, forbidden=_WHOLE,
           causes={("C", "V"): "the one-hot rows are not multiplied by the table (one_hot(ids, V) @ E)"},
           visible=[("visible", "one_hot_embed with B=2, T=4, V=6, C=3",
                     lambda seed: _one_hot_inputs(2, 4, 6, 3, seed))],

@@ -222,11 +222,6 @@ def _rope_inputs(b: int, t: int, h: int, d: int, seed: int, start: int = 0) -> I
             "sizes": _head_sizes(b, t, h, d)}
 
 
-def _rope_hidden(seed: int) -> Inputs:
-    b, t, h, d = _hidden_sizes(seed, even_d=True)
-    return _rope_inputs(b, t, h, d, seed, start=sizes_rng(seed + 1).randint(3, 20))
-
-
 # ---- MultiHeadAttention(d_model, n_heads): qkv, split, (RoPE), attend, merge, out
 
 
@@ -316,7 +311,9 @@ PIECES = declare(
                     lambda seed: _rope_inputs(2, 5, 3, 8, seed))],
           hidden=[("hidden_single", "apply_rope on one position and one pair (T=1, D=2) at position 7",
                    lambda seed: _rope_inputs(1, 1, 1, 2, seed, start=7)),
-                  ("hidden_sizes", "apply_rope with other sizes, at later positions", _rope_hidden)]),
+                  ("hidden_sizes", "apply_rope with other sizes, at later positions",
+                   lambda seed: _rope_inputs(*_hidden_sizes(seed, even_d=True), seed,
+                                             start=sizes_rng(seed + 1).randint(3, 20)))]),
     Piece("03", "MultiHeadAttention", MultiHeadAttention, _mha_call, label="attention output", shape="B T C",
           causes={("C", "D"): "only one head's width: merge the H heads back to C = H x D"},
           mistakes=_mha_mistakes, forbidden=_MHA + _ROPE + _WHOLE,

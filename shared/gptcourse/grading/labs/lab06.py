@@ -11,7 +11,7 @@ projection?"). The visible presets have published totals: seed-tiny 24,096, unti
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from numbers import Integral
 from typing import Any
 
@@ -20,7 +20,7 @@ import torch
 from ...checks import check_parameter_count, fail, gpt_module_breakdown
 from ...model.config import PRESETS, GPTConfig, preset
 from ...model.gpt import GPT
-from ..cases import Inputs, Outputs, sized
+from ..cases import Inputs, Outputs, given, sized
 from ..piece import Piece, declare
 
 _FORBIDDEN = ("gptcourse.count_parameters", "gptcourse.parameter_breakdown", "gptcourse.block_breakdown",
@@ -108,10 +108,6 @@ def _total_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 # ---- the configs: published presets, three variants, and random ones
 
 
-def _configs(*configs: GPTConfig) -> Callable[[int], Inputs]:
-    return lambda seed: {"configs": list(configs)}
-
-
 def random_config(r: random.Random) -> GPTConfig:
     """Any architecture the config can express, at sizes from tiny to large."""
     h, d = r.randint(1, 16), r.choice([8, 16, 32, 64, 128])
@@ -136,18 +132,18 @@ PIECES = declare(
     Piece("06", "parameter_breakdown", _model_breakdown, _breakdown_call, judge=_breakdown_judge,
           forbidden=_FORBIDDEN,
           visible=[("visible", "parameter_breakdown of seed-tiny (24,096) and seed-tiny-untied (27,296)",
-                    _configs(preset("seed-tiny"), preset("seed-tiny-untied"))),
-                   ("gpt2", "parameter_breakdown of gpt2-small (124,439,808)", _configs(preset("gpt2-small"))),
-                   ("llama", "parameter_breakdown of llama2-7b (6,738,415,616)", _configs(preset("llama2-7b")))],
+                    given(configs=[preset("seed-tiny"), preset("seed-tiny-untied")])),
+                   ("gpt2", "parameter_breakdown of gpt2-small (124,439,808)", given(configs=[preset("gpt2-small")])),
+                   ("llama", "parameter_breakdown of llama2-7b (6,738,415,616)", given(configs=[preset("llama2-7b")]))],
           hidden=[("hidden_variants", "parameter_breakdown of seed-repo, no positions, biased SwiGLU",
-                   _configs(*VARIANTS)),
+                   given(configs=list(VARIANTS))),
                   ("hidden_random", "parameter_breakdown of three random configs",
                    sized(lambda r, seed: {"configs": [random_config(r) for _ in range(3)]}))]),
     Piece("06", "count_parameters", _model_total, _total_call, judge=_total_judge, forbidden=_FORBIDDEN,
           visible=[("visible", "count_parameters of seed-tiny (24,096) and seed-tiny-untied (27,296)",
-                    _configs(preset("seed-tiny"), preset("seed-tiny-untied"))),
+                    given(configs=[preset("seed-tiny"), preset("seed-tiny-untied")])),
                    ("published", "count_parameters of gpt2-small (124,439,808) and llama2-7b (6,738,415,616)",
-                    _configs(preset("gpt2-small"), preset("llama2-7b")))],
+                    given(configs=[preset("gpt2-small"), preset("llama2-7b")]))],
           hidden=[("hidden_random", "count_parameters of seed-repo, no positions, a biased SwiGLU and three random "
                    "configs", sized(lambda r, seed: {"configs": [*VARIANTS, *(random_config(r) for _ in range(3))]}))]),
 )

@@ -26,12 +26,14 @@ from ..fixtures import (
     check_close_lazily,
     check_differentiable,
     check_scalar_loss,
+    flat_parameters,
     gpt_config,
     gpt_inputs,
+    gpt_with_tokens,
     loss_outputs,
 )
 from ..piece import Piece, declare
-from ..student import as_tensor, returns
+from ..student import as_number, as_tensor, returns
 
 _TRAINING = ("gptcourse.train", "gptcourse.training.loop", "gptcourse.training.loop.lm_loss",
              "gptcourse.training.loop.train_step", "gptcourse.estimate_loss")
@@ -45,11 +47,6 @@ _SAMPLING = ("gptcourse.generate", "gptcourse.inference.sampling", "gptcourse.fi
 def _next_token_loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """The reference: gptcourse's lm_loss on x = tokens[:, :-1], y = tokens[:, 1:]."""
     return lm_loss(model, tokens[:, :-1], tokens[:, 1:])
-
-
-def _loss_inputs(config: GPTConfig, b: int, t: int, seed: int) -> Inputs:
-    gen = tensor_rng(seed)
-    return gpt_inputs(config, gen) | {"tokens": torch.randint(0, config.vocab_size, (b, t + 1), generator=gen)}
 
 
 def _loss_call(fn: Any, inputs: Inputs) -> Outputs:
@@ -92,8 +89,8 @@ def _loss_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 @sized
 def _loss_hidden(r: random.Random, seed: int) -> Inputs:
     h = r.choice([1, 2, 4])
-    return _loss_inputs(gpt_config(r.randint(20, 60), 8 * h, h, r.randint(1, 2), 16), r.randint(2, 5),
-                        r.randint(2, 15), seed)
+    return gpt_with_tokens(gpt_config(r.randint(20, 60), 8 * h, h, r.randint(1, 2), 16), seed,
+                           (r.randint(2, 5), r.randint(2, 15) + 1))
 
 
 # ---- train_step(model, optimizer, tokens, grad_clip) -> the loss before the update
@@ -132,26 +129,15 @@ def _step_inputs(config: GPTConfig, b: int, t: int, steps: int, seed: int, momen
                      "lr": 0.5, "grad_clip": 0.5, "momentum": momentum, "weight_decay": weight_decay}
 
 
-def _flat(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().flatten() for p in model.parameters()])
-
-
-def _as_number(value: Any, what: str) -> float:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return float(value.detach())
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    raise fail(f"{what} returned {type(value).__name__}, expected the loss (a number or a 0-dim tensor)")
-
-
 def _step_call(fn: Any, inputs: Inputs) -> Outputs:
     model = case_gpt(inputs).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=inputs["lr"], momentum=inputs["momentum"],
                                 weight_decay=inputs["weight_decay"])
-    losses = [_as_number(fn(model, optimizer, tokens.clone(), inputs["grad_clip"]),
-                         f"train_step(model, optimizer, tokens {fmt_shape(tokens.shape)}, grad_clip)")
+    losses = [as_number(fn(model, optimizer, tokens.clone(), inputs["grad_clip"]),
+                        f"train_step(model, optimizer, tokens {fmt_shape(tokens.shape)}, grad_clip)",
+                        "the loss (a number or a 0-dim tensor)")
               for tokens in inputs["batches"]]
-    return {"losses": torch.tensor(losses, dtype=torch.float64), "parameters": _flat(model)}
+    return {"losses": torch.tensor(losses, dtype=torch.float64), "parameters": flat_parameters(model)}
 
 
 STEP_MISTAKES = {
@@ -164,7 +150,7 @@ STEP_MISTAKES = {
 
 
 def _step_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    if torch.equal(got["parameters"], _flat(case_gpt(inputs))):
+    if torch.equal(got["parameters"], flat_parameters(case_gpt(inputs))):
         raise fail("the parameters did not change: call loss.backward() and then optimizer.step() (in that order: "
                    "step() uses the gradients that backward() computed)")
     variants: dict[str, Outputs] = {}
@@ -252,9 +238,7 @@ def _sample_next_token(model: Any, idx: torch.Tensor, temperature: float = 1.0, 
 
 
 def _sample_inputs(config: GPTConfig, b: int, t: int, temperature: float, top_k: int | None, seed: int) -> Inputs:
-    gen = tensor_rng(seed)
-    return gpt_inputs(config, gen) | {"idx": torch.randint(0, config.vocab_size, (b, t), generator=gen),
-                                      "temperature": temperature, "top_k": top_k, "sample_seed": seed}
+    return gpt_with_tokens(config, seed, (b, t), "idx", temperature=temperature, top_k=top_k, sample_seed=seed)
 
 
 def _sample_call(fn: Any, inputs: Inputs) -> Outputs:
@@ -297,9 +281,9 @@ SAMPLER = gpt_config(40, 16, 2, 1, 8)
 PIECES = declare(
     Piece("07", "next_token_loss", _next_token_loss, _loss_call, judge=_loss_judge, forbidden=_TRAINING,
           visible=[("visible", "next_token_loss on tokens (B, T + 1) = (3, 7), V=23",
-                    lambda seed: _loss_inputs(SMALL, 3, 6, seed))],
+                    lambda seed: gpt_with_tokens(SMALL, seed, (3, 7)))],
           hidden=[("hidden_single", "next_token_loss on one pair of tokens (B=1, T + 1 = 2)",
-                   lambda seed: _loss_inputs(gpt_config(17, 12, 3, 1, 4), 1, 1, seed)),
+                   lambda seed: gpt_with_tokens(gpt_config(17, 12, 3, 1, 4), seed, (1, 2))),
                   ("hidden_sizes", "next_token_loss with other sizes", _loss_hidden)]),
     Piece("07", "train_step", _train_step, _step_call, judge=_step_judge, forbidden=_TRAINING,
           visible=[("visible", "one train_step with SGD(lr=0.5), grad_clip=0.5, tokens (3, 7)",

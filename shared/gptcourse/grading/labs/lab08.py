@@ -367,10 +367,6 @@ def _encode_mistakes(inputs: Inputs) -> dict[str, list[int]]:
     }
 
 
-def _encode_inputs(merges: list[Pair], text: str) -> Inputs:
-    return {"merges": merges, "text": text}
-
-
 ENCODE_TEXT = "def div(a, b):\n    return a / b\n"
 
 # ---- decode(ids, merges) -> text
@@ -448,16 +444,16 @@ PIECES = declare(
     Piece("08", "encode", lambda text, merges: tokenizer(merges).encode(text), _encode_call,
           judge=partial(_judge_ids, "encode", _encode_mistakes), forbidden=_FORBIDDEN,
           visible=[("visible", f"encode({ENCODE_TEXT!r}) with the merges of 08.train_bpe.visible",
-                    lambda seed: _encode_inputs(trained_merges(VISIBLE_TEXT, 276), ENCODE_TEXT))],
+                    lambda seed: {"merges": trained_merges(VISIBLE_TEXT, 276), "text": ENCODE_TEXT})],
           hidden=[("hidden_unicode", "encode a text with characters the training text never had",
-                   lambda seed: _encode_inputs(trained_merges(VISIBLE_TEXT, 290),
-                                               "def café(a, b):  # 日本 😀\n\treturn  a+b\n")),
+                   lambda seed: {"merges": trained_merges(VISIBLE_TEXT, 290),
+                                 "text": "def café(a, b):  # 日本 😀\n\treturn  a+b\n"}),
                   ("hidden_rank", "encode('abc abcd') with the merges (b'b', b'c') then (b'a', b'b'): the rank "
                    "decides, not the length",
-                   lambda seed: _encode_inputs([(98, 99), (97, 98), (32, 97), (257, 99)], "abc abcd")),
+                   given(merges=[(98, 99), (97, 98), (32, 97), (257, 99)], text="abc abcd")),
                   ("hidden_corpus", "encode 1,000 characters of the corpus with merges learned on 3,000",
-                   lambda seed: _encode_inputs(trained_merges(_corpus_slice(seed, 3000), 330),
-                                               _corpus_slice(seed + 1, 1000)))]),
+                   lambda seed: {"merges": trained_merges(_corpus_slice(seed, 3000), 330),
+                                 "text": _corpus_slice(seed + 1, 1000)})]),
     Piece("08", "decode", lambda ids, merges: tokenizer(merges).decode(ids), _decode_call, judge=_decode_judge,
           forbidden=_FORBIDDEN,
           visible=[("visible", "decode the ids of 'def add(a, b):' with the merges of 08.train_bpe.visible",

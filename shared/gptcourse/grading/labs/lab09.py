@@ -88,11 +88,6 @@ def _ce_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(got["grad"], expected["grad"], "the loss's gradient with respect to the logits", atol=1e-6)
 
 
-@sized
-def _ce_hidden(r: random.Random, seed: int) -> Inputs:
-    return _ce_inputs(r.randint(2, 40), r.randint(2, 60), r.choice([200.0, 500.0, 1000.0]), seed)
-
-
 # ---- adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay)
 #      -> (param, exp_avg, exp_avg_sq) after step number `step` (1, 2, ...)
 
@@ -187,13 +182,6 @@ def _adamw_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     for name in ("exp_avg", "exp_avg_sq"):
         check_close(got[name], expected[name], f"{name} after the last step (the moments before bias correction)",
                     atol=1e-7, rtol=1e-5)
-
-
-@sized
-def _adamw_hidden(r: random.Random, seed: int) -> Inputs:
-    return _adamw_inputs(r.randint(1, 30), r.randint(3, 8), seed, lr=r.choice([1e-3, 3e-3, 0.05]),
-                         beta1=r.choice([0.8, 0.9]), beta2=r.choice([0.95, 0.99, 0.999]), eps=1e-8,
-                         weight_decay=r.choice([0.01, 0.1, 0.3]))
 
 
 # ---- lr_at(step, max_lr, min_lr, warmup_steps, total_steps) -> the learning rate at 0-based `step`
@@ -499,13 +487,9 @@ def _resume_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "return it from restore_training_state")
 
 
-@sized
-def _resume_hidden(r: random.Random, seed: int) -> Inputs:
-    return _resume_inputs(GPTConfig(vocab_size=r.randint(15, 30), d_model=12, n_heads=2, n_layers=r.randint(1, 2),
-                                    context_length=8, position=r.choice(["learned", "rope"])),
-                          r.randint(1, 4), r.randint(2, 8), r.randint(1, 3), seed)
-
-
+_RESUME_HIDDEN = sized(lambda r, seed: _resume_inputs(
+    GPTConfig(vocab_size=r.randint(15, 30), d_model=12, n_heads=2, n_layers=r.randint(1, 2), context_length=8,
+              position=r.choice(["learned", "rope"])), r.randint(1, 4), r.randint(2, 8), r.randint(1, 3), seed))
 SMALL = GPTConfig(vocab_size=23, d_model=16, n_heads=2, n_layers=1, context_length=8)
 PIECES = declare(
     Piece("09", "cross_entropy", cross_entropy, _ce_call, judge=_ce_judge,
@@ -517,7 +501,9 @@ PIECES = declare(
                     lambda seed: _ce_inputs(5, 8, 1000.0, seed))],
           hidden=[("hidden_single", "cross_entropy on a single row (N=1, V=3)",
                    lambda seed: _ce_inputs(1, 3, 1.0, seed)),
-                  ("hidden_sizes", "cross_entropy with other sizes, logits in the hundreds", _ce_hidden)]),
+                  ("hidden_sizes", "cross_entropy with other sizes, logits in the hundreds",
+                   sized(lambda r, seed: _ce_inputs(r.randint(2, 40), r.randint(2, 60),
+                                                    r.choice([200.0, 500.0, 1000.0]), seed)))]),
     Piece("09", "adamw_step", _adamw_step, _adamw_call, judge=_adamw_judge,
           forbidden=("gptcourse.AdamW", "gptcourse.training.optim", "torch.optim.AdamW", "torch.optim.Adam",
                      "torch.optim._functional"),
@@ -527,7 +513,11 @@ PIECES = declare(
                    ("decay", "three adamw_steps on 12 numbers, lr=0.1, weight_decay=0.5 (a 5% shrink a step: where "
                     "the decay goes shows)", lambda seed: _adamw_inputs(12, 3, seed, lr=0.1, beta1=0.9, beta2=0.999,
                                                                        eps=1e-8, weight_decay=0.5))],
-          hidden=[("hidden_sizes", "adamw_steps with other sizes, steps and hyper-parameters", _adamw_hidden)]),
+          hidden=[("hidden_sizes", "adamw_steps with other sizes, steps and hyper-parameters",
+                   sized(lambda r, seed: _adamw_inputs(
+                       r.randint(1, 30), r.randint(3, 8), seed, lr=r.choice([1e-3, 3e-3, 0.05]),
+                       beta1=r.choice([0.8, 0.9]), beta2=r.choice([0.95, 0.99, 0.999]), eps=1e-8,
+                       weight_decay=r.choice([0.01, 0.1, 0.3]))))]),
     Piece("09", "lr_at", _lr_at, _schedule_call, mistakes=_schedule_mistakes,
           label="the learning rates at steps 0 .. total_steps + 4", atol=1e-12, rtol=1e-9,
           forbidden=("gptcourse.lr_at", "gptcourse.training.loop", "torch.optim.lr_scheduler"),
@@ -552,10 +542,10 @@ PIECES = declare(
     Piece("09", "training_state", _training_state, _state_call, judge=_resume_judge, forbidden=_CHECKPOINT,
           visible=[("visible", "training_state after 2 AdamW steps, restored and trained 2 more",
                     lambda seed: _resume_inputs(SMALL, 3, 8, 2, seed))],
-          hidden=[("hidden_sizes", "training_state with other sizes and step counts", _resume_hidden)]),
+          hidden=[("hidden_sizes", "training_state with other sizes and step counts", _RESUME_HIDDEN)]),
     Piece("09", "restore_training_state", _restore_training_state, _restore_call, judge=_resume_judge,
           forbidden=_CHECKPOINT,
           visible=[("visible", "restore_training_state into a fresh model, AdamW and generator, then 2 more steps",
                     lambda seed: _resume_inputs(SMALL, 3, 8, 2, seed))],
-          hidden=[("hidden_sizes", "restore_training_state with other sizes and step counts", _resume_hidden)]),
+          hidden=[("hidden_sizes", "restore_training_state with other sizes and step counts", _RESUME_HIDDEN)]),
 )

@@ -10,7 +10,6 @@ of the same names, which the lab forbids.
 from __future__ import annotations
 
 import math
-import random
 from typing import Any
 
 import torch
@@ -25,7 +24,7 @@ from ...model.heads import last_real_token
 from ..cases import Inputs, Outputs, sized, sizes_rng, tensor_rng
 from ..fixtures import check_differentiable, check_scalar_loss, loss_outputs
 from ..piece import Piece, declare
-from ..student import as_tensor, load_weights, module_class
+from ..student import as_tensor, describe_mask, load_weights, module_class, returns
 
 
 def _lengths_mask(lengths: list[int], t: int, sides: list[str]) -> torch.Tensor:
@@ -46,21 +45,11 @@ def _padded_mask(b: int, t: int, side: str, seed: int) -> torch.Tensor:
     return _lengths_mask([n for n, _ in rows], t, [s for _, s in rows])
 
 
-def _describe_mask(mask: torch.Tensor) -> str:
-    return f"attention_mask {fmt_shape(mask.shape)} = {mask.tolist()}" if mask.numel() <= 24 else \
-        f"attention_mask {fmt_shape(mask.shape)}"
-
-
 # ---- padding_mask(attention_mask (B, T)) -> (B, 1, T, T) bool
 
 
 def _mask_inputs(b: int, t: int, side: str, seed: int) -> Inputs:
     return {"mask": _padded_mask(b, t, side, seed), "sizes": {"B": b, "T": t}}
-
-
-def _mask_call(fn: Any, inputs: Inputs) -> Outputs:
-    mask = inputs["mask"]
-    return {"allowed": as_tensor(fn(mask.clone()), f"padding_mask({_describe_mask(mask)})")}
 
 
 def _mask_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
@@ -115,12 +104,6 @@ def _pool_inputs(b: int, t: int, c: int, side: str, seed: int) -> Inputs:
             "sizes": {"B": b, "T": t, "C": c}}
 
 
-def _pool_call(fn: Any, inputs: Inputs) -> Outputs:
-    hidden, mask = inputs["hidden"], inputs["mask"]
-    out = fn(hidden.clone(), mask.clone())
-    return {"pooled": as_tensor(out, f"last_real_token(hidden {fmt_shape(hidden.shape)}, {_describe_mask(mask)})")}
-
-
 def _pool_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     hidden, mask = inputs["hidden"], inputs["mask"]
     first_real = torch.tensor([int(row.nonzero().min()) for row in mask])
@@ -147,14 +130,6 @@ def _labels_inputs(b: int, t: int, side: str, seed: int) -> Inputs:
     lengths = mask.sum(-1)
     prompt = torch.tensor([int(torch.randint(0, int(n), (1,), generator=gen)) for n in lengths])  # < length
     return {"ids": ids, "mask": mask, "prompt": prompt, "sizes": {"B": b, "T": t}}
-
-
-def _labels_call(fn: Any, inputs: Inputs) -> Outputs:
-    ids, mask, prompt = inputs["ids"], inputs["mask"], inputs["prompt"]
-    out = fn(ids.clone(), prompt.clone(), mask.clone())
-    what = (f"response_labels(input_ids {fmt_shape(ids.shape)}, prompt_lengths={prompt.tolist()}, "
-            f"{_describe_mask(mask)})")
-    return {"labels": as_tensor(out, what)}
 
 
 def _labels_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
@@ -247,13 +222,9 @@ def _base_linear(inputs: Inputs) -> nn.Linear:
     return base
 
 
-def _lora_what(inputs: Inputs) -> str:
-    d_out, d_in = inputs["base"]["weight"].shape
-    return f"LoRALinear(nn.Linear({d_in}, {d_out}), rank={inputs['rank']}, alpha={inputs['alpha']})"
-
-
 def _lora_call(cls: Any, inputs: Inputs) -> Outputs:
-    what = _lora_what(inputs)
+    d_out, d_in = inputs["base"]["weight"].shape
+    what = f"LoRALinear(nn.Linear({d_in}, {d_out}), rank={inputs['rank']}, alpha={inputs['alpha']})"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         layer = module_class(cls, what)(_base_linear(inputs), inputs["rank"], inputs["alpha"])
@@ -316,14 +287,9 @@ def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         check_close(got[f"grad_{name}"], expected[f"grad_{name}"], f"the gradient of {name}", atol=1e-3)
 
 
-@sized
-def _lora_hidden(r: random.Random, seed: int) -> Inputs:
-    return _lora_inputs(r.randint(3, 12), r.randint(3, 12), r.randint(1, 3), float(r.choice([1, 4, 16])),
-                        (r.randint(1, 3), r.randint(1, 5)), seed)
-
-
 PIECES = declare(
-    Piece("10", "padding_mask", padding_mask, _mask_call, judge=_mask_judge,
+    Piece("10", "padding_mask", padding_mask,
+          returns("allowed", lambda i: f"padding_mask({describe_mask(i['mask'])})", "mask"), judge=_mask_judge,
           forbidden=("gptcourse.padding_mask", "gptcourse.GPT", "gptcourse.model.gpt"),
           visible=[("visible", "padding_mask of a right-padded batch (B, T) = (3, 5)",
                     lambda seed: _mask_inputs(3, 5, "right", seed)),
@@ -333,7 +299,9 @@ PIECES = declare(
                    lambda seed: _mask_inputs(1, 4, "right", seed)),
                   ("hidden_mixed", "padding_mask with other sizes, rows padded on either side",
                    sized(lambda r, seed: _mask_inputs(r.randint(3, 5), r.randint(2, 9), "mixed", seed)))]),
-    Piece("10", "last_real_token", last_real_token, _pool_call, mistakes=_pool_mistakes, label="the pooled states",
+    Piece("10", "last_real_token", last_real_token,
+          returns("pooled", lambda i: f"last_real_token(hidden {fmt_shape(i['hidden'].shape)}, "
+                  f"{describe_mask(i['mask'])})", "hidden", "mask"), mistakes=_pool_mistakes, label="the pooled states",
           shape="B C", atol=1e-6, forbidden=("gptcourse.last_real_token", "gptcourse.model.heads"),
           visible=[("visible", "last_real_token of a right-padded batch, hidden (B, T, C) = (4, 6, 5)",
                     lambda seed: _pool_inputs(4, 6, 5, "right", seed)),
@@ -342,7 +310,10 @@ PIECES = declare(
           hidden=[("hidden_mixed", "last_real_token with other sizes, rows padded on either side",
                    sized(lambda r, seed: _pool_inputs(r.randint(3, 5), r.randint(2, 9), r.randint(3, 7), "mixed",
                                                       seed)))]),
-    Piece("10", "response_labels", response_labels, _labels_call, mistakes=_labels_mistakes, label="the labels",
+    Piece("10", "response_labels", response_labels,
+          returns("labels", lambda i: f"response_labels(input_ids {fmt_shape(i['ids'].shape)}, prompt_lengths="
+                  f"{i['prompt'].tolist()}, {describe_mask(i['mask'])})", "ids", "prompt", "mask"),
+          mistakes=_labels_mistakes, label="the labels",
           shape="B T", dtype=(torch.int64, "token ids (and -100) for F.cross_entropy"), atol=0, rtol=0,
           forbidden=("gptcourse.response_labels", "gptcourse.finetuning.losses"),
           visible=[("visible", "response_labels of a right-padded batch (B, T) = (4, 8)",
@@ -368,5 +339,8 @@ PIECES = declare(
                     lambda seed: _lora_inputs(8, 12, 4, 8.0, (2, 5), seed))],
           hidden=[("hidden_rank_one", "LoRALinear with rank 1 on a single vector",
                    lambda seed: _lora_inputs(7, 3, 1, 2.0, (1,), seed)),
-                  ("hidden_sizes", "LoRALinear with other sizes, ranks and alphas", _lora_hidden)]),
+                  ("hidden_sizes", "LoRALinear with other sizes, ranks and alphas",
+                   sized(lambda r, seed: _lora_inputs(r.randint(3, 12), r.randint(3, 12), r.randint(1, 3),
+                                                      float(r.choice([1, 4, 16])), (r.randint(1, 3), r.randint(1, 5)),
+                                                      seed)))]),
 )

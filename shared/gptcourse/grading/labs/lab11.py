@@ -29,7 +29,7 @@ from ...model.mlp import make_mlp
 from ...model.norms import make_norm
 from ...model.positions import LearnedPositions, RotaryEmbedding, apply_rope
 from ..cases import Inputs, Outputs, sized, tensor_rng
-from ..fixtures import gpt_inputs, load_gpt_weights, reference_gpt
+from ..fixtures import gpt_with_tokens, load_gpt_weights, reference_gpt
 from ..piece import Piece, declare
 from ..student import as_tensor, as_tensors, build_module, returns
 
@@ -157,11 +157,6 @@ def _one_token_large(b: int, h: int, t: int, seed: int) -> Inputs:
     return {"q": q.float(), "k": k.float(), "v": torch.randn(b, h, t, 4, generator=gen), "sizes": _sizes(b, h, 1, 4)}
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: bool = True) -> torch.Tensor:
-    scores = q @ k.transpose(-2, -1) / (math.sqrt(q.size(-1)) if scale else 1.0)  # (B, H, 1, T)
-    return scores.softmax(dim=-1) @ v  # (B, H, 1, D)
-
-
 def _new_token_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """gptcourse's attention, which also returns the weights: only its output is the piece's."""
     return attention(q, k, v)[0]
@@ -175,21 +170,17 @@ def _one_token_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "is_causal=True) hides every later key, but the new token is the *last* position and sees all T": v[:, :, :1],
         "the new token sees only itself: it attends over every cached key and its own, not just the newest":
             v[:, :, -1:],
-        "the scores are not divided by sqrt(D)": _attend(q, k, v, scale=False),
+        "the scores are not divided by sqrt(D)": (q @ k.transpose(-2, -1)).softmax(dim=-1) @ v,
         "the softmax runs over the query axis (dim=-2): with one query every weight is 1; take it over the keys, "
         "dim=-1": scores.softmax(dim=-2) @ v,
     }
 
 
-def _one_token_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    y = got["y"]
-    check_shape(y, "B H T D", inputs["sizes"], "attend_new_token output")
-    if not bool(torch.isfinite(y).all()):
-        top = float((inputs["q"] @ inputs["k"].transpose(-2, -1)).abs().max()) / math.sqrt(inputs["q"].size(-1))
-        raise fail(f"attend_new_token output has NaN or inf for scores as large as {top:.0f}: exp() overflows "
-                   "float32 past 88. Subtract each row's largest score before exp (the softmax is unchanged by a "
-                   "shift), as torch.softmax does")
-    check_close(y, expected["y"], "attend_new_token output", mistakes=_one_token_mistakes(inputs))
+def _one_token_overflow(inputs: Inputs) -> str:
+    top = float((inputs["q"] @ inputs["k"].transpose(-2, -1)).abs().max()) / math.sqrt(inputs["q"].size(-1))
+    return (f"attend_new_token output has NaN or inf for scores as large as {top:.0f}: exp() overflows float32 past "
+            "88. Subtract each row's largest score before exp (the softmax is unchanged by a shift), as torch.softmax "
+            "does")
 
 
 # ---- top_p_filter(logits (B, V), top_p) -> logits with -inf outside the nucleus
@@ -272,12 +263,6 @@ def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 def _repeat_inputs(b: int, h_kv: int, t: int, d: int, n_rep: int, seed: int) -> Inputs:
     return {"x": torch.randn(b, h_kv, t, d, generator=tensor_rng(seed)), "n_rep": n_rep,
             "sizes": _sizes(b, h_kv * n_rep, t, d)}
-
-
-def _repeat_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
-    return {"the kv heads are tiled (x.repeat(1, n_rep, 1, 1) gives heads 0, 1, 0, 1, ...): kv head j serves "
-            "the consecutive query heads j * n_rep ... j * n_rep + n_rep - 1, so repeat each head in place, "
-            "x.repeat_interleave(n_rep, dim=1)": inputs["x"].repeat(1, inputs["n_rep"], 1, 1)}
 
 
 # ---- GroupedQueryAttention(d_model, n_heads, n_kv_heads): forward(x, cache=None), x (B, T, C) -> (B, T, C)
@@ -505,11 +490,6 @@ class _CachedGPT(nn.Module):
         return attn["out"](y.transpose(1, 2).reshape(b, t, c))
 
 
-def _generate_inputs(config: GPTConfig, b: int, p: int, n: int, seed: int) -> Inputs:
-    gen = tensor_rng(seed)
-    return gpt_inputs(config, gen) | {"new": n, "prompt": torch.randint(0, config.vocab_size, (b, p), generator=gen)}
-
-
 def _generate_call(fn: Any, inputs: Inputs) -> Outputs:
     model, prompt, n = _CachedGPT(inputs["config"], inputs["weights"]).eval(), inputs["prompt"], inputs["new"]
     with torch.no_grad():
@@ -596,7 +576,7 @@ def _generate_hidden(r: random.Random, seed: int) -> Inputs:
     position = r.choice(["learned", "rope"])
     config = GPTConfig(vocab_size=r.randint(20, 40), context_length=48, d_model=8 * h, n_heads=h,
                        n_layers=r.randint(1, 2), position=position, tie_weights=False)
-    return _generate_inputs(config, r.randint(1, 3), r.randint(1, 6), r.randint(2, 6), seed)
+    return gpt_with_tokens(config, seed, (r.randint(1, 3), r.randint(1, 6)), "prompt", new=r.randint(2, 6))
 
 
 # Untied heads: with a tied one a token's own embedding dominates its logits, so the model tends to repeat its
@@ -615,8 +595,8 @@ PIECES = declare(
                   ("hidden_sizes", "LayerCache with other sizes and chunks", _cache_hidden)]),
     Piece("11", "attend_new_token", _new_token_attention,
           returns("y", lambda i: f"attend_new_token(q {fmt_shape(i['q'].shape)}, k, v {fmt_shape(i['k'].shape)})",
-                  "q", "k", "v"), judge=_one_token_judge,
-          forbidden=_ATTENTION + _WHOLE,
+                  "q", "k", "v"), label="attend_new_token output", shape="B H T D", mistakes=_one_token_mistakes,
+          finite=_one_token_overflow, forbidden=_ATTENTION + _WHOLE,
           visible=[("visible", "attend_new_token with q (2, 3, 1, 4) against 7 cached keys",
                     lambda seed: _one_token_inputs(2, 3, 7, 4, seed)),
                    ("large", "attend_new_token with scores in the hundreds (exp() overflows: a stable softmax needed)",
@@ -643,7 +623,10 @@ PIECES = declare(
                                                        round(r.uniform(0.2, 0.95), 2), r.uniform(0.5, 3.0), seed)))]),
     Piece("11", "repeat_kv", repeat_kv,
           returns("y", lambda i: f"repeat_kv(x {fmt_shape(i['x'].shape)}, n_rep={i['n_rep']})", "x", "n_rep"),
-          mistakes=_repeat_mistakes, label="repeat_kv output",
+          mistakes=lambda i: {"the kv heads are tiled (x.repeat(1, n_rep, 1, 1) gives heads 0, 1, 0, 1, ...): kv "
+                              "head j serves the consecutive query heads j * n_rep ... j * n_rep + n_rep - 1, so "
+                              "repeat each head in place, x.repeat_interleave(n_rep, dim=1)":
+                              i["x"].repeat(1, i["n_rep"], 1, 1)}, label="repeat_kv output",
           shape="B H T D", atol=0, rtol=0, forbidden=("gptcourse.repeat_kv", *_ATTENTION, *_WHOLE),
           visible=[("visible", "repeat_kv of x (2, 2, 5, 3) with n_rep=3 (2 kv heads for 6 query heads)",
                     lambda seed: _repeat_inputs(2, 2, 5, 3, 3, seed))],
@@ -678,8 +661,8 @@ PIECES = declare(
           forbidden=(*_SAMPLING, *_CACHE, *_ATTENTION, *_WHOLE),
           visible=[("visible", "generate_cached: 6 greedy tokens after prompts (2, 5), a 2-layer RoPE model (Llama's "
                     "norm and MLP), equal to recomputing the whole sequence at each step",
-                    lambda seed: _generate_inputs(LLAMA, 2, 5, 6, seed))],
+                    lambda seed: gpt_with_tokens(LLAMA, seed, (2, 5), "prompt", new=6))],
           hidden=[("hidden_learned", "generate_cached with learned positions (GPT-2's layout), a one-token prompt",
-                   lambda seed: _generate_inputs(GPT2, 1, 1, 5, seed)),
+                   lambda seed: gpt_with_tokens(GPT2, seed, (1, 1), "prompt", new=5)),
                   ("hidden_sizes", "generate_cached with other sizes and positions", _generate_hidden)]),
 )

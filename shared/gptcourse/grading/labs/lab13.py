@@ -25,6 +25,7 @@ from ...finetuning.losses import IGNORE_INDEX, response_labels
 from ...model.config import GPTConfig
 from ...model.gpt import GPT
 from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
+from ..fixtures import flat_parameters
 from ..piece import Piece, declare
 from ..student import as_tensor, as_tensors
 
@@ -183,20 +184,16 @@ def _step_inputs(b: int, t: int, side: str, beta: float, seed: int) -> Inputs:
     return {**batch, "beta": beta, "seed": seed}
 
 
-def _flat(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
 def _step_call(fn: Any, inputs: Inputs) -> Outputs:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(inputs["seed"])
         policy = GPT(TINY)
     reference = copy.deepcopy(policy)  # trainable on purpose: a step must not give it gradients
-    before = _flat(reference)
+    before = flat_parameters(reference)
     optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
     batch = tuple(inputs[k].clone() for k in ("ids", "mask", "labels"))
     fn(policy, reference, optimizer, batch, inputs["beta"])
-    return {"policy": _flat(policy), "reference_changed": not torch.equal(_flat(reference), before),
+    return {"policy": flat_parameters(policy), "reference_changed": not torch.equal(flat_parameters(reference), before),
             "reference_grads": any(p.grad is not None for p in reference.parameters())}
 
 
