@@ -1,5 +1,5 @@
 """The Hub's files without a Hub: deploy/jupyterhub/jupyterhub_config.py turns `gptcourse hub setup`'s settings into
-the JupyterHub settings the class needs (and refuses the test authenticator outside the test), and the Zero to
+the JupyterHub settings the class needs, and the Zero to
 JupyterHub files (deploy/z2jh/) parse and hold the same choices. tests/browser/test_hub.py runs the real Hub."""
 
 from __future__ import annotations
@@ -65,24 +65,6 @@ def test_students_servers_read_the_students_config_first(tmp_path, monkeypatch):
         paths[name] = spawner.environment["JUPYTER_CONFIG_PATH"].split(":")
     assert paths["ada"] == [str(tmp_path / "jupyter-config-students"), str(tmp_path / "jupyter-config")]
     assert paths["teacher"] == [str(tmp_path / "jupyter-config")]
-
-
-@pytest.mark.parametrize(("flag", "ip"), [(None, "127.0.0.1"), ("1", "0.0.0.0"), ("0", "127.0.0.1")])
-def test_the_shared_password_authenticator_runs_only_in_the_test(tmp_path, monkeypatch, flag, ip):
-    if flag is None:
-        monkeypatch.delenv("GPTCOURSE_HUB_TEST", raising=False)
-    else:
-        monkeypatch.setenv("GPTCOURSE_HUB_TEST", flag)
-    monkeypatch.setenv("GPTCOURSE_HUB_TEST_PASSWORD", "x")
-    with pytest.raises(SystemExit, match=re.escape("GPTCOURSE_HUB_TEST=1 on 127.0.0.1")):
-        load_hub_config(tmp_path, monkeypatch, settings(tmp_path, authenticator="test-dummy", ip=ip))
-
-
-def test_the_test_authenticator_under_its_flag(tmp_path, monkeypatch):
-    monkeypatch.setenv("GPTCOURSE_HUB_TEST", "1")
-    monkeypatch.setenv("GPTCOURSE_HUB_TEST_PASSWORD", "x")
-    config = load_hub_config(tmp_path, monkeypatch, settings(tmp_path, authenticator="test-dummy"))
-    assert config.JupyterHub.authenticator_class == "dummy"
 
 
 def test_the_gradebook_url_is_peer_authenticated_over_the_socket():
