@@ -195,12 +195,20 @@ def gradebook_url(instructor: str, database: str, socket_dir: str, port: int) ->
     return f"postgresql+psycopg://{instructor}@/{database}?host={socket_dir}&port={port}"
 
 
+def run_sql(psql: str, socket_dir: str, port: int, statement: str, db: str = "postgres",
+            admin: str = "postgres") -> str:
+    """One statement as PostgreSQL's administrator (peer authentication over the server's Unix socket)."""
+    return _run("runuser", "-u", admin, "--", psql, "-h", socket_dir, "-p", str(port), "-d", db, "-v",
+                "ON_ERROR_STOP=1", "-Atc", statement,
+                what="PostgreSQL (is its server running? Debian: `pg_lsclusters` shows it, `service postgresql start` "
+                     "starts it)")
+
+
 def create_gradebook(psql: str, instructor: str, database: str, socket_dir: str, port: int,
                      admin: str = "postgres") -> None:
     """The instructor's role and database (if missing); nobody else may connect to it."""
-    def sql(statement: str, db: str = "postgres") -> str:
-        return _run("runuser", "-u", admin, "--", psql, "-h", socket_dir, "-p", str(port), "-d", db, "-v",
-                    "ON_ERROR_STOP=1", "-Atc", statement, what="PostgreSQL")
+    def sql(statement: str) -> str:
+        return run_sql(psql, socket_dir, port, statement, admin=admin)
 
     if not sql(f"SELECT 1 FROM pg_roles WHERE rolname = '{instructor}'").strip():
         sql(f'CREATE ROLE "{instructor}" LOGIN')
@@ -361,6 +369,7 @@ def setup(settings: HubSettings, psql: str, socket_dir: str, pg_port: int, datab
         raise HubSetupError(f"not an account or database name: {bad}; expected lowercase letters, digits, _ or -, "
                             "starting with a letter or _, at most 32 characters")
     check_environment(settings.python)
+    create_gradebook(psql, settings.instructor, database, socket_dir, pg_port, admin)
     private = Path(settings.state) / "private"
     private.mkdir(parents=True, exist_ok=True)
     os.chmod(private, 0o700)
@@ -374,7 +383,6 @@ def setup(settings: HubSettings, psql: str, socket_dir: str, pg_port: int, datab
                 listing.write(f"{name} {passwords[name]}\n")
     create_exchange(Path(settings.exchange), settings.course_id, settings.instructor)
     install_course(settings)
-    create_gradebook(psql, settings.instructor, database, socket_dir, pg_port, admin)
     write_jupyter_config(settings)
     if settings.mathjax:
         write_mathjax_template(settings)
@@ -451,6 +459,7 @@ def command(args: argparse.Namespace) -> int:
                                 "(or Debian's node-configurable-http-proxy with Debian's nodejs)")
         if psql is None:
             raise HubSetupError("psql is not on PATH: install PostgreSQL (Debian: apt-get install postgresql)")
+        run_sql(psql, args.pg_socket, args.pg_port, "SELECT 1")  # the server answers, before anything is made
         if args.create_env:
             create_environment(args.python, args.base_python)
         settings = _settings_from(args, proxy)
