@@ -297,9 +297,9 @@ def require_environment(python: str) -> None:
 
 def check_environment(python: str) -> None:
     """The class's environment runs for an account with no rights of its own (`nobody`), as for every student:
-    the interpreter, gptcourse, nbgrader, jupyterhub and torch import."""
+    the interpreter, gptcourse, nbgrader, jupyterhub, torch and the gradebook's driver import."""
     require_environment(python)
-    probe = "import gptcourse, nbgrader, jupyterhub, torch"
+    probe = "import gptcourse, nbgrader, jupyterhub, torch, psycopg"
     proc = subprocess.run(["runuser", "-u", "nobody", "--", str(Path(python) / "bin" / "python"), "-c", probe],
                           capture_output=True, text=True, cwd="/")
     if proc.returncode != 0:
@@ -322,8 +322,9 @@ def base_python() -> str:
 
 
 def create_environment(python: str, base: str, repo: Path = REPO) -> None:
-    """A virtual environment with the course (not editable: the repository need not be readable) and JupyterHub,
-    made from `base`, which every account must be able to run (the environment's interpreter is a link to it)."""
+    """A virtual environment with the course (not editable: the repository need not be readable), JupyterHub and
+    the gradebook's driver, made from `base`, which every account must be able to run (the environment's
+    interpreter is a link to it)."""
     if not runs_for_everyone(base):
         raise HubSetupError(
             f"the students' accounts cannot run {base} (it lies in a folder only root may enter, such as /root's "
@@ -340,7 +341,7 @@ def create_environment(python: str, base: str, repo: Path = REPO) -> None:
     torch = next(line.strip() for line in (repo / "requirements.txt").read_text().splitlines()
                  if line.startswith("torch=="))  # the version the course is tested with
     _run(*pip, torch, what="installing torch")
-    _run(*pip, f"{repo}[site]", "jupyterhub", what="installing the course (with MathJax) and JupyterHub")
+    _run(*pip, f"{repo}[site,hub]", what="installing the course with MathJax, JupyterHub and PostgreSQL's driver")
     for path in [Path(python), *Path(python).rglob("*")]:
         if not path.is_symlink():
             os.chmod(path, path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
