@@ -29,6 +29,7 @@ import pwd
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -285,6 +286,8 @@ def serve_mathjax(folder: str, port: int) -> None:
             self.send_header("Cache-Control", "max-age=3600")
             super().end_headers()
 
+    for stop in (signal.SIGINT, signal.SIGTERM):  # the Hub stops its services with SIGINT, which a Hub started in
+        signal.signal(stop, lambda *_: sys.exit(0))  # the background passes on ignored: exit at once, not 20 s later
     http.server.ThreadingHTTPServer(("127.0.0.1", port), MathJaxFiles).serve_forever()
 
 
