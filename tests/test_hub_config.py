@@ -5,7 +5,9 @@ JupyterHub files (deploy/z2jh/) parse and hold the same choices. tests/browser/t
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -132,3 +134,18 @@ def test_setup_refuses_a_name_that_is_not_an_account_name(tmp_path, monkeypatch,
     monkeypatch.setattr(hub, "require_root", lambda: None)
     with pytest.raises(hub.HubSetupError, match="not an account or database name"):
         hub.setup(settings(tmp_path, students=["ada", name]), "psql", "/run/postgresql", 5432, "gradebook")
+
+
+def test_create_env_refuses_a_python_other_accounts_cannot_run(tmp_path):
+    """A base interpreter only root can reach (as pyenv's under /root) would give the class an environment no student
+    runs: refused before anything is made, saying what to pass instead. /bin/true stands in for a Python."""
+    if os.geteuid() != 0 or not shutil.which("runuser"):
+        pytest.skip("runs a program as `nobody`: needs root and runuser (CI runs as root)")
+    hidden = tmp_path / "private"
+    hidden.mkdir(mode=0o700)
+    only_root = hidden / "python3"
+    shutil.copy("/bin/true", only_root)
+    assert hub.runs_for_everyone("/bin/true") and not hub.runs_for_everyone(only_root)
+    with pytest.raises(hub.HubSetupError, match="--base-python"):
+        hub.create_environment(str(tmp_path / "venv"), str(only_root))
+    assert not (tmp_path / "venv").exists()

@@ -15,7 +15,8 @@ setup creates what the class needs, each only where missing, and writes the Hub'
   JupyterHub auth plugin for every server; and <state>/jupyter-config-students, first for students: nbgrader's
   formgrader and authoring tools off.
 The Python environment the servers run (--python, a virtual environment under /opt or /srv) must exist and be
-readable by every account: setup checks it as a student (`--create-env` makes it with pip).
+readable by every account: setup checks it as `nobody` before it makes anything (`--create-env` makes it with pip,
+from --base-python, which `nobody` must be able to run: never a pyenv or conda under /root).
 
 start runs `jupyterhub -f deploy/jupyterhub/jupyterhub_config.py` with those settings.
 """
