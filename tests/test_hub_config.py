@@ -1,11 +1,13 @@
 """The Hub's files without a Hub: deploy/jupyterhub/jupyterhub_config.py turns `gptcourse hub setup`'s settings into
-the JupyterHub settings the class needs (and refuses the test authenticator outside the test), and the Zero to
+the JupyterHub settings the class needs, and the Zero to
 JupyterHub files (deploy/z2jh/) parse and hold the same choices. tests/browser/test_hub.py runs the real Hub."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -65,24 +67,6 @@ def test_students_servers_read_the_students_config_first(tmp_path, monkeypatch):
         paths[name] = spawner.environment["JUPYTER_CONFIG_PATH"].split(":")
     assert paths["ada"] == [str(tmp_path / "jupyter-config-students"), str(tmp_path / "jupyter-config")]
     assert paths["teacher"] == [str(tmp_path / "jupyter-config")]
-
-
-@pytest.mark.parametrize(("flag", "ip"), [(None, "127.0.0.1"), ("1", "0.0.0.0"), ("0", "127.0.0.1")])
-def test_the_shared_password_authenticator_runs_only_in_the_test(tmp_path, monkeypatch, flag, ip):
-    if flag is None:
-        monkeypatch.delenv("GPTCOURSE_HUB_TEST", raising=False)
-    else:
-        monkeypatch.setenv("GPTCOURSE_HUB_TEST", flag)
-    monkeypatch.setenv("GPTCOURSE_HUB_TEST_PASSWORD", "x")
-    with pytest.raises(SystemExit, match=re.escape("GPTCOURSE_HUB_TEST=1 on 127.0.0.1")):
-        load_hub_config(tmp_path, monkeypatch, settings(tmp_path, authenticator="test-dummy", ip=ip))
-
-
-def test_the_test_authenticator_under_its_flag(tmp_path, monkeypatch):
-    monkeypatch.setenv("GPTCOURSE_HUB_TEST", "1")
-    monkeypatch.setenv("GPTCOURSE_HUB_TEST_PASSWORD", "x")
-    config = load_hub_config(tmp_path, monkeypatch, settings(tmp_path, authenticator="test-dummy"))
-    assert config.JupyterHub.authenticator_class == "dummy"
 
 
 def test_the_gradebook_url_is_peer_authenticated_over_the_socket():
@@ -150,3 +134,18 @@ def test_setup_refuses_a_name_that_is_not_an_account_name(tmp_path, monkeypatch,
     monkeypatch.setattr(hub, "require_root", lambda: None)
     with pytest.raises(hub.HubSetupError, match="not an account or database name"):
         hub.setup(settings(tmp_path, students=["ada", name]), "psql", "/run/postgresql", 5432, "gradebook")
+
+
+def test_create_env_refuses_a_python_other_accounts_cannot_run(tmp_path):
+    """A base interpreter only root can reach (as pyenv's under /root) would give the class an environment no student
+    runs: refused before anything is made, saying what to pass instead. /bin/true stands in for a Python."""
+    if os.geteuid() != 0 or not shutil.which("runuser"):
+        pytest.skip("runs a program as `nobody`: needs root and runuser (CI runs as root)")
+    hidden = tmp_path / "private"
+    hidden.mkdir(mode=0o700)
+    only_root = hidden / "python3"
+    shutil.copy("/bin/true", only_root)
+    assert hub.runs_for_everyone("/bin/true") and not hub.runs_for_everyone(only_root)
+    with pytest.raises(hub.HubSetupError, match="--base-python"):
+        hub.create_environment(str(tmp_path / "venv"), str(only_root))
+    assert not (tmp_path / "venv").exists()

@@ -6,9 +6,7 @@ JupyterHub's settings:
 
 - each person's server is `jupyterhub-singleuser` from the class's Python environment (under /opt or /srv, readable
   by every user), started by the LocalProcessSpawner as that person's own Unix user, in their home folder;
-- log in with PAM (the Unix accounts and passwords `gptcourse hub setup` made); DummyAuthenticator only when the
-  settings say "authenticator": "test-dummy", GPTCOURSE_HUB_TEST=1 is set and the Hub listens on loopback alone
-  (the end-to-end test; anyone who knows its one password may log in as anyone);
+- log in with PAM: the Unix accounts and passwords `gptcourse hub setup` made (the end-to-end test logs in so too);
 - nbgrader's groups: formgrade-<course> (the instructor: the formgrader runs in their own server) and
   nbgrader-<course> (the students: nbgrader's JupyterHubAuthPlugin shows them the course's assignments);
   each single-user server's token may read its own user's groups, nothing more than nbgrader needs;
@@ -46,17 +44,10 @@ c.JupyterHub.cookie_secret_file = os.path.join(private, "cookie_secret")
 c.JupyterHub.pid_file = os.path.join(private, "jupyterhub.pid")
 c.JupyterHub.cleanup_servers = True  # stopping the Hub stops every single-user server
 
-# Who may log in.
-if hub["authenticator"] == "test-dummy":
-    if os.environ.get("GPTCOURSE_HUB_TEST") != "1" or hub["ip"] != "127.0.0.1":
-        sys.exit("the test-dummy authenticator (one shared password) runs only with GPTCOURSE_HUB_TEST=1 on 127.0.0.1")
-    c.JupyterHub.authenticator_class = "dummy"
-    c.DummyAuthenticator.password = os.environ["GPTCOURSE_HUB_TEST_PASSWORD"]
-elif hub["authenticator"] == "pam":
-    c.JupyterHub.authenticator_class = "pam"
-    c.PAMAuthenticator.open_sessions = False  # no systemd-logind session per server
-else:
-    sys.exit(f"unknown authenticator {hub['authenticator']!r} in {SETTINGS_FILE}: expected 'pam' or 'test-dummy'")
+# Who may log in: the class's Unix accounts, each with its own password (PAM's `login` service, as the Hub runs as
+# root it may check /etc/shadow).
+c.JupyterHub.authenticator_class = "pam"
+c.PAMAuthenticator.open_sessions = False  # no systemd-logind session per server
 c.Authenticator.allowed_users = {instructor, *students}
 c.Authenticator.admin_users = set()  # nobody may reach another person's server, the instructor included
 

@@ -15,7 +15,8 @@ setup creates what the class needs, each only where missing, and writes the Hub'
   JupyterHub auth plugin for every server; and <state>/jupyter-config-students, first for students: nbgrader's
   formgrader and authoring tools off.
 The Python environment the servers run (--python, a virtual environment under /opt or /srv) must exist and be
-readable by every account: setup checks it as a student (`--create-env` makes it with pip).
+readable by every account: setup checks it as `nobody` before it makes anything (`--create-env` makes it with pip,
+from --base-python, which `nobody` must be able to run: never a pyenv or conda under /root).
 
 start runs `jupyterhub -f deploy/jupyterhub/jupyterhub_config.py` with those settings.
 """
@@ -29,6 +30,7 @@ import pwd
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -37,7 +39,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 HUB_CONFIG = REPO / "deploy" / "jupyterhub" / "jupyterhub_config.py"
 COURSE_FILES = ("nbgrader_config.py", "solutions", "labs")
-AUTHENTICATORS = ("pam", "test-dummy")
 SETTINGS_NAME = "hub.json"
 ACCOUNT_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")  # what useradd accepts by default, and safe in SQL and paths
 # A student's server: nbgrader's instructor tools off (their server extensions and JupyterLab plugins).
@@ -77,7 +78,6 @@ class HubSettings:
     jupyter_config: str
     gradebook_url: str
     proxy: str
-    authenticator: str = "pam"
     ip: str = "127.0.0.1"
     port: int = 8000
     hub_port: int = 8081
@@ -197,12 +197,20 @@ def gradebook_url(instructor: str, database: str, socket_dir: str, port: int) ->
     return f"postgresql+psycopg://{instructor}@/{database}?host={socket_dir}&port={port}"
 
 
+def run_sql(psql: str, socket_dir: str, port: int, statement: str, db: str = "postgres",
+            admin: str = "postgres") -> str:
+    """One statement as PostgreSQL's administrator (peer authentication over the server's Unix socket)."""
+    return _run("runuser", "-u", admin, "--", psql, "-h", socket_dir, "-p", str(port), "-d", db, "-v",
+                "ON_ERROR_STOP=1", "-Atc", statement,
+                what="PostgreSQL (is its server running? Debian: `pg_lsclusters` shows it, `service postgresql start` "
+                     "starts it)")
+
+
 def create_gradebook(psql: str, instructor: str, database: str, socket_dir: str, port: int,
                      admin: str = "postgres") -> None:
     """The instructor's role and database (if missing); nobody else may connect to it."""
-    def sql(statement: str, db: str = "postgres") -> str:
-        return _run("runuser", "-u", admin, "--", psql, "-h", socket_dir, "-p", str(port), "-d", db, "-v",
-                    "ON_ERROR_STOP=1", "-Atc", statement, what="PostgreSQL")
+    def sql(statement: str) -> str:
+        return run_sql(psql, socket_dir, port, statement, admin=admin)
 
     if not sql(f"SELECT 1 FROM pg_roles WHERE rolname = '{instructor}'").strip():
         sql(f'CREATE ROLE "{instructor}" LOGIN')
@@ -279,67 +287,111 @@ def serve_mathjax(folder: str, port: int) -> None:
             self.send_header("Cache-Control", "max-age=3600")
             super().end_headers()
 
+    for stop in (signal.SIGINT, signal.SIGTERM):  # the Hub stops its services with SIGINT, which a Hub started in
+        signal.signal(stop, lambda *_: sys.exit(0))  # the background passes on ignored: exit at once, not 20 s later
     http.server.ThreadingHTTPServer(("127.0.0.1", port), MathJaxFiles).serve_forever()
 
 
-def check_environment(python: str, as_user: str) -> None:
-    """The class's environment runs as a student: the interpreter, gptcourse, nbgrader and jupyterhub import."""
+def require_environment(python: str) -> None:
     single_user = Path(python) / "bin" / "jupyterhub-singleuser"
     if not single_user.exists():
         raise HubSetupError(f"{single_user} does not exist: --python must be a virtual environment with jupyterhub "
                             "and the course installed (`gptcourse hub setup --create-env` makes one)")
-    probe = "import gptcourse, nbgrader, jupyterhub, torch"
-    proc = subprocess.run(["runuser", "-u", as_user, "--", str(Path(python) / "bin" / "python"), "-c", probe],
+
+
+def check_environment(python: str) -> None:
+    """The class's environment runs for an account with no rights of its own (`nobody`), as for every student:
+    the interpreter, gptcourse, nbgrader, jupyterhub, torch and the gradebook's driver import."""
+    require_environment(python)
+    probe = "import gptcourse, nbgrader, jupyterhub, torch, psycopg"
+    proc = subprocess.run(["runuser", "-u", "nobody", "--", str(Path(python) / "bin" / "python"), "-c", probe],
                           capture_output=True, text=True, cwd="/")
     if proc.returncode != 0:
-        raise HubSetupError(f"the environment {python} does not run as the student {as_user} ({probe}):\n"
-                            f"{proc.stderr[-2000:]}\nEvery account must be able to read it: put it under /opt or "
-                            "/srv (not in a home folder such as /root) and make it world-readable")
+        raise HubSetupError(f"the environment {python} does not run for other accounts ({probe} as nobody):\n"
+                            f"{proc.stderr[-2000:]}\nEvery account must be able to read it and its interpreter: put "
+                            "it under /opt or /srv, made from a Python outside /root (`--create-env --base-python "
+                            "/usr/bin/python3` after removing it), and make it world-readable")
 
 
-def create_environment(python: str, repo: Path = REPO) -> None:
-    """A virtual environment with the course (not editable: the repository need not be readable) and JupyterHub."""
-    if not (Path(python) / "bin" / "python").exists():
-        _run(sys.executable, "-m", "venv", python, what="creating the environment")
+def runs_for_everyone(program: str | Path) -> bool:
+    """Whether an account with no rights of its own (`nobody`) can run this Python: not one under /root."""
+    proc = subprocess.run(["runuser", "-u", "nobody", "--", program, "-c", "import sys"], capture_output=True,
+                          cwd="/")
+    return proc.returncode == 0
+
+
+def base_python() -> str:
+    """The interpreter this one was made from (a virtual environment's base), which --create-env builds on."""
+    return getattr(sys, "_base_executable", sys.executable)
+
+
+def create_environment(python: str, base: str, repo: Path = REPO) -> None:
+    """A virtual environment with the course (not editable: the repository need not be readable), JupyterHub and
+    the gradebook's driver, made from `base`, which every account must be able to run (the environment's
+    interpreter is a link to it)."""
+    if not runs_for_everyone(base):
+        raise HubSetupError(
+            f"the students' accounts cannot run {base} (it lies in a folder only root may enter, such as /root's "
+            "pyenv or conda), so an environment made from it would not run for them: pass --base-python with a "
+            "Python 3.10 or newer installed for every account, e.g. /usr/bin/python3 (Debian: apt-get install "
+            "python3-venv)")
+    interpreter = Path(python) / "bin" / "python"
+    if not interpreter.exists():
+        _run(base, "-m", "venv", python, what="creating the environment")
+    elif not runs_for_everyone(interpreter):
+        raise HubSetupError(f"{python} exists, but the students' accounts cannot run its interpreter "
+                            f"({interpreter.resolve()}): remove it (rm -r {python}) and run this again")
     pip = [str(Path(python) / "bin" / "python"), "-m", "pip", "install", "-q"]
     torch = next(line.strip() for line in (repo / "requirements.txt").read_text().splitlines()
                  if line.startswith("torch=="))  # the version the course is tested with
     _run(*pip, torch, what="installing torch")
-    _run(*pip, f"{repo}[site]", "jupyterhub", what="installing the course (with MathJax) and JupyterHub")
+    _run(*pip, f"{repo}[site,hub]", what="installing the course with MathJax, JupyterHub and PostgreSQL's driver")
     for path in [Path(python), *Path(python).rglob("*")]:
         if not path.is_symlink():
             os.chmod(path, path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
 
 
+def environment_mathjax(python: str) -> str:
+    """Where the class's environment keeps MathJax 3 (its `site` extra), which the Hub serves to the formgrader."""
+    require_environment(python)
+    probe = "from gptcourse.hub import mathjax_folder; print(mathjax_folder())"
+    proc = subprocess.run([str(Path(python) / "bin" / "python"), "-c", probe], capture_output=True, text=True,
+                          cwd="/")
+    folder = proc.stdout.strip() if proc.returncode == 0 else ""
+    if not folder:
+        raise HubSetupError(f"the environment {python} has no MathJax for the formgrader's and the feedback's math "
+                            "(the course's `site` extra, sphinx-mathjax-offline): install the course there with "
+                            "its site extra (`--create-env` does)")
+    return folder
+
+
 def setup(settings: HubSettings, psql: str, socket_dir: str, pg_port: int, database: str,
           admin: str = "postgres") -> dict[str, str]:
-    """Everything the Hub needs; returns the passwords set ({} with the test authenticator)."""
+    """Everything the Hub needs; returns the passwords set (those of the accounts it created)."""
     require_root()
     bad = [name for name in (settings.instructor, *settings.students, database) if not ACCOUNT_NAME.fullmatch(name)]
     if bad:
         raise HubSetupError(f"not an account or database name: {bad}; expected lowercase letters, digits, _ or -, "
                             "starting with a letter or _, at most 32 characters")
-    passwords = {}
-    for name in (settings.instructor, *settings.students):
-        if create_user(name) and settings.authenticator == "pam":
-            passwords[name] = set_password(name)
-    check_environment(settings.python, settings.students[0] if settings.students else settings.instructor)
-    create_exchange(Path(settings.exchange), settings.course_id, settings.instructor)
-    install_course(settings)
+    check_environment(settings.python)
     create_gradebook(psql, settings.instructor, database, socket_dir, pg_port, admin)
-    write_jupyter_config(settings)
-    if settings.mathjax:
-        write_mathjax_template(settings)
     private = Path(settings.state) / "private"
     private.mkdir(parents=True, exist_ok=True)
     os.chmod(private, 0o700)
     os.chmod(settings.state, 0o755)
+    passwords = {}
+    for name in (settings.instructor, *settings.students):
+        if create_user(name):
+            passwords[name] = set_password(name)
+            with open(private / "passwords.txt", "a", encoding="utf-8") as listing:  # at once: never lost
+                os.fchmod(listing.fileno(), 0o600)
+                listing.write(f"{name} {passwords[name]}\n")
+    create_exchange(Path(settings.exchange), settings.course_id, settings.instructor)
+    install_course(settings)
+    write_jupyter_config(settings)
+    if settings.mathjax:
+        write_mathjax_template(settings)
     settings.settings_file.write_text(json.dumps(asdict(settings), indent=1))
-    if passwords:
-        listing = private / "passwords.txt"
-        with open(listing, "a", encoding="utf-8") as out:
-            out.writelines(f"{name} {password}\n" for name, password in passwords.items())
-        os.chmod(listing, 0o600)
     return passwords
 
 
@@ -349,7 +401,7 @@ def hub_command(settings_file: Path) -> tuple[list[str], dict[str, str]]:
     return [sys.executable, "-m", "jupyterhub", "-f", str(HUB_CONFIG)], env
 
 
-def _settings_from(args: argparse.Namespace) -> HubSettings:
+def _settings_from(args: argparse.Namespace, proxy: str) -> HubSettings:
     state = Path(args.state)
     instructor, course = args.instructor, args.course
     home = Path("/home") / instructor
@@ -357,15 +409,11 @@ def _settings_from(args: argparse.Namespace) -> HubSettings:
         home = Path(pwd.getpwnam(instructor).pw_dir)
     except KeyError:
         pass
-    proxy = shutil.which("configurable-http-proxy")
-    if proxy is None:
-        raise HubSetupError("configurable-http-proxy is not on PATH: `npm install -g configurable-http-proxy` "
-                            "(or Debian's node-configurable-http-proxy with Debian's nodejs)")
     return HubSettings(
         course_id=course, instructor=instructor, students=list(args.students), python=args.python,
         state=str(state), exchange=args.exchange, course_dir=str(home / course),
         jupyter_config=str(state / "jupyter-config"), jupyter_data=str(state / "jupyter-data"),
-        mathjax=mathjax_folder(),
+        mathjax=environment_mathjax(args.python),
         gradebook_url=gradebook_url(instructor, args.database, args.pg_socket, args.pg_port), proxy=proxy,
         ip=args.ip, port=args.port,
     )
@@ -385,7 +433,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                               help="comma-separated Unix accounts, or @FILE with one a line")
     setup_parser.add_argument("--course", default="gptcourse", help="nbgrader's course id (default gptcourse)")
     setup_parser.add_argument("--python", default="/opt/gptcourse/venv", help="the class's environment")
-    setup_parser.add_argument("--create-env", action="store_true", help="make --python with pip if missing")
+    setup_parser.add_argument("--create-env", action="store_true",
+                              help="make --python with pip (torch, the course, JupyterHub); missing parts only")
+    setup_parser.add_argument("--base-python", default=base_python(),
+                              help="the Python --create-env builds on, runnable by every account (default: this "
+                                   "one's base interpreter)")
     setup_parser.add_argument("--state", default="/srv/gptcourse-hub", help="the Hub's own folder")
     setup_parser.add_argument("--exchange", default="/srv/nbgrader/exchange", help="nbgrader's exchange root")
     setup_parser.add_argument("--database", default="gradebook", help="the gradebook's PostgreSQL database")
@@ -406,12 +458,16 @@ def command(args: argparse.Namespace) -> int:
         return 0
     require_root()
     if args.hub_command == "setup":
-        settings = _settings_from(args)
-        if args.create_env:
-            create_environment(settings.python)
-        psql = shutil.which("psql")
+        proxy, psql = shutil.which("configurable-http-proxy"), shutil.which("psql")
+        if proxy is None:
+            raise HubSetupError("configurable-http-proxy is not on PATH: `npm install -g configurable-http-proxy` "
+                                "(or Debian's node-configurable-http-proxy with Debian's nodejs)")
         if psql is None:
             raise HubSetupError("psql is not on PATH: install PostgreSQL (Debian: apt-get install postgresql)")
+        run_sql(psql, args.pg_socket, args.pg_port, "SELECT 1")  # the server answers, before anything is made
+        if args.create_env:
+            create_environment(args.python, args.base_python)
+        settings = _settings_from(args, proxy)
         passwords = setup(settings, psql, args.pg_socket, args.pg_port, args.database)
         print(f"set up; settings in {settings.settings_file}")
         if passwords:

@@ -2,8 +2,9 @@
 nbgrader's exchange, the formgrader, the gradebook on PostgreSQL, the sandboxed grader (issue 31).
 
 One Hub for the module (`gptcourse hub setup` + `gptcourse hub start`, deploy/jupyterhub/jupyterhub_config.py) on
-127.0.0.1, with JupyterHub's DummyAuthenticator (the test flag) and a throwaway PostgreSQL server reachable only
-over its Unix socket; the accounts, the exchange and the database are made for the test and removed after it.
+127.0.0.1, logging in through PAM with the passwords `hub setup` gives the new accounts, as a class does, and a
+throwaway PostgreSQL server reachable only over its Unix socket; the accounts, the exchange and the database are made
+for the test and removed after it.
 Screenshots of each step go to artifacts/hub/ (ignored), with the Hub's log.
 
 Skips (and so fails CI, which sets GPTCOURSE_REQUIRE_ALL=1) only where the machine lacks what it needs: root on
@@ -17,6 +18,7 @@ import csv
 import glob
 import json
 import os
+import pwd
 import re
 import secrets
 import shutil
@@ -57,7 +59,7 @@ class Hub:
     """The running Hub and what the test made for it."""
 
     url: str
-    password: str
+    passwords: dict[str, str]  # account -> the password `hub setup` set (PAM checks it)
     settings: HubSettings
     folder: Path  # everything the test made under /srv (removed afterwards)
     pg_socket: str
@@ -214,21 +216,19 @@ def hub(chromium_path: str) -> Iterator[Hub]:
             exchange=str(folder / "exchange"), course_dir=f"/home/{instructor}/{COURSE}",
             jupyter_config=str(folder / "hub" / "jupyter-config"),
             gradebook_url=hub_setup.gradebook_url(instructor, database, str(pg_folder), pg_port),
-            proxy=found["proxy"], authenticator="test-dummy", port=ports[0], hub_port=ports[1],
+            proxy=found["proxy"], port=ports[0], hub_port=ports[1],
             proxy_api_port=ports[2], mathjax=found["mathjax"], mathjax_port=ports[3],
             jupyter_data=str(folder / "hub" / "jupyter-data"),
         )
-        hub_setup.setup(settings, str(bindir / "psql"), str(pg_folder), pg_port, database)
-        password = secrets.token_urlsafe(12)
+        passwords = hub_setup.setup(settings, str(bindir / "psql"), str(pg_folder), pg_port, database)
         argv, env = hub_setup.hub_command(settings.settings_file)
-        env.update(GPTCOURSE_HUB_TEST="1", GPTCOURSE_HUB_TEST_PASSWORD=password)
         log = ARTIFACTS / "jupyterhub.log"
         with log.open("w") as log_file:
             hub_proc = subprocess.Popen(argv, env=env, cwd=settings.settings_file.parent, stdout=log_file,
                                         stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{settings.port}"
         _wait_for_hub(hub_proc, url, log)
-        yield Hub(url=url, password=password, settings=settings, folder=folder, pg_socket=str(pg_folder),
+        yield Hub(url=url, passwords=passwords, settings=settings, folder=folder, pg_socket=str(pg_folder),
                   pg_port=pg_port, database=database, psql=str(bindir / "psql"), students=students)
     finally:
         for name in (instructor, *students.values()):  # servers and kernels first: the Hub need not wait on them
@@ -262,12 +262,32 @@ def _context_page(browser: Browser) -> Page:
     return page
 
 
-def log_in(page: Page, hub: Hub, user: str) -> None:
-    """Hub's login form; submitting starts the user's server (waited for in `wait_for_lab`)."""
+def log_in(page: Page, hub: Hub, user: str, password: str | None = None) -> None:
+    """Hub's login form, with the user's password unless another is given; a right one starts the user's server
+    (waited for in `wait_for_lab`)."""
     page.goto(f"{hub.url}/hub/login")
     page.fill("#username_input", user)
-    page.fill("#password_input", hub.password)
+    page.fill("#password_input", hub.passwords[user] if password is None else password)
     page.click("#login_submit", no_wait_after=True)
+
+
+def server_uids(users: list[str]) -> dict[str, set[int]]:
+    """The uids (real and effective) of each user's jupyterhub-singleuser process, found in /proc by the
+    JUPYTERHUB_USER the Hub gave it."""
+    uids: dict[str, set[int]] = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            if b"jupyterhub-singleuser" not in (proc / "cmdline").read_bytes():
+                continue
+            environ = dict(item.split(b"=", 1) for item in (proc / "environ").read_bytes().split(b"\0") if b"=" in item)
+            status = (proc / "status").read_text()
+        except OSError:  # not a process, or one that ended meanwhile
+            continue
+        user = environ.get(b"JUPYTERHUB_USER", b"").decode()
+        if user in users:
+            real, effective = re.search(r"^Uid:\s+(\d+)\s+(\d+)", status, re.MULTILINE).groups()
+            uids.setdefault(user, set()).update({int(real), int(effective)})
+    return uids
 
 
 def wait_for_lab(page: Page, hub: Hub, user: str) -> None:
@@ -374,6 +394,11 @@ def test_a_class_on_jupyterhub(hub: Hub, browser: Browser) -> None:
 
 
 def class_scenario(hub: Hub, instructor: Page, students: dict[str, Page]) -> None:
+    with step("1. PAM refuses a wrong password: the login form again, with its error, and no server"):
+        log_in(instructor, hub, hub.instructor, password=hub.passwords[hub.instructor] + "x")
+        instructor.locator(".login_error", has_text="Invalid username or password").wait_for()
+        assert "/hub/login" in instructor.url and not server_uids([hub.instructor]), instructor.url
+        _shot(instructor, "0-wrong-password-refused")
     with step("1. the instructor logs in; the students log in meanwhile (their servers start in parallel)"):
         log_in(instructor, hub, hub.instructor)
         for role, page in students.items():
@@ -395,6 +420,9 @@ def class_scenario(hub: Hub, instructor: Page, students: dict[str, Page]) -> Non
             _assignment_button(page, "released_assignments_list", "Fetch")
             page.locator("#fetched_assignments_list .list_item", has_text=LAB).first.wait_for()
             _shot(page, f"2-{role}-fetched")
+    with step("2. each person's server runs as their own Unix user (PAM logged them in)"):
+        people = [hub.instructor, *hub.students.values()]
+        assert server_uids(people) == {user: {pwd.getpwnam(user).pw_uid} for user in people}
     for role, page in students.items():
         user = hub.students[role]
         path = f"contents/{LAB}/{LAB}.ipynb"
