@@ -88,7 +88,8 @@ def _needs() -> dict[str, str]:
     pytest.importorskip("jupyterhub", reason="JupyterHub: pip install -e '.[dev]' (CI does)")
     pytest.importorskip("psycopg", reason="the PostgreSQL driver: pip install -e '.[dev]'")
     from nbgrader_course import sandbox_problem
-    from test_grading_postgres import postgres_bin
+
+    from gptcourse.grading.throwaway_postgres import postgres_bin
 
     found = {"proxy": shutil.which("configurable-http-proxy") or "",
              "pg": str(postgres_bin() or "")}
