@@ -45,6 +45,9 @@ WRONG = {
         body="x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.weight")}, {"test_RMSNorm_hidden"}),
     "gate-value-swapped": ({"SwiGLU": SWIGLU.format(**RIGHT_SWIGLU | {"hidden": "nn.functional.silu(value) * gate"})},
                            {"test_SwiGLU", "test_SwiGLU_hidden"} | BLOCK_VALUES),
+    # the SiLU around the product (Nijikadesu/breakdown-minimind#3)
+    "silu-of-product": ({"SwiGLU": SWIGLU.format(**RIGHT_SWIGLU | {"hidden": "nn.functional.silu(gate * value)"})},
+                        {"test_SwiGLU", "test_SwiGLU_hidden"} | BLOCK_VALUES),
     # biases change the parameter names and count: every test that builds a SwiGLU fails, the count says why
     "swiglu-with-biases": ({"SwiGLU": SWIGLU.format(**RIGHT_SWIGLU | {"bias": True})},
                            {"test_SwiGLU", "test_SwiGLU_hidden", "test_DecoderBlock_causal", "test_DecoderBlock_params"}
@@ -66,6 +69,7 @@ class DecoderBlock(nn.Module):
 # student -> (a case their code fails, what its message says)
 SAYS = {
     "divides-by-rsqrt": ("04.RMSNorm.visible", "x is divided by torch.rsqrt(mean(x^2) + eps)"),
+    "silu-of-product": ("04.SwiGLU.visible", "SiLU is applied to the product, silu(gate * value)"),
 }
 
 class TestLab04(RoundTrip):

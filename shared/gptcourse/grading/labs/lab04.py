@@ -60,6 +60,8 @@ def swiglu_mistakes(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) ->
         "the gate and the value are swapped: the first half of w_in's output is the gate (it goes through SiLU), "
         "the second half the value": (silu(value) * gate) @ w_out.T,
         "SiLU is applied to the value too: only the gate goes through SiLU": (silu(gate) * silu(value)) @ w_out.T,
+        "SiLU is applied to the product, silu(gate * value): only the gate goes through SiLU, then multiplies the "
+        "value, silu(gate) * value": silu(gate * value) @ w_out.T,
         "the gate's SiLU is missing: silu(gate) * value": (gate * value) @ w_out.T,
         "ReLU instead of SiLU on the gate: SiLU(g) = g * sigmoid(g)": (gate.relu() * value) @ w_out.T,
         "sigmoid instead of SiLU on the gate: SiLU(g) = g * sigmoid(g)": (gate.sigmoid() * value) @ w_out.T,
