@@ -169,3 +169,11 @@ class TestLab11(RoundTrip):
 @pytest.mark.parametrize("student", sorted(SAYS))
 def test_each_named_mistake_gets_its_message(student):
     check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
+
+
+def test_the_ascending_sort_kept_below_p_is_named():
+    """Least likely first and `cumsum <= p`: the least likely tokens stay (mlx-examples#602's confusion)."""
+    check_named_mistake(LAB, {"top_p_filter": TOP_P.format(**RIGHT_TOP_P | {"keep": "probs.cumsum(dim=-1) <= top_p"})
+                              .replace("descending=True", "descending=False")},
+                        "11.top_p_filter.visible", "the tokens are sorted least likely first and kept while their mass "
+                        "is <= p")
