@@ -460,6 +460,7 @@ def test_multi_head_mistakes(wrong, message):
 @pytest.mark.parametrize(("hidden", "message"), [
     (lambda g, v: F.silu(v) * g, "the gate and the value are swapped"),
     (lambda g, v: F.silu(g) * F.silu(v), "SiLU is applied to the value too"),
+    (lambda g, v: F.silu(g * v), "SiLU is applied to the product"),
     (lambda g, v: g * v, "the gate's SiLU is missing"),
     (lambda g, v: F.relu(g) * v, "ReLU instead of SiLU"),
     (lambda g, v: torch.sigmoid(g) * v, "sigmoid instead of SiLU"),

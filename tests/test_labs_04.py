@@ -45,10 +45,29 @@ WRONG = {
         body="x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.weight")}, {"test_RMSNorm_hidden"}),
     "gate-value-swapped": ({"SwiGLU": SWIGLU.format(**RIGHT_SWIGLU | {"hidden": "nn.functional.silu(value) * gate"})},
                            {"test_SwiGLU", "test_SwiGLU_hidden"} | BLOCK_VALUES),
+    # the SiLU around the product (Nijikadesu/breakdown-minimind#3)
+    "silu-of-product": ({"SwiGLU": SWIGLU.format(**RIGHT_SWIGLU | {"hidden": "nn.functional.silu(gate * value)"})},
+                        {"test_SwiGLU", "test_SwiGLU_hidden"} | BLOCK_VALUES),
     # biases change the parameter names and count: every test that builds a SwiGLU fails, the count says why
     "swiglu-with-biases": ({"SwiGLU": SWIGLU.format(**RIGHT_SWIGLU | {"bias": True})},
                            {"test_SwiGLU", "test_SwiGLU_hidden", "test_DecoderBlock_causal", "test_DecoderBlock_params"}
                            | BLOCK_VALUES),
+    # x = norm(x); x = x + sublayer(x) (Howuhh/faster-trajectory-transformer#3, tracel-ai/burn#1056)
+    "residual-from-normed": ({"DecoderBlock": '''
+class DecoderBlock(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff):
+        super().__init__()
+        self.norm1 = RMSNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads)
+        self.norm2 = RMSNorm(d_model)
+        self.mlp = SwiGLU(d_model, d_ff)
+
+    def forward(self, x, rope=None):
+        x = self.norm1(x)
+        x = x + self.attn(x, rope=rope)
+        x = self.norm2(x)
+        return x + self.mlp(x)
+'''}, BLOCK_VALUES),
     "post-norm": ({"DecoderBlock": '''
 class DecoderBlock(nn.Module):
     def __init__(self, d_model, n_heads, d_ff):
@@ -66,6 +85,8 @@ class DecoderBlock(nn.Module):
 # student -> (a case their code fails, what its message says)
 SAYS = {
     "divides-by-rsqrt": ("04.RMSNorm.visible", "x is divided by torch.rsqrt(mean(x^2) + eps)"),
+    "residual-from-normed": ("04.DecoderBlock.visible", "the residual adds the normalised x"),
+    "silu-of-product": ("04.SwiGLU.visible", "SiLU is applied to the product, silu(gate * value)"),
 }
 
 class TestLab04(RoundTrip):

@@ -40,6 +40,11 @@ WRONG = {
     "targets-not-shifted": ({"next_token_loss": "def next_token_loss(model, tokens):\n    x = tokens[:, :-1]\n"
                                      "    return F.cross_entropy(model(x).flatten(0, 1), x.flatten())"},
                             {"test_next_token_loss", "test_next_token_loss_hidden"} | STEP_TESTS),
+    # the shifted pair shifted once more, next-next-token prediction (huggingface/transformers#37830)
+    "targets-shifted-twice": ({"next_token_loss": "def next_token_loss(model, tokens):\n    x, y = tokens[:, :-1], "
+                                       "tokens[:, 1:]\n    return F.cross_entropy(model(x)[:, :-1].flatten(0, 1), "
+                                       "y[:, 1:].flatten())"},
+                              {"test_next_token_loss", "test_next_token_loss_hidden"} | STEP_TESTS),
     # a single step from fresh gradients is right; the second adds the first step's gradients
     "no-zero-grad": ({"train_step": STEP.format(**RIGHT_STEP | {"zero": "pass"})},
                      {"test_train_step_twice", "test_train_step_hidden"}),
@@ -65,6 +70,7 @@ WRONG = {
 # student -> (a case their code fails, what its message says)
 SAYS = {
     "temperature-twice": ("07.next_token_probs.visible", "the temperature is applied twice"),
+    "targets-shifted-twice": ("07.next_token_loss.visible", "the targets are shifted twice"),
 }
 
 class TestLab07(RoundTrip):

@@ -180,3 +180,12 @@ class TestLab09(RoundTrip):
 @pytest.mark.parametrize("student", sorted(SAYS))
 def test_each_named_mistake_gets_its_message(student):
     check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_hidden_case_shows_decay_after_the_update(seed, monkeypatch):
+    """At lr=1e-3 the decay's order moves a weight by lr**2 * weight_decay, inside the tolerance: the hidden
+    case's learning rates and decays are large enough that every draw shows it (at 1e-3 most draws passed)."""
+    monkeypatch.setenv("GPTCOURSE_HIDDEN_SEEDS", f"09.adamw_step.hidden_sizes={seed}")
+    check_named_mistake(LAB, WRONG["decay-after-update"][0], "09.adamw_step.hidden_sizes",
+                        "weight decay applied after the update")

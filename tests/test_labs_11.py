@@ -87,6 +87,10 @@ WRONG = {
                               {"test_top_p_filter", "test_top_p_filter_skewed", "test_top_p_filter_large",
                                "test_top_p_filter_hidden"}),
     # right for ordinary logits; NaN probabilities, so every token masked, on the rows where exp() overflows
+    "top-p-sorted-ascending": ({"top_p_filter": TOP_P.format(**RIGHT_TOP_P).replace("descending=True",
+                                                                                   "descending=False")},
+                               {"test_top_p_filter", "test_top_p_filter_skewed", "test_top_p_filter_large",
+                                "test_top_p_filter_hidden"}),
     "top-p-naive-softmax": ({"top_p_filter": TOP_P.format(**RIGHT_TOP_P | {
         "probs": "ordered.exp() / ordered.exp().sum(dim=-1, keepdim=True)"})}, {"test_top_p_filter_large"}),
     # the threshold 1 - p (lucidrains/x-transformers#184): right only at p = 0.5 (the skewed case); p = 1 masks all
@@ -131,6 +135,9 @@ SAYS = {
     "cache-at-zero": ("11.LayerCache.visible", "the cache is written at position 0 every step"),
     "cache-whole-buffer": ("11.LayerCache.visible", "all 12 positions of the buffer, expected the 4 written"),
     "top-p-above-threshold": ("11.top_p_filter.visible", "top-p keeps the tokens *above* the threshold"),
+    # least likely first, the rule of the descending order kept: every token stays (the message was about 0 vs -inf)
+    "top-p-sorted-ascending": ("11.top_p_filter.visible", "top_p_filter kept every token, 80 of them, where the "
+                               "nucleus leaves out 44: the tokens are sorted least likely first"),
     "top-p-naive-softmax": ("11.top_p_filter.large", "exp() overflows float32 past 88, so exp(logits) / "
                             "exp(logits).sum() is inf / inf = NaN there"),
     "top-p-one-minus-p": ("11.top_p_filter.visible", "the threshold is 1 - top_p"),
@@ -162,3 +169,11 @@ class TestLab11(RoundTrip):
 @pytest.mark.parametrize("student", sorted(SAYS))
 def test_each_named_mistake_gets_its_message(student):
     check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
+
+
+def test_the_ascending_sort_kept_below_p_is_named():
+    """Least likely first and `cumsum <= p`: the least likely tokens stay (mlx-examples#602's confusion)."""
+    check_named_mistake(LAB, {"top_p_filter": TOP_P.format(**RIGHT_TOP_P | {"keep": "probs.cumsum(dim=-1) <= top_p"})
+                              .replace("descending=True", "descending=False")},
+                        "11.top_p_filter.visible", "the tokens are sorted least likely first and kept while their mass "
+                        "is <= p")

@@ -60,6 +60,8 @@ def swiglu_mistakes(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) ->
         "the gate and the value are swapped: the first half of w_in's output is the gate (it goes through SiLU), "
         "the second half the value": (silu(value) * gate) @ w_out.T,
         "SiLU is applied to the value too: only the gate goes through SiLU": (silu(gate) * silu(value)) @ w_out.T,
+        "SiLU is applied to the product, silu(gate * value): only the gate goes through SiLU, then multiplies the "
+        "value, silu(gate) * value": silu(gate * value) @ w_out.T,
         "the gate's SiLU is missing: silu(gate) * value": (gate * value) @ w_out.T,
         "ReLU instead of SiLU on the gate: SiLU(g) = g * sigmoid(g)": (gate.relu() * value) @ w_out.T,
         "sigmoid instead of SiLU on the gate: SiLU(g) = g * sigmoid(g)": (gate.sigmoid() * value) @ w_out.T,
@@ -78,11 +80,15 @@ def block_mistakes(
     """Wrong pre-norm decoder blocks of x (B, T, C), given the block's four sublayers as functions."""
     u = x + attn(norm1(x))  # (B, T, C): the right first half
     post = norm1(x + attn(x))
+    normed = norm1(x) + attn(norm1(x))  # (B, T, C): the residual stream started from norm1(x)
     return {
         "post-norm: the norms are applied after the residual additions, norm(x + sublayer(x)); a pre-norm block "
         "normalises only each sublayer's input: x + attn(norm1(x))": norm2(post + mlp(post)),
         "the attention's residual is missing: u = x + attn(norm1(x))": attn(norm1(x)) + mlp(norm2(attn(norm1(x)))),
         "the MLP's residual is missing: y = u + mlp(norm2(u))": mlp(norm2(u)),
+        "the residual adds the normalised x, norm1(x) + attn(norm1(x)): the norm belongs to the sublayer's input "
+        "only, and the residual stream carries x itself, u = x + attn(norm1(x)), then y = u + mlp(norm2(u))":
+            norm2(normed) + mlp(norm2(normed)),
         "the MLP reads norm2(x), not norm2(u): it must see the attention's result (sequential, not parallel)":
             u + mlp(norm2(x)),
         "norm1 is used before both sublayers: the MLP reads norm2(u), with its own gain": u + mlp(norm1(u)),

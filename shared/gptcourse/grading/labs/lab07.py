@@ -72,6 +72,10 @@ def _loss_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             "only the last position is scored: every position t predicts token t + 1":
                 F.cross_entropy(logits[:, -1], y[:, -1]),
         }
+        if tokens.size(1) > 2:
+            mistakes["the targets are shifted twice: tokens[:, 1:] is already the next token, so position t is "
+                     "scored against token t + 2. Shift once: x = tokens[:, :-1], y = tokens[:, 1:], and compare "
+                     "model(x) with y as they are"] = F.cross_entropy(logits[:, :-1].flatten(0, 1), y[:, 1:].flatten())
         if tokens.size(1) <= inputs["config"].context_length:
             mistakes["the targets are not shifted: x and y are both the whole sequence; use x = tokens[:, :-1] "
                      "and y = tokens[:, 1:]"] = lm_loss(model, tokens, tokens)

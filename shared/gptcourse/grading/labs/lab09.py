@@ -515,9 +515,9 @@ PIECES = declare(
                                                                        eps=1e-8, weight_decay=0.5))],
           hidden=[("hidden_sizes", "adamw_steps with other sizes, steps and hyper-parameters",
                    sized(lambda r, seed: _adamw_inputs(
-                       r.randint(1, 30), r.randint(3, 8), seed, lr=r.choice([1e-3, 3e-3, 0.05]),
+                       r.randint(1, 30), r.randint(3, 8), seed, lr=r.choice([0.02, 0.05]),
                        beta1=r.choice([0.8, 0.9]), beta2=r.choice([0.95, 0.99, 0.999]), eps=1e-8,
-                       weight_decay=r.choice([0.01, 0.1, 0.3]))))]),
+                       weight_decay=r.choice([0.3, 0.5, 1.0]))))]),
     Piece("09", "lr_at", _lr_at, _schedule_call, mistakes=_schedule_mistakes,
           label="the learning rates at steps 0 .. total_steps + 4", atol=1e-12, rtol=1e-9,
           forbidden=("gptcourse.lr_at", "gptcourse.training.loop", "torch.optim.lr_scheduler"),

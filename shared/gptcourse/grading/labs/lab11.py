@@ -222,7 +222,28 @@ def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     logits, p, filtered = inputs["logits"], inputs["top_p"], got["filtered"]
     check_shape(filtered, "B V", inputs["sizes"], "top_p_filter output")
     kept, want = ~torch.isneginf(filtered), ~torch.isneginf(expected["filtered"])
+    mistakes = {
+        "top-p keeps the tokens *above* the threshold: the smallest set of the most likely tokens whose mass "
+        "reaches p; the token that crosses p stays (keep a token while the mass before it is < p)":
+            _nucleus(logits, p, before=False),
+        "the tokens are sorted least likely first: sort by descending probability, the nucleus is the head":
+            _nucleus(logits, p, ascending=True),
+        "the tokens are sorted least likely first and kept while their mass is <= p, so the least likely tokens "
+        "are kept: sort by descending probability and keep the head, or (Hugging Face's order, ascending) mask the "
+        "tokens whose cumulative mass is <= 1 - top_p": _nucleus(logits, p, ascending=True, before=False),
+        "the cumulative sum runs over the logits: take it over the probabilities, softmax(sorted logits)":
+            _nucleus(logits, p, of_logits=True),
+        "each token's own probability was compared with p: top-p adds the probabilities up, most likely first":
+            logits.softmax(dim=-1) >= p,
+        "the threshold is 1 - top_p: the nucleus is the most likely tokens whose mass reaches top_p itself "
+        f"(top_p={p} keeps {p:.0%} of the probability), so keep a token while the mass before it is < top_p":
+            _nucleus(logits, 1 - p),
+    }
     if bool(want.logical_not().any()) and bool(kept.all()):
+        known = next((what for what, m in mistakes.items() if torch.equal(m, kept)), None)
+        if known and torch.equal(filtered, logits):  # -inf used right, but every token kept
+            raise fail(f"top_p_filter kept every token, {kept.numel()} of them, where the nucleus leaves out "
+                       f"{int(want.logical_not().sum())}: {known}")
         raise fail("top_p_filter set no logit to -inf: the tokens outside the nucleus must become -inf (not 0, "
                    "which exp() turns into probability), so that the softmax gives them nothing")
     wrong = (kept != want).any(dim=-1)  # (B,): the rows with a token decided the other way
@@ -232,20 +253,6 @@ def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    f"logits as large as {float(logits[wrong].max()):.0f}, and is right on the others: exp() overflows "
                    "float32 past 88, so exp(logits) / exp(logits).sum() is inf / inf = NaN there. Subtract each "
                    "row's largest logit before exp (the softmax is unchanged by a shift), or use torch.softmax")
-    mistakes = {
-        "top-p keeps the tokens *above* the threshold: the smallest set of the most likely tokens whose mass "
-        "reaches p; the token that crosses p stays (keep a token while the mass before it is < p)":
-            _nucleus(logits, p, before=False),
-        "the tokens are sorted least likely first: sort by descending probability, the nucleus is the head":
-            _nucleus(logits, p, ascending=True),
-        "the cumulative sum runs over the logits: take it over the probabilities, softmax(sorted logits)":
-            _nucleus(logits, p, of_logits=True),
-        "each token's own probability was compared with p: top-p adds the probabilities up, most likely first":
-            logits.softmax(dim=-1) >= p,
-        "the threshold is 1 - top_p: the nucleus is the most likely tokens whose mass reaches top_p itself "
-        f"(top_p={p} keeps {p:.0%} of the probability), so keep a token while the mass before it is < top_p":
-            _nucleus(logits, 1 - p),
-    }
     if not bool(kept.any(dim=-1).all()):
         known = next((what for what, m in mistakes.items() if torch.equal(m, kept)), None)
         raise fail("top_p_filter masked every token of a row: the most likely token always stays (its mass alone "
