@@ -139,6 +139,10 @@ WRONG = {
         "warmup": "(step + 1) * warmup_steps / (warmup_steps + 1)"})}, {"test_lr_at", "test_lr_at_hidden"}),
     "accumulation-divided-by-seen": ({"accumulate_gradients": SEEN_ACCUMULATION},
                                      {"test_accumulate_gradients", "test_accumulate_gradients_hidden"}),
+    # the Adam paper's folded step size: eps lands before the corrections; only a gradient near eps shows it
+    "eps-before-correction": ({"adamw_step": ADAMW.format(**RIGHT_ADAMW | {
+        "update": "param - lr * (1 - beta2**step) ** 0.5 / (1 - beta1**step) * exp_avg / (exp_avg_sq.sqrt() + eps)"})},
+        ADAMW_TESTS),
 }
 
 # student -> (a case their code fails, what its message says)
@@ -164,6 +168,7 @@ SAYS = {
     "warmup-over-warmup-plus-one": ("09.lr_at.visible", "the warmup divides by warmup_steps + 1"),
     "accumulation-divided-by-seen": ("09.accumulate_gradients.visible", "divided by how many micro-batches had "
                                      "been seen (micro_step + 1)"),
+    "eps-before-correction": ("09.adamw_step.visible", "eps is added before the bias correction"),
 }
 
 

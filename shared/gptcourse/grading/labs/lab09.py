@@ -109,6 +109,7 @@ def _adamw_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, 
 def _adamw_inputs(n: int, steps: int, seed: int, **hyper: float) -> Inputs:
     gen = tensor_rng(seed)
     scales = torch.logspace(-2, 0, n)  # (n,): coordinates with gradients of different sizes
+    scales[0] = 1e-6  # and one near eps's scale, where it matters where eps is added
     return {"param": torch.randn(n, generator=gen),
             "grads": [torch.randn(n, generator=gen) * scales for _ in range(steps)]} | hyper
 
@@ -131,7 +132,8 @@ def _wrong_adamw_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Te
                       step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, *,
                       decay: Literal["first", "gradient", "after", "in_step"] = "first", correct_m: bool = True,
                       correct_v: bool = True, decay_times_lr: bool = True, eps_inside: bool = False,
-                      step_offset: int = 0, power: bool = True) -> tuple[torch.Tensor, ...]:
+                      step_offset: int = 0, power: bool = True, eps_before_correction: bool = False
+                      ) -> tuple[torch.Tensor, ...]:
     """An adamw_step with one of the usual mistakes, run through the same call as the student's. `decay`: where
     the weight decay goes, "first" (right: the weight is shrunk before the update)."""
     shrink = 1 - (lr * weight_decay if decay_times_lr else weight_decay)
@@ -147,7 +149,10 @@ def _wrong_adamw_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Te
     v_hat = v / (1 - b2) if correct_v else v
     if decay == "in_step":
         m_hat = m_hat + weight_decay * param  # the decay joins the update, and sqrt(v_hat) + eps divides it
-    param = param - lr * m_hat / ((v_hat + eps).sqrt() if eps_inside else v_hat.sqrt() + eps)
+    if eps_before_correction:  # the Adam paper's "efficient" order: the corrections folded into the step size
+        param = param - lr * (1 - b2) ** 0.5 / (1 - b1) * m / (v.sqrt() + eps)
+    else:
+        param = param - lr * m_hat / ((v_hat + eps).sqrt() if eps_inside else v_hat.sqrt() + eps)
     return param * shrink if decay == "after" else param, m, v
 
 
@@ -171,6 +176,10 @@ def _adamw_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "the decay misses the learning rate: param * (1 - lr * weight_decay), not param * (1 - weight_decay)":
             {"decay_times_lr": False},
         "eps is inside the square root: sqrt(v_hat) + eps": {"eps_inside": True},
+        "eps is added before the bias correction: lr * sqrt(1 - beta2**step) / (1 - beta1**step) * m / (sqrt(v) + "
+        "eps), the Adam paper's folded form, scales eps by 1 / sqrt(1 - beta2**step), which shows where a gradient "
+        "is as small as eps. The update here is torch.optim.AdamW's: m_hat / (sqrt(v_hat) + eps), eps added after "
+        "both corrections": {"eps_before_correction": True},
         "the bias correction uses step + 1: `step` is already 1 at the first update, so divide m by "
         "(1 - beta1**step) and v by (1 - beta2**step)": {"step_offset": 1},
         "the bias correction divides by (1 - beta1) and (1 - beta2), without the step's power: it is right at step "
