@@ -30,6 +30,19 @@ class SwiGLU(nn.Module):
 '''
 RIGHT_SWIGLU = {"bias": False, "hidden": "nn.functional.silu(gate) * value"}
 BLOCK_VALUES = {"test_DecoderBlock", "test_DecoderBlock_rope", "test_DecoderBlock_hidden"}
+# a DecoderBlock with the right parts and another forward
+BLOCK = '''
+class DecoderBlock(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff):
+        super().__init__()
+        self.norm1 = RMSNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads)
+        self.norm2 = RMSNorm(d_model)
+        self.mlp = SwiGLU(d_model, d_ff)
+
+    def forward(self, x, rope=None):
+        {forward}
+'''
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
     # the block uses the student's norm and MLP, so their mistakes show there too; none of them breaks causality
@@ -53,34 +66,12 @@ WRONG = {
                            {"test_SwiGLU", "test_SwiGLU_hidden", "test_DecoderBlock_causal", "test_DecoderBlock_params"}
                            | BLOCK_VALUES),
     # x = norm(x); x = x + sublayer(x) (Howuhh/faster-trajectory-transformer#3, tracel-ai/burn#1056)
-    "residual-from-normed": ({"DecoderBlock": '''
-class DecoderBlock(nn.Module):
-    def __init__(self, d_model, n_heads, d_ff):
-        super().__init__()
-        self.norm1 = RMSNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, n_heads)
-        self.norm2 = RMSNorm(d_model)
-        self.mlp = SwiGLU(d_model, d_ff)
-
-    def forward(self, x, rope=None):
-        x = self.norm1(x)
+    "residual-from-normed": ({"DecoderBlock": BLOCK.format(forward="""x = self.norm1(x)
         x = x + self.attn(x, rope=rope)
         x = self.norm2(x)
-        return x + self.mlp(x)
-'''}, BLOCK_VALUES),
-    "post-norm": ({"DecoderBlock": '''
-class DecoderBlock(nn.Module):
-    def __init__(self, d_model, n_heads, d_ff):
-        super().__init__()
-        self.norm1 = RMSNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, n_heads)
-        self.norm2 = RMSNorm(d_model)
-        self.mlp = SwiGLU(d_model, d_ff)
-
-    def forward(self, x, rope=None):
-        x = self.norm1(x + self.attn(x, rope=rope))
-        return self.norm2(x + self.mlp(x))
-'''}, BLOCK_VALUES),
+        return x + self.mlp(x)""")}, BLOCK_VALUES),
+    "post-norm": ({"DecoderBlock": BLOCK.format(forward="""x = self.norm1(x + self.attn(x, rope=rope))
+        return self.norm2(x + self.mlp(x))""")}, BLOCK_VALUES),
 }
 # student -> (a case their code fails, what its message says)
 SAYS = {
