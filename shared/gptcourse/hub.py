@@ -304,8 +304,7 @@ def check_environment(python: str) -> None:
     the interpreter, gptcourse, nbgrader, jupyterhub, torch and the gradebook's driver import."""
     require_environment(python)
     probe = "import gptcourse, nbgrader, jupyterhub, torch, psycopg"
-    proc = subprocess.run(["runuser", "-u", "nobody", "--", str(Path(python) / "bin" / "python"), "-c", probe],
-                          capture_output=True, text=True, cwd="/")
+    proc = run_as_nobody(Path(python) / "bin" / "python", probe)
     if proc.returncode != 0:
         raise HubSetupError(f"the environment {python} does not run for other accounts ({probe} as nobody):\n"
                             f"{proc.stderr[-2000:]}\nEvery account must be able to read it and its interpreter: put "
@@ -313,11 +312,15 @@ def check_environment(python: str) -> None:
                             "/usr/bin/python3` after removing it), and make it world-readable")
 
 
+def run_as_nobody(program: str | Path, code: str) -> subprocess.CompletedProcess:
+    """`program -c code` for an account with no rights of its own (`nobody`), from /, its output captured."""
+    return subprocess.run(["runuser", "-u", "nobody", "--", str(program), "-c", code], capture_output=True,
+                          text=True, cwd="/")
+
+
 def runs_for_everyone(program: str | Path) -> bool:
     """Whether an account with no rights of its own (`nobody`) can run this Python: not one under /root."""
-    proc = subprocess.run(["runuser", "-u", "nobody", "--", program, "-c", "import sys"], capture_output=True,
-                          cwd="/")
-    return proc.returncode == 0
+    return run_as_nobody(program, "import sys").returncode == 0
 
 
 def base_python() -> str:
