@@ -618,8 +618,9 @@ def _attention_line(row: dict) -> str:
 
 
 def _tiled_line(row: dict, part: str) -> str:
+    measured = [key.removesuffix(f"_{part}_ms") for key in row if key.endswith(f"_{part}_ms")]  # in run order
     cells = " | ".join(f"{name} {row[f'{name}_{part}_peak_mb']:7.1f} MB {row[f'{name}_{part}_ms']:8.1f} ms"
-                       for name in tiled_methods(row["device"]) if f"{name}_{part}_ms" in row)
+                       for name in measured)
     return f"  T={row['T']:>5} (blocks of {row['block']}) {part:>7}: {cells}"
 
 
