@@ -49,6 +49,15 @@ c.CsvExportPlugin.to = os.path.join(ROOT, "grading", "grades.csv")  # `nbgrader 
 c.ZipCollectApp.downloaded_directory = os.path.join("grading", "downloaded")
 c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^/_]+)_(?P<file_id>[^/]+\.ipynb)$"
 
+# A submission is data until proven a plain notebook (gptcourse.grading.intake): collect, zip_collect and
+# autograde admit only regular files of allowed names and kinds, never through a link, and only allowed student
+# ids; what they refuse goes to grading/refused/ with a report line. Grades' CSV cells cannot be formulas.
+GRADING = "gptcourse.grading."
+c.ExchangeFactory.collect = GRADING + "intake.IntakeCollect"
+c.ZipCollectApp.collector_plugin = GRADING + "intake.IntakeFileNameCollector"
+c.ZipCollectApp.extractor_plugin = GRADING + "archives.BoundedExtractor"
+c.ExportApp.plugin_class = GRADING + "csv_export.SafeCsvExportPlugin"
+
 # A lab's cells are small; a minute per cell leaves room for a slow laptop and stops a runaway loop.
 c.Execute.timeout = 60
 # Kernels log only errors: ipykernel's warning that it talks to nbgrader over local TCP, which a student can
@@ -61,7 +70,6 @@ if not os.environ.get("GPTCOURSE_SECRET") and os.path.isfile(SECRET_FILE):
         os.environ["GPTCOURSE_SECRET"] = secret_file.readline().strip()
 
 # Autograde: nbgrader's steps, with gptcourse's in between (named as strings: imported only when autograding).
-GRADING = "gptcourse.grading."
 c.Autograde.exporter_class = GRADING + "sanitize.TolerantNotebookExporter"
 
 
@@ -79,13 +87,18 @@ c.Sandbox.threads = 0
 
 def _missing_notebooks(assignment: str, student: str, notebooks: list[str]) -> None:
     """Before anything is graded: stop if the sandbox cannot start (SandboxUnavailable, unless the opt-out is
-    set). A submission missing the lab's notebook (say, only a misnamed copy) is graded 0 with a report line; a
+    set). Before nbgrader copies anything of the submission: admit it (intake.admit_for_autograde). A submission
+    missing the lab's notebook (say, only a misnamed copy) is graded 0 with a report line; a
     submitted folder with no notebook at all, which nbgrader skips, gets a report that says so."""
+    from gptcourse.grading.intake import admit_for_autograde
     from gptcourse.grading.report import WriteGradingReport, report_folders_without_notebook
     from gptcourse.grading.sandbox import require_sandbox
     from gptcourse.grading.sanitize import expect_lab_notebooks
 
     require_sandbox(c, forbidden=[ROOT])
+    admit_for_autograde(ROOT, notebooks)
+    if not notebooks:  # its student id is not allowed: nothing of it is converted
+        return
     expect_lab_notebooks(os.path.join(ROOT, c.CourseDirectory.source_directory), notebooks)
     report_folders_without_notebook(notebooks, WriteGradingReport(config=c))
 
@@ -93,6 +106,7 @@ def _missing_notebooks(assignment: str, student: str, notebooks: list[str]) -> N
 c.Autograde.pre_convert_hook = _missing_notebooks
 c.Autograde.sanitize_preprocessors = [
     GRADING + "sanitize.RestoreCells",  # rebuild from the gradebook's cells: deleted/edited/retyped cells restored
+    GRADING + "intake.ReportRefused",  # the files intake refused, in the report
     "nbgrader.preprocessors.ClearOutput",
     "nbgrader.preprocessors.DeduplicateIds",
     "nbgrader.preprocessors.OverwriteKernelspec",

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from ..threads import cores, thread_share
+from .intake import admit_submitted, is_regular, shown, student_id_problem
 
 STATE_FOLDER = ".gptcourse-batch"  # inside the autograded folder; nbgrader's "*" globs skip dot-names
 SQLITE_BUSY_TIMEOUT_MS = 300_000
@@ -80,7 +81,7 @@ def folder_hash(*folders: Path) -> str:
     """A hash of every file's name and bytes in `folders`."""
     digest = hashlib.sha256()
     for folder in folders:
-        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        for path in sorted(p for p in folder.rglob("*") if is_regular(p)):
             digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
         digest.update(b"\1")
     return digest.hexdigest()
@@ -109,8 +110,9 @@ class Submission:
         return any(self.folder.glob("*.ipynb"))
 
 
-def submissions(coursedir: Any, lab: str) -> list[Submission]:
-    """Every submission of `lab` in the submitted folder, as nbgrader finds them."""
+def submissions(coursedir: Any, lab: str, refused: list[Path] | None = None) -> list[Submission]:
+    """Every submission of `lab` in the submitted folder, as nbgrader finds them, whose student id is allowed
+    (`intake.STUDENT_ID`); the folders of the others are added to `refused`."""
     pattern = re.compile(coursedir.format_path(coursedir.submitted_directory, "(?P<student_id>[^/]+)", lab,
                                                escape=True) + "$")
     excluded = set(filter(None, coursedir.student_id_exclude.split(",")))
@@ -120,6 +122,10 @@ def submissions(coursedir: Any, lab: str) -> list[Submission]:
         match = pattern.match(folder)
         if match and os.path.isdir(folder) and match["student_id"] not in excluded:
             student = match["student_id"]
+            if student_id_problem(student) is not None:
+                if refused is not None:
+                    refused.append(Path(folder))
+                continue
             found.append(Submission(student, Path(folder), source, state_folder(coursedir, lab) / f"{student}.json"))
     return found
 
@@ -263,7 +269,7 @@ def _worker_main(lab: str, zygote_socket: str | None, nbgrader_args: list[str], 
 @dataclass
 class Outcome:
     student: str
-    status: str  # "graded", "up to date", "no notebook", "failed", "not graded"
+    status: str  # "graded", "up to date", "no notebook", "failed", "not graded", "refused" (its student id)
     seconds: float = 0.0
     messages: list[str] = field(default_factory=list)
 
@@ -453,10 +459,16 @@ def _autograde_class(app: Any, lab: str, force: bool, progress: bool, runner: An
 
     coursedir = app.coursedir
     _require_assignment(coursedir.db_url, lab)
-    found = submissions(coursedir, lab)
-    if not found:
+    refused: list[Path] = []
+    found = submissions(coursedir, lab, refused)
+    if not found and not refused:
         raise SystemExit(f"no submissions of {lab} in {coursedir.format_path(coursedir.submitted_directory, '*', lab)}")
-    outcomes = {s.student: _no_notebook(s, lab, app) for s in found if not s.has_notebook()}
+    outcomes = {shown(folder.parent.name): Outcome(shown(folder.parent.name), "refused",
+                                                   messages=admit_submitted(coursedir.root, folder))
+                for folder in refused}
+    for s in found:  # what nbgrader would copy is admitted before anything reads it (the hook does it again)
+        admit_submitted(coursedir.root, s.folder)
+    outcomes.update({s.student: _no_notebook(s, lab, app) for s in found if not s.has_notebook()})
     outcomes.update({s.student: Outcome(s.student, "up to date") for s in found if s.student not in outcomes
                      and not force and s.is_up_to_date(autograded_folder(coursedir, lab, s.student))})
     todo = [s.student for s in found if s.student not in outcomes]
@@ -480,7 +492,7 @@ def _autograde_class(app: Any, lab: str, force: bool, progress: bool, runner: An
     for student in todo:
         outcomes.setdefault(student, Outcome(student, "not graded"))
     print(summary_table(outcomes, gradebook_rows(coursedir.db_url, lab, sorted(outcomes))))
-    failed = sum(o.status in ("failed", "not graded") for o in outcomes.values())
+    failed = sum(o.status in ("failed", "not graded", "refused") for o in outcomes.values())
     print(f"graded {sum(o.status == 'graded' for o in outcomes.values())}, up to date "
           f"{sum(o.status == 'up to date' for o in outcomes.values())}, no notebook "
           f"{sum(o.status == 'no notebook' for o in outcomes.values())}, failed or not graded {failed}, "

@@ -38,6 +38,9 @@ from itertools import pairwise, takewhile
 from pathlib import Path
 from typing import Any
 
+from .csv_export import spreadsheet_safe
+from .intake import is_regular, read_regular
+
 NOISE_TOKENS = 25  # copydetect's noise threshold k (its default): matches shorter than this never count
 GUARANTEE_TOKENS = 25  # copydetect's default too: window 1, every k-gram is a fingerprint
 MIN_TOKENS = 80  # a piece whose public solution has fewer fingerprinted tokens is not scored
@@ -134,10 +137,12 @@ def code_cells(notebook: Any) -> list[str]:
 
 def read_notebook(path: Path) -> dict:
     """The notebook's JSON; ValueError (with what was wrong) if it is not one."""
-    if path.stat().st_size > MAX_NOTEBOOK_BYTES:
-        raise ValueError(f"larger than {MAX_NOTEBOOK_BYTES // 1_000_000} MB")
     try:
-        notebook = json.loads(path.read_bytes())
+        data = read_regular(path, MAX_NOTEBOOK_BYTES)  # never through a link, never a device
+    except OSError:
+        raise ValueError(f"not a regular file of at most {MAX_NOTEBOOK_BYTES // 1_000_000} MB") from None
+    try:
+        notebook = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise ValueError(f"not JSON ({type(error).__name__})") from None
     if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
@@ -148,9 +153,9 @@ def read_notebook(path: Path) -> dict:
 def submitted_notebook(folder: Path, lab: str) -> Path | None:
     """The lab's notebook in a submitted folder (nbgrader's name; else the only notebook there)."""
     named = folder / f"{lab}.ipynb"
-    if named.is_file():
+    if is_regular(named):
         return named
-    others = sorted(p for p in folder.glob("*.ipynb") if p.is_file())
+    others = sorted(p for p in folder.glob("*.ipynb") if is_regular(p))
     return others[0] if len(others) == 1 else None
 
 
@@ -375,11 +380,6 @@ def _student_first(pair: Pair) -> Pair:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Output: the CSV, the terminal table, the HTML report
-
-
-def spreadsheet_safe(text: str) -> str:
-    """A cell no spreadsheet reads as a formula."""
-    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
 def printable(text: str, width: int = 40) -> str:
