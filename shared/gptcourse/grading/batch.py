@@ -466,8 +466,6 @@ def _autograde_class(app: Any, lab: str, force: bool, progress: bool, runner: An
     outcomes = {shown(folder.parent.name): Outcome(shown(folder.parent.name), "refused",
                                                    messages=admit_submitted(coursedir.root, folder))
                 for folder in refused}
-    for s in found:  # what nbgrader would copy is admitted before anything reads it (the hook does it again)
-        admit_submitted(coursedir.root, s.folder)
     outcomes.update({s.student: _no_notebook(s, lab, app) for s in found if not s.has_notebook()})
     outcomes.update({s.student: Outcome(s.student, "up to date") for s in found if s.student not in outcomes
                      and not force and s.is_up_to_date(autograded_folder(coursedir, lab, s.student))})

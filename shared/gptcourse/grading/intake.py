@@ -150,7 +150,7 @@ def inspect(folder: Path, limits: Limits = LIMITS) -> Inspection:
                     target = os.readlink(name, dir_fd=fd)
                 except OSError:
                     target = "?"
-                result.refused.append(Refusal(path, f"a symbolic link, to '{shown(target)}'; links are never "
+                result.refused.append(Refusal(path, f"a symbolic link, to '{shown(target, 200)}'; links are never "
                                                     "followed"))
             elif problem is not None:
                 result.refused.append(Refusal(path, problem))
@@ -376,19 +376,20 @@ class IntakeCollect(ExchangeCollect):
 
     def _path_to_record(self, path: str) -> dict:
         """nbgrader's record of an inbound folder (STUDENT+LAB+TIMESTAMP[+RANDOM]); one whose name does not parse
-        is kept under no student, so that `init_src` refuses it instead of stopping the whole collection."""
+        is kept as a student of its own that `init_src` refuses, instead of stopping the whole collection."""
         try:
             return super()._path_to_record(path)
         except (ExchangeError, ValueError, OverflowError):
             name = os.path.basename(path)
-            return {"username": "", "filename": name, "timestamp": datetime.datetime.min.replace(
-                tzinfo=datetime.timezone.utc)}
+            return {"username": "\0" + name, "filename": name, "unparsed": True,  # a group of its own
+                    "timestamp": datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)}
 
     def init_src(self) -> None:
         super().init_src()
         kept = []
         for record in self.src_records:
-            problem = student_id_problem(record["username"])
+            problem = student_id_problem(record["username"]) if not record.get("unparsed") else \
+                "its name is not STUDENT+LAB+TIMESTAMP (nbgrader submit's)"
             if problem is None:
                 kept.append(record)
             else:
@@ -402,7 +403,6 @@ class IntakeCollect(ExchangeCollect):
         except OSError as error:  # the inbound folder is a link, or not a folder
             lines = [f"the submission in the exchange ({shown(Path(src).name)}) is not a folder that can be read "
                      f"without following a link ({error.strerror or error}): nothing was collected"]
-            Path(dest).mkdir(parents=True, exist_ok=True)
         write_record(self.coursedir.root, lab, student, lines)
         for line in lines:
             self.log.warning("%s/%s: %s", student, lab, line)
