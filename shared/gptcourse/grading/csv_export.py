@@ -33,7 +33,7 @@ class SafeCsvExportPlugin(CsvExportPlugin):
         students = {str(s) for s in self.student}
         assignments = {str(a) for a in self.assignment}
         with open(self.to or "grades.csv", "w", newline="", encoding="utf-8") as out:
-            writer = csv.writer(out)
+            writer = csv.writer(out, lineterminator="\n")  # nbgrader's line ends
             writer.writerow(COLUMNS)
             for assignment in gradebook.assignments:
                 if assignments and assignment.name not in assignments:
