@@ -153,17 +153,21 @@ def test_the_committed_hook_admits_a_submission_before_nbgrader_copies_it(tmp_pa
     """nbgrader_config.py's pre-convert hook, which nbgrader's Autograde runs under every grader (plain
     `nbgrader autograde`, `gptcourse autograde`'s workers and a cluster's, all through `batch.grade_submission`):
     refused entries leave the folder, and a notebook list of an id that is not allowed is emptied."""
-    from traitlets.config import Config, PyFileConfigLoader
+    from nbgrader.converters import Autograde
+
+    from gptcourse.grading import batch
 
     course = Course(tmp_path / "course")
-    config = Config(PyFileConfigLoader("nbgrader_config.py", str(course.root)).load_config())
+    monkeypatch.chdir(course.root)
+    app = batch._nbgrader_app(LAB, [])  # as grade_submission makes its converter, on this machine or a Dask worker
+    hook = Autograde(coursedir=app.coursedir, parent=app).pre_convert_hook
     for student in ("ada", "Not_An_Id"):
         folder = course.root / "grading" / "submitted" / student / LAB
         folder.mkdir(parents=True)
         (folder / f"{LAB}.ipynb").write_text("{}")
         os.symlink(course.root / "grading" / "gradebook.db", folder / "gradebook.txt")
         notebooks = [str(folder / f"{LAB}.ipynb")]
-        config.Autograde.pre_convert_hook(assignment=LAB, student="*", notebooks=notebooks)
+        hook(assignment=LAB, student="*", notebooks=notebooks)
         if student == "ada":
             assert os.listdir(folder) == [f"{LAB}.ipynb"] and notebooks == [str(folder / f"{LAB}.ipynb")]
             assert (course.root / "grading" / "refused" / LAB / "ada" / "gradebook.txt").is_symlink()
@@ -238,6 +242,14 @@ def test_extractor_bounds_each_archive_and_extracts_the_rest(tmp_path):
     assert files == [f".._{LAB}.ipynb", f"EVE_{LAB}.ipynb", f"good/ada_{LAB}.ipynb", f"good/grace_{LAB}.ipynb",
                      "setuid/run.py", f"setuid/suid_{LAB}.ipynb"]
     assert stat.S_IMODE(os.stat(out / "setuid" / "run.py").st_mode) == 0o644
+
+
+def test_extractor_bounds_members_and_time(tmp_path):
+    good = _zip(tmp_path / "good.zip", {f"ada_{LAB}.ipynb": b"{}" * 10, f"grace_{LAB}.ipynb": b"{}"})
+    assert BoundedExtractor().extract_archive(good, tmp_path / "all")
+    assert not BoundedExtractor(max_members=1).extract_archive(good, tmp_path / "count")
+    assert not BoundedExtractor(seconds=0).extract_archive(good, tmp_path / "time")
+    assert not (tmp_path / "count").exists() and not (tmp_path / "time").exists()  # nothing of a refused one kept
 
 
 # ---------------------------------------------------------------------------------------------------------------
