@@ -161,18 +161,23 @@ def test_the_committed_hook_admits_a_submission_before_nbgrader_copies_it(tmp_pa
     monkeypatch.chdir(course.root)
     app = batch._nbgrader_app(LAB, [])  # as grade_submission makes its converter, on this machine or a Dask worker
     hook = Autograde(coursedir=app.coursedir, parent=app).pre_convert_hook
-    for student in ("ada", "Not_An_Id"):
-        folder = course.root / "grading" / "submitted" / student / LAB
-        folder.mkdir(parents=True)
-        (folder / f"{LAB}.ipynb").write_text("{}")
-        os.symlink(course.root / "grading" / "gradebook.db", folder / "gradebook.txt")
+    submitted = course.root / "grading" / "submitted"
+    (submitted / "linked").mkdir(parents=True)
+    os.symlink(course.root / "solutions" / LAB, submitted / "linked" / LAB)
+    for student in ("ada", "Not_An_Id", "linked"):
+        folder = submitted / student / LAB
+        if student != "linked":
+            folder.mkdir(parents=True)
+            (folder / f"{LAB}.ipynb").write_text("{}")
+            os.symlink(course.root / "grading" / "gradebook.db", folder / "gradebook.txt")
         notebooks = [str(folder / f"{LAB}.ipynb")]
         hook(assignment=LAB, student="*", notebooks=notebooks)
         if student == "ada":
             assert os.listdir(folder) == [f"{LAB}.ipynb"] and notebooks == [str(folder / f"{LAB}.ipynb")]
             assert (course.root / "grading" / "refused" / LAB / "ada" / "gradebook.txt").is_symlink()
         else:
-            assert notebooks == [] and not folder.exists()
+            assert notebooks == [] and not os.path.lexists(folder)
+    assert (course.root / "solutions" / LAB / f"{LAB}.ipynb").is_file()  # the link moved, not its target
 
 
 def test_gptcourse_autograde_refuses_an_id_before_any_runner_sees_it(tmp_path, monkeypatch):
@@ -184,6 +189,8 @@ def test_gptcourse_autograde_refuses_an_id_before_any_runner_sees_it(tmp_path, m
         folder = course.root / "grading" / "submitted" / student / LAB
         folder.mkdir(parents=True)
         (folder / f"{LAB}.ipynb").write_text("{}")
+    (course.root / "grading" / "submitted" / "linked").mkdir()
+    os.symlink(course.root / "solutions" / LAB, course.root / "grading" / "submitted" / "linked" / LAB)
     seen = []
 
     class Runner:
@@ -202,6 +209,7 @@ def test_gptcourse_autograde_refuses_an_id_before_any_runner_sees_it(tmp_path, m
     outcomes = batch._autograde_class(batch._nbgrader_app(LAB, []), LAB, force=True, progress=False, runner=Runner())
     assert seen == ["ada"]
     assert outcomes["Not_An_Id"].status == "refused" and "is not allowed" in outcomes["Not_An_Id"].messages[0]
+    assert outcomes["linked"].status == "refused" and "is a symbolic link" in outcomes["linked"].messages[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------

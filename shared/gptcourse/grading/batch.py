@@ -112,7 +112,7 @@ class Submission:
 
 def submissions(coursedir: Any, lab: str, refused: list[Path] | None = None) -> list[Submission]:
     """Every submission of `lab` in the submitted folder, as nbgrader finds them, whose student id is allowed
-    (`intake.STUDENT_ID`); the folders of the others are added to `refused`."""
+    (`intake.STUDENT_ID`) and whose folder is not a link; the others are added to `refused`."""
     pattern = re.compile(coursedir.format_path(coursedir.submitted_directory, "(?P<student_id>[^/]+)", lab,
                                                escape=True) + "$")
     excluded = set(filter(None, coursedir.student_id_exclude.split(",")))
@@ -122,7 +122,7 @@ def submissions(coursedir: Any, lab: str, refused: list[Path] | None = None) -> 
         match = pattern.match(folder)
         if match and os.path.isdir(folder) and match["student_id"] not in excluded:
             student = match["student_id"]
-            if student_id_problem(student) is not None:
+            if student_id_problem(student) is not None or os.path.islink(folder):
                 if refused is not None:
                     refused.append(Path(folder))
                 continue

@@ -300,11 +300,14 @@ class IntakeError(SystemExit):
 def admit_submitted(root: str | Path, folder: Path, limits: Limits = LIMITS) -> list[str]:
     """Admit grading/submitted/STUDENT/LAB in place, before nbgrader copies anything from it: what `inspect`
     refuses is moved (renamed, so a link stays a link) to grading/refused/LAB/STUDENT/, and its lines are added to
-    the record; return the lines added. A folder whose student id is not allowed is moved out whole."""
+    the record; return the lines added. A folder whose student id is not allowed, or that is a link, is moved out
+    whole."""
     lab, student = folder.name, folder.parent.name
     problem = student_id_problem(student)
+    if problem is None and folder.is_symlink():
+        problem = f"the submitted folder of {student} is a symbolic link"
     if problem is not None:  # no path is made from this id: the folder goes under a name of ours
-        quarantine = Path(root, REFUSED, lab, "not-a-student-id")
+        quarantine = Path(root, REFUSED, lab, "not-graded")
         quarantine.mkdir(parents=True, exist_ok=True)
         os.rename(folder, quarantine / f"{len(os.listdir(quarantine))}")
         return [f"{problem}: {shown(str(folder))} was not graded (moved to {quarantine})"]
@@ -353,7 +356,7 @@ def admit_for_autograde(root: str | Path, notebooks: list[str]) -> None:
             raise IntakeError(f"autograde stopped: {shown(str(folder))} could not be admitted ({error})") from None
         for line in lines:
             LOG.warning("%s/%s: %s", shown(folder.parent.name), folder.name, line)
-        if student_id_problem(folder.parent.name) is not None:
+        if not os.path.lexists(folder):  # moved out whole
             notebooks.clear()
 
 

@@ -530,13 +530,14 @@ class Result:
 
 def submitted_folders(root: Path, lab: str) -> dict[str, Path]:
     """{student id: submitted folder} of `lab`, as nbgrader's course directory finds them, those whose id the
-    grader refuses included: the comparison is evidence, makes no path from an id and escapes every one."""
+    grader refuses included (the comparison is evidence, makes no path from an id and escapes every one), those
+    that are links not."""
     from .batch import submissions
 
     coursedir = course_directory(root)
     refused: list[Path] = []
     found = {s.student: s.folder for s in submissions(coursedir, lab, refused)}
-    return found | {folder.parent.name: folder for folder in refused}
+    return found | {folder.parent.name: folder for folder in refused if not folder.is_symlink()}
 
 
 def course_directory(root: Path) -> Any:
