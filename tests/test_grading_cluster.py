@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.slow,
 ATTACKS = ("solution", "untouched", "kernel-dies", "patch-torch", "edited-locked-cells", "malformed-json",
            "deleted-cells")
 MISTAKES = ("softmax-wrong-axis", "mask-wrong-triangle", "mask-diagonal-masked", "no-value-projection")
-PARTIAL = "AttentionHead-left-as-released"
+PARTIAL = "attentionhead-left-as-released"  # a student id: lowercase (gptcourse.grading.intake.STUDENT_ID)
 STUDENTS = len(ATTACKS) + len(MISTAKES) + 1
 RESUBMITTED = "no-value-projection"
 
