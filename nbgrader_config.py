@@ -5,6 +5,7 @@
     grading/submitted/<student>/NN_topic/       collected submissions                (grading/ is git-ignored)
     grading/autograded/, grading/feedback/      nbgrader's output
     grading/gradebook.db                        the gradebook (SQLite)
+    grading/refused/<lab>/<student>[.txt]       what intake refused of a submission (links kept as links), and why
     grading/grades.csv                          `nbgrader export`
     grading/downloaded/NN_topic/archive/        submissions downloaded from an LMS, for `nbgrader zip_collect`,
                                                 named <student>_NN_topic.ipynb (or zips of such files)
@@ -97,7 +98,7 @@ def _missing_notebooks(assignment: str, student: str, notebooks: list[str]) -> N
 
     require_sandbox(c, forbidden=[ROOT])
     admit_for_autograde(ROOT, notebooks)
-    if not notebooks:  # its student id is not allowed: nothing of it is converted
+    if not notebooks:  # its student id is not allowed, or its folder is a link: nothing of it is converted
         return
     expect_lab_notebooks(os.path.join(ROOT, c.CourseDirectory.source_directory), notebooks)
     report_folders_without_notebook(notebooks, WriteGradingReport(config=c))
