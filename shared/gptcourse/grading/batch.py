@@ -57,7 +57,6 @@ from pathlib import Path
 from typing import Any
 
 from ..threads import cores, thread_share
-from .intake import admit_submitted, is_regular, shown, student_id_problem
 
 STATE_FOLDER = ".gptcourse-batch"  # inside the autograded folder; nbgrader's "*" globs skip dot-names
 SQLITE_BUSY_TIMEOUT_MS = 300_000
@@ -79,6 +78,8 @@ def _nbgrader_app(lab: str, nbgrader_args: list[str]) -> Any:
 
 def folder_hash(*folders: Path) -> str:
     """A hash of every file's name and bytes in `folders`."""
+    from .intake import is_regular
+
     digest = hashlib.sha256()
     for folder in folders:
         for path in sorted(p for p in folder.rglob("*") if is_regular(p)):
@@ -113,6 +114,8 @@ class Submission:
 def submissions(coursedir: Any, lab: str, refused: list[Path] | None = None) -> list[Submission]:
     """Every submission of `lab` in the submitted folder, as nbgrader finds them, whose student id is allowed
     (`intake.STUDENT_ID`) and whose folder is not a link; the others are added to `refused`."""
+    from .intake import student_id_problem
+
     pattern = re.compile(coursedir.format_path(coursedir.submitted_directory, "(?P<student_id>[^/]+)", lab,
                                                escape=True) + "$")
     excluded = set(filter(None, coursedir.student_id_exclude.split(",")))
@@ -456,6 +459,8 @@ class LocalRunner:
 
 def _autograde_class(app: Any, lab: str, force: bool, progress: bool, runner: Any) -> dict[str, Outcome]:
     from tqdm.auto import tqdm
+
+    from .intake import admit_submitted, shown
 
     coursedir = app.coursedir
     _require_assignment(coursedir.db_url, lab)

@@ -38,9 +38,6 @@ from itertools import pairwise, takewhile
 from pathlib import Path
 from typing import Any
 
-from .csv_export import spreadsheet_safe
-from .intake import is_regular, read_regular
-
 NOISE_TOKENS = 25  # copydetect's noise threshold k (its default): matches shorter than this never count
 GUARANTEE_TOKENS = 25  # copydetect's default too: window 1, every k-gram is a fingerprint
 MIN_TOKENS = 80  # a piece whose public solution has fewer fingerprinted tokens is not scored
@@ -137,6 +134,8 @@ def code_cells(notebook: Any) -> list[str]:
 
 def read_notebook(path: Path) -> dict:
     """The notebook's JSON; ValueError (with what was wrong) if it is not one."""
+    from .intake import read_regular
+
     try:
         data = read_regular(path, MAX_NOTEBOOK_BYTES)  # never through a link, never a device
     except OSError:
@@ -152,6 +151,8 @@ def read_notebook(path: Path) -> dict:
 
 def submitted_notebook(folder: Path, lab: str) -> Path | None:
     """The lab's notebook in a submitted folder (nbgrader's name; else the only notebook there)."""
+    from .intake import is_regular
+
     named = folder / f"{lab}.ipynb"
     if is_regular(named):
         return named
@@ -389,6 +390,8 @@ def printable(text: str, width: int = 40) -> str:
 
 
 def write_csv(path: Path, pairs: list[Pair]) -> None:
+    from .csv_export import spreadsheet_safe
+
     with open(path, "w", newline="", encoding="utf-8") as out:
         writer = csv.writer(out)
         writer.writerow(["student", "matched with", "share of the student's code", "share of the other's code",
