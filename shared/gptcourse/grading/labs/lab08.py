@@ -483,8 +483,9 @@ PIECES = declare(
                                  "text": _corpus_slice(seed + 1, 1000)})]),
     Piece("08", "decode", lambda ids, merges: tokenizer(merges).decode(ids), _decode_call, judge=_decode_judge,
           forbidden=_FORBIDDEN,
-          visible=[("visible", "decode the ids of 'def add(a, b):' with the merges of 08.train_bpe.visible",
-                    lambda seed: _decode_inputs(trained_merges(VISIBLE_TEXT, 276), "def add(a, b):")),
+          visible=[("visible", "decode the ids of 'def café(a, b):' with the merges of 08.train_bpe.visible (no merge "
+                    "joins the two bytes of 'é': two tokens)",
+                    lambda seed: _decode_inputs(trained_merges(VISIBLE_TEXT, 276), "def café(a, b):")),
                    ("split", "decode ids whose tokens split characters: 'é' and '😀' as single bytes",
                     lambda seed: {"merges": trained_merges(VISIBLE_TEXT, 276),
                                   "ids": [*b"caf", *"é".encode(), 32, *"😀".encode()]})],
