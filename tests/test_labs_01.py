@@ -45,9 +45,13 @@ def one_hot_embed(ids, table):
 def one_hot_embed(ids, table):
     return nn.functional.one_hot(ids, table.size(0)).double() @ table
 '''}, {"test_one_hot_embed", "test_one_hot_embed_hidden"}),
+    # the lookup the piece is there to show is a product: same embeddings, no one-hot matrix (counted by TensorsMade)
+    "one-hot-lookup": ({"one_hot_embed": "def one_hot_embed(ids, table):\n    return table[ids]\n"},
+                       {"test_one_hot_embed", "test_one_hot_embed_hidden"}),
 }
 # student -> (a case their code fails, what its message says)
 SAYS = {
+    "one-hot-lookup": ("01.one_hot_embed.visible", "no (2, 4, 6) one-hot matrix was made: the rows were looked up"),
     # the largest ids need not occur (jwcalder/GraphLearning#12, pytorch/vision#7173)
     "one-hot-without-num-classes": ("01.one_hot_embed.hidden_sizes", "one_hot(ids) without num_classes makes "
                                     "max(ids) + 1"),

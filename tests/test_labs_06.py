@@ -3,7 +3,8 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-from lab_roundtrip import RoundTrip, Validation
+import pytest
+from lab_roundtrip import RoundTrip, Validation, check_named_mistake
 
 LAB = "06_parameter_counting"
 BREAKDOWN = '''
@@ -28,6 +29,36 @@ def parameter_breakdown(config):
 RIGHT = {"norm": '2 * c if config.norm == "layernorm" and config.norm_bias else c', "swiglu": "3 * c * f",
          "positions": 'config.context_length * c if config.position == "learned" else 0',
          "head": "(0 if config.tie_weights else v * c)"}
+# the count read off layers built on the meta device (no memory, the right numbers): no formula written
+BUILT_ON_META = '''
+import torch
+from torch import nn
+
+
+def parameter_breakdown(config):
+    c, v, n, f = config.d_model, config.vocab_size, config.n_layers, config.hidden_width
+
+    def count(*modules):
+        return sum(p.numel() for m in modules for p in m.parameters())
+
+    def norm():
+        return nn.LayerNorm(c, bias=config.norm_bias) if config.norm == "layernorm" else nn.RMSNorm(c)
+
+    with torch.device("meta"):
+        attention = count(nn.Linear(c, 3 * c, bias=config.attn_bias), nn.Linear(c, c, bias=config.attn_bias))
+        width = 2 * f if config.mlp == "swiglu" else f
+        mlp = count(nn.Linear(c, width, bias=config.mlp_bias), nn.Linear(f, c, bias=config.mlp_bias))
+        learned = config.position == "learned"
+        return {
+            "token_embedding": count(nn.Embedding(v, c)),
+            "position_embedding": count(nn.Embedding(config.context_length, c)) if learned else 0,
+            "attention": n * attention,
+            "mlp": n * mlp,
+            "block_norms": n * count(norm(), norm()),
+            "final_norm": count(norm()),
+            "output_projection": (0 if config.tie_weights else v * c) + (v if config.lm_head_bias else 0),
+        }
+'''
 TOTALS = {"test_count_parameters", "test_count_parameters_published", "test_count_parameters_hidden"}  # the sum
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
@@ -47,10 +78,24 @@ WRONG = {
     "positions-always-counted": (
         {"parameter_breakdown": BREAKDOWN.format(**RIGHT | {"positions": "config.context_length * c"})},
         {"test_parameter_breakdown", "test_parameter_breakdown_llama", "test_parameter_breakdown_hidden"} | TOTALS),
+    "built-on-meta": ({"parameter_breakdown": BUILT_ON_META},
+                      {"test_parameter_breakdown", "test_parameter_breakdown_gpt2", "test_parameter_breakdown_llama",
+                       "test_parameter_breakdown_hidden"} | TOTALS),
     "total-counts-the-tied-head-twice": (
         {"count_parameters": "def count_parameters(config):\n    return sum(parameter_breakdown(config).values()) + "
                              "config.vocab_size * config.d_model"}, TOTALS),
 }
+# student -> (a case their code fails, what its message says)
+SAYS = {
+    "built-on-meta": ("06.parameter_breakdown.visible", "built layers (on the meta device or not) and counted their "
+                      "tensors"),
+}
+
+
+@pytest.mark.parametrize("student", sorted(SAYS))
+def test_each_named_mistake_gets_its_message(student):
+    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
+
 
 class TestLab06(RoundTrip):
     LAB = LAB
@@ -66,6 +111,7 @@ class TestLab06(RoundTrip):
 
         case = get_case("06.count_parameters.published")
         totals = case.reference(case.make_inputs(case_seed(case)))
-        assert totals == {"0.total": 124_439_808, "1.total": 6_738_415_616}
+        assert {k: totals[k] for k in ("0.total", "1.total")} == {"0.total": 124_439_808, "1.total": 6_738_415_616}
         case = get_case("06.count_parameters.visible")
-        assert case.reference(case.make_inputs(case_seed(case))) == {"0.total": 24_096, "1.total": 27_296}
+        totals = case.reference(case.make_inputs(case_seed(case)))
+        assert {k: totals[k] for k in ("0.total", "1.total")} == {"0.total": 24_096, "1.total": 27_296}

@@ -59,6 +59,14 @@ WRONG = {
     "top-k-keeps-k-minus-1": ({"next_token_probs": PROBS.format(**RIGHT_PROBS | {"keep": "<="})},
                               {"test_next_token_probs_top_k", "test_next_token_probs_hidden",
                                "test_sample_next_token"}),
+    # torch.multinomial without generator=: draws from the global random state, right or wrong by chance
+    "sample-without-generator": ({"sample_next_token": SAMPLE.format(position=-1).replace(", generator=generator)",
+                                                                                         ")")},
+                                 {"test_sample_next_token", "test_sample_next_token_hidden"}),
+    # the whole idx fed: the model refuses more than context_length tokens
+    "sample-without-crop": ({"sample_next_token": SAMPLE.format(position=-1).replace(
+        "idx[:, -model.config.context_length:]", "idx")},
+        {"test_sample_next_token_greedy", "test_sample_next_token_hidden"}),
     "first-position": ({"sample_next_token": SAMPLE.format(position=0)},
                        {"test_sample_next_token_greedy", "test_sample_next_token", "test_sample_next_token_hidden"}),
     # softmax(logits / temperature**2) (RL-Align/RL-Kernel#81); this student's visible draws agree by chance
@@ -69,6 +77,8 @@ WRONG = {
 }
 # student -> (a case their code fails, what its message says)
 SAYS = {
+    "sample-without-generator": ("07.sample_next_token.visible", "the generator was not used"),
+    "sample-without-crop": ("07.sample_next_token.greedy", "sequence length 11 exceeds context_length=8"),
     "temperature-twice": ("07.next_token_probs.visible", "the temperature is applied twice"),
     "targets-shifted-twice": ("07.next_token_loss.visible", "the targets are shifted twice"),
 }

@@ -82,6 +82,14 @@ def accumulate_gradients(model, tokens, micro_batches):
         losses.append(loss.item())
     return sum(losses) / micro_batches
 '''
+# the whole batch in one forward and backward: the same gradient, none of the memory accumulation saves
+WHOLE_BATCH_ACCUMULATION = '''
+def accumulate_gradients(model, tokens, micro_batches):
+    model.zero_grad()
+    loss = cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    return loss.item()
+'''
 FORGETFUL_RESTORE = '''
 def restore_training_state(state, model, optimizer, generator):
     model.load_state_dict(state["model"])
@@ -124,6 +132,8 @@ WRONG = {
     "clip-by-value": ({"clip_grad_norm": CLIP_BY_VALUE}, {"test_clip_grad_norm", "test_clip_grad_norm_hidden"}),
     "undivided-accumulation": ({"accumulate_gradients": UNDIVIDED_ACCUMULATION},
                                {"test_accumulate_gradients", "test_accumulate_gradients_hidden"}),
+    "accumulation-in-one-batch": ({"accumulate_gradients": WHOLE_BATCH_ACCUMULATION},
+                                  {"test_accumulate_gradients", "test_accumulate_gradients_hidden"}),
     "restore-without-optimizer": ({"restore_training_state": FORGETFUL_RESTORE},
                                   {"test_restore_training_state", "test_restore_training_state_hidden"}),
     "global-rng-state": ({"training_state": GLOBAL_RNG_STATE}, {"test_training_state", "test_training_state_hidden"}),
@@ -147,6 +157,8 @@ WRONG = {
 
 # student -> (a case their code fails, what its message says)
 SAYS = {
+    "accumulation-in-one-batch": ("09.accumulate_gradients.visible", "the model ran on 4 rows at once, where each of "
+                                  "the micro_batches=2 micro-batches has 2"),
     "no-log-sum-exp": ("09.cross_entropy.large", "exp() overflows float32 past 88"),
     "log-plus-eps": ("09.cross_entropy.large", "log(p + 1e-09) caps each row's loss at -log(1e-09) = 20.7"),
     "coupled-decay": ("09.adamw_step.visible", "weight decay applied to the gradient, not decoupled"),

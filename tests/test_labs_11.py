@@ -23,6 +23,18 @@ class LayerCache:
         return {ret}
 '''
 RIGHT_CACHE = {"start": "self.length", "ret": "self.k[:, :, :end], self.v[:, :, :end]"}
+# the cache that grows by torch.cat: the same keys and values, every cached position copied at every token
+CAT_CACHE = '''
+class LayerCache:
+    def __init__(self, capacity):
+        self.capacity, self.length, self.k, self.v = capacity, 0, None, None
+
+    def append(self, k, v):
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        self.length = self.k.size(2)
+        return self.k, self.v
+'''
 TOP_P = '''
 def top_p_filter(logits, top_p):
     ordered, order = logits.sort(dim=-1, descending=True)
@@ -80,6 +92,7 @@ WRONG = {
     # the student's LayerCache holds their generation's keys and values, so its tests fail too
     "cache-at-zero": ({"LayerCache": CACHE.format(**RIGHT_CACHE | {"start": "0"})},
                       {"test_LayerCache", "test_LayerCache_hidden", *GENERATE_TESTS}),
+    "cache-grown-by-cat": ({"LayerCache": CAT_CACHE}, {"test_LayerCache", "test_LayerCache_hidden"}),
     "cache-whole-buffer": ({"LayerCache": CACHE.format(**RIGHT_CACHE | {"ret": "self.k, self.v"})},
                            {"test_LayerCache", "test_LayerCache_hidden", *GENERATE_TESTS}),
     # the token that crosses p is dropped: wrong on every row whose top token alone does not reach p
@@ -132,6 +145,7 @@ WRONG = {
 
 # student -> (a case their code fails, what its message says)
 SAYS = {
+    "cache-grown-by-cat": ("11.LayerCache.visible", "they are not views of one buffer of capacity = 12 positions"),
     "cache-at-zero": ("11.LayerCache.visible", "the cache is written at position 0 every step"),
     "cache-whole-buffer": ("11.LayerCache.visible", "all 12 positions of the buffer, expected the 4 written"),
     "top-p-above-threshold": ("11.top_p_filter.visible", "top-p keeps the tokens *above* the threshold"),

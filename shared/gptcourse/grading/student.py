@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from ..checks import fail, fmt_shape
 
@@ -52,6 +54,22 @@ def load_weights(module: nn.Module, weights: dict[str, torch.Tensor], what: str)
     with torch.no_grad():
         for name, w in weights.items():
             params[name].copy_(w)
+
+
+class TensorsMade(TorchDispatchMode):
+    """Inside `with TensorsMade() as made:`, the shape of every tensor a torch operation returns, in order
+    (`made.shapes`): what a call computed on its way, which its result alone does not show (a row lookup and a
+    one-hot product give the same embeddings; only the product makes a (B, T, V) matrix). Measured in the graded
+    kernel, it reaches the grader as plain data in the case's outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.shapes.extend(tuple(t.shape) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+        return out
 
 
 def as_tensor(value: Any, what: str) -> torch.Tensor:

@@ -11,18 +11,19 @@ weights into both. The references are gptcourse's, except where gptcourse has no
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
 import torch
 from torch import nn
 
-from ...checks import check_close, fail
+from ...checks import check_close, check_shape, fail
 from ...model.positions import LearnedPositions
 from ...text.char_tokenizer import CharTokenizer
 from ..cases import Inputs, Outputs, random_weights, sized, tensor_rng
 from ..piece import Piece, declare
-from ..student import as_ids, as_text, module_returns, returns
+from ..student import TensorsMade, as_ids, as_text, module_returns, returns
 
 _WHOLE = ("gptcourse.GPT",)
 
@@ -116,18 +117,39 @@ _one_hot_returns = returns("embedded", lambda i: f"one_hot_embed(ids {tuple(i['i
 
 
 def _one_hot_call(fn: Any, inputs: Inputs) -> Outputs:
-    """The student's one_hot_embed; a shape error when the batch lacks the vocabulary's top ids is named: one_hot
-    without num_classes sizes its rows by the largest id present."""
+    """The student's one_hot_embed, and whether it made the (B, T, V) one-hot matrix on the way (a lookup of the
+    table's rows gives the same embeddings without it); a shape error when the batch lacks the vocabulary's top ids
+    is named: one_hot without num_classes sizes its rows by the largest id present."""
+    (b, t), v = inputs["ids"].shape, inputs["table"].size(0)
     try:
-        return _one_hot_returns(fn, inputs)
+        with TensorsMade() as made:
+            outputs = _one_hot_returns(fn, inputs)
     except RuntimeError as err:
-        width, v = int(inputs["ids"].max()) + 1, inputs["table"].size(0)
+        width = int(inputs["ids"].max()) + 1
         if width < v and ("shape" in str(err) or "size" in str(err)):
             raise fail(f"one_hot_embed raised RuntimeError: {str(err)[:120]}. Here the largest id is {width - 1} and "
                        f"V = {v}: one_hot(ids) without num_classes makes max(ids) + 1 = {width} columns, not V, "
                        "whenever the top ids of the vocabulary are missing from a batch. Pass num_classes=V, "
                        "one_hot(ids, table.size(0))") from None
         raise
+    one_hot = any(shape[-1:] == (v,) and math.prod(shape) == b * t * v for shape in made.shapes)
+    return outputs | {"one_hot_made": one_hot}
+
+
+def _one_hot_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    """The embeddings are the table's rows of the ids, and they came from a one-hot matrix times the table."""
+    label = "one_hot_embed output"
+    check_shape(got["embedded"], "B T C", inputs["sizes"], label,
+                causes={("C", "V"): "the one-hot rows are not multiplied by the table (one_hot(ids, V) @ E)"})
+    ids, table = inputs["ids"], inputs["table"]
+    check_close(got["embedded"], expected["embedded"], label, mistakes={
+        "row t of the table was taken for position t, not for the token id at position t":
+            table[torch.arange(ids.size(1))].expand(ids.size(0), -1, -1)})
+    if not got["one_hot_made"]:
+        b, t, v = *ids.shape, table.size(0)
+        raise fail(f"the embeddings are right, but no ({b}, {t}, {v}) one-hot matrix was made: the rows were looked "
+                   "up (table[ids], F.embedding or nn.Embedding), which this piece is here to show is a matrix "
+                   "product. Compute one_hot(ids, V) (B, T, V), as the table's dtype, @ table")
 
 
 # ---- TokenAndPositionEmbedding: token vectors plus learned position vectors
@@ -187,11 +209,7 @@ PIECES = declare(
                   ("hidden_sizes", "CharTokenizer on another text (newlines, tabs, accents)",
                    sized(_tokenizer_hidden))]),
     # gptcourse has no one-hot lookup: the lookup it teaches is torch's, the one nn.Embedding (and the GPT) runs
-    Piece("01", "one_hot_embed", nn.functional.embedding, _one_hot_call,
-          label="one_hot_embed output", shape="B T C", mistakes=lambda i: {
-              "row t of the table was taken for position t, not for the token id at position t":
-                  i["table"][torch.arange(i["ids"].size(1))].expand(i["ids"].size(0), -1, -1)}, forbidden=_WHOLE,
-          causes={("C", "V"): "the one-hot rows are not multiplied by the table (one_hot(ids, V) @ E)"},
+    Piece("01", "one_hot_embed", nn.functional.embedding, _one_hot_call, judge=_one_hot_judge, forbidden=_WHOLE,
           visible=[("visible", "one_hot_embed with B=2, T=4, V=6, C=3",
                     lambda seed: _one_hot_inputs(2, 4, 6, 3, seed))],
           hidden=[("hidden_single", "one_hot_embed of a single token (B=1, T=1)",

@@ -10,6 +10,7 @@ projection?"). The visible presets have published totals: seed-tiny 24,096, unti
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from numbers import Integral
@@ -22,6 +23,7 @@ from ...model.config import PRESETS, GPTConfig, preset
 from ...model.gpt import GPT
 from ..cases import Inputs, Outputs, given, sized
 from ..piece import Piece, declare
+from ..student import TensorsMade
 
 _FORBIDDEN = ("gptcourse.count_parameters", "gptcourse.parameter_breakdown", "gptcourse.block_breakdown",
               "gptcourse.model.params", "gptcourse.checks.gpt_module_breakdown",
@@ -64,11 +66,27 @@ def _model_total(config: GPTConfig) -> int:
 # ---- parameter_breakdown(config) -> {component: count}
 
 
+def _largest_made(fn: Any, config: GPTConfig) -> tuple[Any, int]:
+    """fn(config), and the number of elements of the largest tensor it made (0 for a closed form: building a
+    model, even on the meta device, makes every parameter)."""
+    with TensorsMade() as made:
+        result = fn(config)
+    return result, max((math.prod(shape) for shape in made.shapes), default=0)
+
+
+def _check_closed_form(made: int, config: GPTConfig, what: str) -> None:
+    """A closed form makes no tensor of C elements: the smallest parameter of a GPT (a norm's gain) has that many."""
+    if made >= config.d_model:
+        raise fail(f"{what} gave the right count, but made a tensor of {made:,} elements on the way: it built layers "
+                   "(on the meta device or not) and counted their tensors. This lab is where you write the formula: "
+                   "compute each component from the config's fields (V x C for the token table, ...)")
+
+
 def _breakdown_call(fn: Any, inputs: Inputs) -> Outputs:
     outputs: Outputs = {}
     for i, config in enumerate(inputs["configs"]):
         what = f"parameter_breakdown({config_name(config)})"
-        got = fn(config)
+        got, outputs[f"{i}.made"] = _largest_made(fn, config)
         if not isinstance(got, Mapping):
             raise fail(f"{what} returned {type(got).__name__}, expected a dict {{component: count}} with the keys "
                        f"{list(COMPONENTS)}")
@@ -87,14 +105,18 @@ def _breakdown_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         if any(counts[k] != expected[f"{i}.{k}"] for k in COMPONENTS):  # the closed form disagrees with numel
             raise fail(f"parameter_breakdown({config_name(config)}): {counts}, but the model has "
                        f"{ {k: expected[f'{i}.{k}'] for k in COMPONENTS} }")
+        _check_closed_form(got[f"{i}.made"], config, f"parameter_breakdown({config_name(config)})")
 
 
 # ---- count_parameters(config) -> total
 
 
 def _total_call(fn: Any, inputs: Inputs) -> Outputs:
-    return {f"{i}.total": _as_count(fn(config), f"count_parameters({config_name(config)})")
-            for i, config in enumerate(inputs["configs"])}
+    outputs: Outputs = {}
+    for i, config in enumerate(inputs["configs"]):
+        total, outputs[f"{i}.made"] = _largest_made(fn, config)
+        outputs[f"{i}.total"] = _as_count(total, f"count_parameters({config_name(config)})")
+    return outputs
 
 
 def _total_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -103,6 +125,7 @@ def _total_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         if got[f"{i}.total"] != expected[f"{i}.total"]:
             raise fail(f"count_parameters({config_name(config)}): {got[f'{i}.total']:,}, but the model has "
                        f"{expected[f'{i}.total']:,}")
+        _check_closed_form(got[f"{i}.made"], config, f"count_parameters({config_name(config)})")
 
 
 # ---- the configs: published presets, three variants, and random ones

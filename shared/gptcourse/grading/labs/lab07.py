@@ -247,11 +247,13 @@ def _sample_inputs(config: GPTConfig, b: int, t: int, temperature: float, top_k:
 
 def _sample_call(fn: Any, inputs: Inputs) -> Outputs:
     generator = torch.Generator().manual_seed(inputs["sample_seed"])
+    seeded = generator.get_state()
     with torch.no_grad():
         out = fn(case_gpt(inputs), inputs["idx"].clone(), temperature=inputs["temperature"], top_k=inputs["top_k"],
                  generator=generator)
     return {"next_id": as_tensor(out, f"sample_next_token(model, idx {fmt_shape(inputs['idx'].shape)}, "
-                                      f"temperature={inputs['temperature']}, top_k={inputs['top_k']}, generator)")}
+                                      f"temperature={inputs['temperature']}, top_k={inputs['top_k']}, generator)"),
+            "generator_used": not torch.equal(generator.get_state(), seeded)}  # a draw from it moves its state
 
 
 def _first_position(model: Any, idx: torch.Tensor, temperature: float, top_k: int | None,
@@ -267,6 +269,10 @@ def _sample_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "sequence, ready for torch.cat([idx, next_id], dim=1): torch.multinomial(probs, 1) and "
                    "argmax(dim=-1, keepdim=True) give that shape")
     check_dtype(next_id, torch.int64, "the next tokens", "token ids are torch.long")
+    if inputs["temperature"] > 0 and not got["generator_used"]:
+        raise fail("the generator was not used: at temperature > 0 draw with torch.multinomial(probs, 1, "
+                   "generator=generator), so that the same seed gives the same tokens (without it the draws come from "
+                   "torch's global random state, and a check of them passes or fails by chance)")
     mistakes = {"the logits of the first position were used: the next token follows the *last* position, "
                 "logits[:, -1]": _sample_call(_first_position, inputs)["next_id"]}
     if inputs["temperature"] > 0:
@@ -315,8 +321,8 @@ PIECES = declare(
                    lambda seed: _probs_inputs(2, 7, 0.5, 7, seed)),
                   ("hidden_sizes", "next_token_probs with other sizes, temperatures and k", _probs_hidden)]),
     Piece("07", "sample_next_token", _sample_next_token, _sample_call, judge=_sample_judge, forbidden=_SAMPLING,
-          visible=[("greedy", "sample_next_token at temperature 0 (greedy) on idx (5, 6)",
-                    lambda seed: _sample_inputs(SAMPLER, 5, 6, 0.0, None, seed)),
+          visible=[("greedy", "sample_next_token at temperature 0 (greedy) on idx (5, 11), longer than the context "
+                    "of 8 (the model is fed the last 8)", lambda seed: _sample_inputs(SAMPLER, 5, 11, 0.0, None, seed)),
                    ("visible", "sample_next_token at temperature 0.8 with top_k=5 on idx (6, 4)",
                     lambda seed: _sample_inputs(SAMPLER, 6, 4, 0.8, 5, seed))],
           hidden=[("hidden_single", "sample_next_token on a single token (B=1, T=1), temperature 1.3",

@@ -140,6 +140,18 @@ def longest_match(text: str, merges: list[Pair]) -> list[int]:
     return out
 
 
+def leftmost_pair_first(text: str, merges: list[Pair]) -> list[int]:
+    """The mistake of merging, in each piece, the first pair from the left that has a merge, whatever its rank."""
+    rank = {pair: k for k, pair in enumerate(merges)}
+    out: list[int] = []
+    for piece in regex.findall(GPT2_PATTERN, text):
+        ids = list(piece.encode("utf-8"))
+        while (i := next((i for i, pair in enumerate(pairwise(ids)) if pair in rank), None)) is not None:
+            ids[i : i + 2] = [256 + rank[(ids[i], ids[i + 1])]]
+        out.extend(ids)
+    return out
+
+
 # ---- the student's results as tensors (in the kernel), and the judges' shared steps
 
 CALLS = {"count_pairs": "count_pairs({ids!r:.60})", "merge_pair": "merge_pair({ids!r:.50}, {pair}, {new_id})",
@@ -349,16 +361,27 @@ def _encode_call(fn: Any, inputs: Inputs) -> Outputs:
     return {"ids": as_ids(fn(inputs["text"], list(inputs["merges"])), _what("encode", inputs))}
 
 
+NOT_BY_RANK = ("BPE merges by rank: in each piece, the pair learned first among those present, then again (each "
+               "merge in the order learned does the same), so 'slower' is s + lo + wer when (we, r) was learned "
+               "before (lo, w)")
+
+
 def _encode_mistakes(inputs: Inputs) -> dict[str, list[int]]:
     merges, text = inputs["merges"], inputs["text"]
+    longest, leftmost = longest_match(text, merges), leftmost_pair_first(text, merges)
+    # on most text the two agree: one message names both
+    greedy = {f"each piece was cut into the longest tokens of the vocabulary, or merged its first mergeable pair from "
+              f"the left again and again: {NOT_BY_RANK}": longest} if longest == leftmost else {
+        "each piece was cut into the longest tokens of the vocabulary, left to right: that is not BPE; apply the "
+        "merges one after the other, in the order they were learned": longest,
+        f"each piece merged its first mergeable pair from the left, again and again: {NOT_BY_RANK}": leftmost}
     return {
         "the text is not pre-tokenized: split it with regex.findall(GPT2_PATTERN, text) and encode each piece on "
         "its own, as training did": encode_with(text, merges, pretokenize=False),
         "the merges are applied newest first: apply them in the order they were learned (merge 0 first), since a "
         "later merge builds on earlier ones": encode_with(text, merges, newest_first=True),
         "the ids are the raw bytes: apply the merges": list(text.encode("utf-8")),
-        "each piece was cut into the longest tokens of the vocabulary, left to right: that is not BPE; apply the "
-        "merges one after the other, in the order they were learned": longest_match(text, merges),
+        **greedy,
         "overlapping occurrences of a pair are merged twice: merge_pair must continue at i + 2 after a "
         "replacement, so (97, 97, 97) with the merge (97, 97) gives (256, 97)": encode_with(text, merges, overlap=True),
         "the ids start as the characters' code points, ord(c): start from the UTF-8 bytes, "
@@ -367,7 +390,10 @@ def _encode_mistakes(inputs: Inputs) -> dict[str, list[int]]:
     }
 
 
-ENCODE_TEXT = "def div(a, b):\n    return a / b\n"
+# 'slower' is where the order of the merges shows: (we, r) was learned before (lo, w), so BPE gives s + lo + wer,
+# where merging the first pair from the left, or the longest tokens, give s + low + e + r
+ENCODE_TEXT = "def slower(a, b):\n    return a / b\n"
+ENCODE_MERGES = (VISIBLE_TEXT + TIES_TEXT, 288)  # trained on both of train_bpe's texts
 
 # ---- decode(ids, merges) -> text
 
@@ -443,8 +469,9 @@ PIECES = declare(
                    given(text="ab ab abc", vocab_size=300))]),
     Piece("08", "encode", lambda text, merges: tokenizer(merges).encode(text), _encode_call,
           judge=partial(_judge_ids, "encode", _encode_mistakes), forbidden=_FORBIDDEN,
-          visible=[("visible", f"encode({ENCODE_TEXT!r}) with the merges of 08.train_bpe.visible",
-                    lambda seed: {"merges": trained_merges(VISIBLE_TEXT, 276), "text": ENCODE_TEXT})],
+          visible=[("visible", f"encode({ENCODE_TEXT!r}) with merges learned from both texts of 08.train_bpe "
+                    "(vocab_size=288): the merges' order decides 'slower'",
+                    lambda seed: {"merges": trained_merges(*ENCODE_MERGES), "text": ENCODE_TEXT})],
           hidden=[("hidden_unicode", "encode a text with characters the training text never had",
                    lambda seed: {"merges": trained_merges(VISIBLE_TEXT, 290),
                                  "text": "def café(a, b):  # 日本 😀\n\treturn  a+b\n"}),
@@ -456,8 +483,9 @@ PIECES = declare(
                                  "text": _corpus_slice(seed + 1, 1000)})]),
     Piece("08", "decode", lambda ids, merges: tokenizer(merges).decode(ids), _decode_call, judge=_decode_judge,
           forbidden=_FORBIDDEN,
-          visible=[("visible", "decode the ids of 'def add(a, b):' with the merges of 08.train_bpe.visible",
-                    lambda seed: _decode_inputs(trained_merges(VISIBLE_TEXT, 276), "def add(a, b):")),
+          visible=[("visible", "decode the ids of 'def café(a, b):' with the merges of 08.train_bpe.visible (no merge "
+                    "joins the two bytes of 'é': two tokens)",
+                    lambda seed: _decode_inputs(trained_merges(VISIBLE_TEXT, 276), "def café(a, b):")),
                    ("split", "decode ids whose tokens split characters: 'é' and '😀' as single bytes",
                     lambda seed: {"merges": trained_merges(VISIBLE_TEXT, 276),
                                   "ids": [*b"caf", *"é".encode(), 32, *"😀".encode()]})],

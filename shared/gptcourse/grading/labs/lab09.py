@@ -343,11 +343,14 @@ def _accumulate_call(fn: Any, inputs: Inputs) -> Outputs:
     model = case_gpt(inputs).train()
     for p in model.parameters():  # what a previous step left behind: the function must start from zero
         p.grad = torch.ones_like(p)
+    rows: list[int] = []  # the batch size of each forward: accumulation runs micro-batches, never the whole batch
+    model.register_forward_pre_hook(lambda module, args: rows.append(int(args[0].size(0))) if args else None)
     tokens, k = inputs["tokens"], inputs["micro_batches"]
     loss = as_number(fn(model, tokens.clone(), k), f"accumulate_gradients(model, tokens {fmt_shape(tokens.shape)}, "
                      f"micro_batches={k})", "the mean loss as a number")
     grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in model.parameters()]
-    return {"grads": torch.cat(grads), "loss": torch.tensor([float(loss)], dtype=torch.float64)}
+    return {"grads": torch.cat(grads), "loss": torch.tensor([float(loss)], dtype=torch.float64),
+            "largest_forward": max(rows, default=0)}
 
 
 def _accumulate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -366,6 +369,12 @@ def _accumulate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                        lambda: mistaken(_accumulate_call, _wrong_accumulation, mistakes, inputs, "grads"))
     check_close(got["loss"], expected["loss"], "the returned loss", atol=1e-5, mistakes={
         f"the returned loss is the sum over the {k} micro-batches: return their mean": expected["loss"] * k})
+    rows = -(-inputs["tokens"].size(0) // k)  # the largest of tokens.chunk(k)
+    if got["largest_forward"] > rows:
+        raise fail(f"the gradients are right, but the model ran on {got['largest_forward']} rows at once, where each "
+                   f"of the micro_batches={k} micro-batches has {rows}: the whole batch went through one forward, "
+                   "which is the memory accumulation exists to save. Run the model on tokens.chunk(micro_batches) "
+                   "one at a time, each loss divided by micro_batches before its backward()")
 
 
 @sized

@@ -56,9 +56,13 @@ def _cache_inputs(b: int, h: int, d: int, chunks: list[int], capacity: int, seed
 def _cache_call(cls: Any, inputs: Inputs) -> Outputs:
     cache = cls(inputs["capacity"])
     keys, values, lengths = [], [], []
+    buffers = set()  # (part, where its storage starts, whether it holds `capacity` positions) of each returned tensor
     for k, v in inputs["steps"]:
         what = f"LayerCache({inputs['capacity']}).append(k, v) with k, v {fmt_shape(k.shape)} (call {len(keys) + 1})"
         got_k, got_v = as_tensors(cache.append(k.clone(), v.clone()), ("keys", "values"), what)
+        full = k.numel() // k.size(2) * inputs["capacity"] * k.element_size()  # bytes of a (B, H, capacity, D) buffer
+        buffers |= {(part, got.untyped_storage().data_ptr(), got.untyped_storage().nbytes() >= full)
+                    for part, got in (("keys", got_k), ("values", got_v))}
         keys.append(got_k.clone())  # a copy now: a buffer the cache writes into later must not change it
         values.append(got_v.clone())
         length = getattr(cache, "length", None)
@@ -66,7 +70,8 @@ def _cache_call(cls: Any, inputs: Inputs) -> Outputs:
             raise fail(f"the cache's `length` is {length!r} after call {len(keys)}, expected an int: how many "
                        "positions it holds")
         lengths.append(length)
-    return _pack({"keys": keys, "values": values, "lengths": lengths})
+    one_buffer = len(buffers) == 2 and all(holds_capacity for _, _, holds_capacity in buffers)
+    return _pack({"keys": keys, "values": values, "lengths": lengths}) | {"one_buffer": one_buffer}
 
 
 def _pack(steps: Outputs) -> Outputs:
@@ -114,6 +119,7 @@ def _cache_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     if not torch.equal(got["lengths"], expected["lengths"]):
         raise fail(f"cache.length after each append is {got['lengths'].tolist()}, expected "
                    f"{expected['lengths'].tolist()}: it counts every position appended so far")
+    one_buffer = got["one_buffer"]
     got = {part: _unpack(got, part) for part in ("keys", "values")}
     expected = _cached(inputs["steps"])
     variants = {what: _cached(inputs["steps"], **flags) for what, flags in CACHE_MISTAKES.items()}
@@ -132,6 +138,12 @@ def _cache_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
             check_close(got[part][i], expected[part][i], name, atol=0, rtol=0,
                         mistakes={what: v[part][i] for what, v in variants.items()
                                   if v[part][i].shape == expected[part][i].shape})
+    if not one_buffer:
+        raise fail(f"the keys and values are right, but they are not views of one buffer of capacity = "
+                   f"{inputs['capacity']} positions per part: each append made new tensors (torch.cat, or a copy of "
+                   "the cache), which copies every cached position at every token. Allocate k.new_zeros(B, H, "
+                   "capacity, D) once, at the first append, write only the new positions into it and return "
+                   "buffer[:, :, :length]")
 
 
 @sized
