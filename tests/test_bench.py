@@ -1,21 +1,24 @@
 """The benchmark script runs and reports what it promises (a smoke test: no speed is asserted)."""
 
 import json
+import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from gptcourse import GPT
+from gptcourse import GPT, GPTConfig
 from gptcourse.bench import QUICK, TARGETS, batch1_linears, flops_per_token, model_config
 
 
 @pytest.fixture(scope="module")
 def quick_report() -> dict:
+    env = {name: value for name, value in os.environ.items() if name != "NANOGPT_DIR"}  # the peer is opt-in
     proc = subprocess.run([sys.executable, "-m", "gptcourse.bench", "--quick", "--json"],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
@@ -80,7 +83,62 @@ def test_every_target_is_reported_with_its_verdict(quick_report):
     assert set(targets) == set(TARGETS)
     for name, t in targets.items():
         assert t["target"] == TARGETS[name]
-        assert t["met"] is (t["value"] >= t["target"])
+        if name == "ours_over_nanogpt_small":  # without NANOGPT_DIR there is no nanoGPT to measure
+            assert t["value"] is None and t["met"] is None
+        else:
+            assert t["met"] is (t["value"] >= t["target"])
+
+
+STANDIN = Path(__file__).parent / "nanogpt_standin"  # nanoGPT's interface, written for the tests
+
+
+def test_without_nanogpt_the_report_says_how_to_get_it(quick_report):
+    from gptcourse.bench import report
+
+    assert "nanoGPT: not measured, NANOGPT_DIR is not set" in report(quick_report)
+    assert "target ours/nanoGPT >= 1.05x: not measured" in report(quick_report)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_nanogpt_twin_is_the_same_network_with_the_same_weights(bias, capsys):
+    from gptcourse.nanogpt_peer import load_nanogpt, nanogpt_twin
+
+    config = GPTConfig(vocab_size=11, context_length=8, d_model=16, n_heads=2, n_layers=2, attn_bias=bias,
+                       mlp_bias=bias, norm_bias=bias)
+    torch.manual_seed(0)
+    ours = GPT(config)
+    with torch.no_grad():  # biases and gains away from their 0 and 1, so that a swapped name shows
+        for p in ours.parameters():
+            p.add_(torch.randn(p.shape) * 0.1)
+    twin = nanogpt_twin(ours, load_nanogpt(STANDIN))
+    assert capsys.readouterr().out == ""  # nanoGPT's prints are kept out of the benchmark's output
+    idx = torch.randint(11, (3, 8), generator=torch.Generator().manual_seed(1))
+    logits, _ = twin(idx)
+    torch.testing.assert_close(logits, ours(idx), rtol=0, atol=1e-5)
+    assert twin.lm_head.weight is twin.transformer.wte.weight  # still tied after the copy
+
+
+def test_the_nanogpt_twin_refuses_a_network_nanogpt_does_not_build():
+    from gptcourse.nanogpt_peer import load_nanogpt, nanogpt_twin
+
+    with pytest.raises(ValueError, match=r"GPT-2-shaped.*'mlp': 'relu'"):
+        nanogpt_twin(GPT(GPTConfig(mlp="relu")), load_nanogpt(STANDIN))
+    with pytest.raises(FileNotFoundError, match="expected a nanoGPT checkout with model"):
+        load_nanogpt(STANDIN.parent / "no-such-checkout")
+
+
+def test_the_nanogpt_line_times_both_steps_and_counts_their_operators(monkeypatch):
+    from gptcourse import bench
+
+    monkeypatch.setenv("NANOGPT_DIR", str(STANDIN))
+    row = bench.bench_nanogpt(QUICK["shapes"][0], rounds=1)
+    assert row["logits_max_abs_diff"] < 1e-5
+    assert row["ours_over_nanogpt"] == pytest.approx(row["nanogpt_ms_per_step"] / row["ours_ms_per_step"])
+    assert row["ours_over_nanogpt_fused_adamw"] == pytest.approx(
+        row["nanogpt_fused_adamw_ms_per_step"] / row["ours_ms_per_step"])
+    # nanoGPT's CPU AdamW updates each tensor with its own ops; ours is torch's fused kernel
+    assert row["ops_differing"]["aten._fused_adamw_"][1] == 0 < row["ops_differing"]["aten._fused_adamw_"][0]
+    assert row["ops_differing"]["aten.lerp_"][0] == 0 < row["ops_differing"]["aten.lerp_"][1]
 
 
 @pytest.mark.parametrize("shape", QUICK["shapes"], ids=lambda s: s.name)

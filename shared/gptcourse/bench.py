@@ -69,6 +69,8 @@ from .model.config import GPTConfig
 from .model.gpt import GPT
 from .model.params import count_parameters, parameter_breakdown
 from .model.tiled_attention import flash_attention
+from .nanogpt_peer import ENV as NANOGPT_ENV
+from .nanogpt_peer import load_nanogpt, nanogpt_dir, nanogpt_optimizer, nanogpt_train_step, nanogpt_twin, op_counts
 from .text.bpe import GPT2_PATTERN, BPETokenizer, pretoken_counts
 from .text.corpus import load_text
 from .training.loop import TrainConfig, default_recipe, make_optimizer, train_step
@@ -129,6 +131,7 @@ TARGETS = {  # issue 3's targets on a 2-core machine
     "mfu_small": 0.60,
     "mfu_big": 0.85,
     "ours_over_hf_small": 1.6,
+    "ours_over_nanogpt_small": 1.05,  # issue 48: nanoGPT's model.py as its train.py runs it, where NANOGPT_DIR is set
     "fused_over_explicit_T1024": 5.0,
     "kv_cache_over_recompute": 5.0,
     "bpe_train_over_naive": 20.0,  # issue 15: BPETokenizer.train against a recount-every-merge loop
@@ -216,10 +219,16 @@ def quietly(build: Callable[[], nn.Module]) -> nn.Module:
         logging.set_verbosity(level)
 
 
-def step_fn(model: nn.Module, shape: Shape, seed: int = 0) -> Callable[[], object]:
-    """One full training step (forward, backward, clipping, AdamW) on a fixed random batch."""
+def fixed_batch(shape: Shape, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random batch of inputs and targets, each (B, T), the same for every model timed on it."""
     gen = torch.Generator().manual_seed(seed)
     x, y = torch.randint(VOCAB_SIZE, (2, shape.batch_size, shape.block_size), generator=gen)
+    return x, y
+
+
+def step_fn(model: nn.Module, shape: Shape, seed: int = 0) -> Callable[[], object]:
+    """One full training step (forward, backward, clipping, AdamW) on a fixed random batch."""
+    x, y = fixed_batch(shape, seed)
     cfg = TrainConfig(batch_size=shape.batch_size, block_size=shape.block_size)
     optimizer = make_optimizer(model, cfg)
     model.train()
@@ -254,6 +263,43 @@ def bench_training(shape: Shape, rounds: int, peak_size: int) -> dict:
     row["ours_over_hf"] = t["hf"] / t["ours"]
     row["ours_over_hf_same"] = t["hf_same"] / t["ours"]
     return row
+
+
+def bench_nanogpt(shape: Shape, rounds: int) -> dict:
+    """Ours against nanoGPT's own model.py (`NANOGPT_DIR`) on the same network and weights, in the same rounds.
+
+    The network is GPT-2's, exact GELU included, as nanoGPT builds it (the course recipe's ReLU is not one it
+    builds). nanoGPT is timed twice: as its train.py steps on a CPU (its `configure_optimizers`, whose AdamW is
+    fused only on CUDA), and with our step's fused AdamW, which leaves only the models' difference. The aten
+    operators one step of each dispatches are counted too: where the steps differ in work, not in time.
+    """
+    directory = nanogpt_dir()
+    if directory is None:
+        return {"config": shape.name, "skipped": f"{NANOGPT_ENV} is not set (a nanoGPT checkout: "
+                                                 "git clone https://github.com/karpathy/nanoGPT)"}
+    nanogpt = load_nanogpt(directory)
+    torch.manual_seed(0)
+    ours = GPT(model_config(shape).replace(mlp="gelu"))
+    shipped, ours_adamw = nanogpt_twin(ours, nanogpt), nanogpt_twin(ours, nanogpt)
+    x, y = fixed_batch(shape)
+    with torch.no_grad():
+        logits_gap = float((ours(x) - shipped(x, y)[0]).abs().max())
+    cfg = TrainConfig(batch_size=shape.batch_size, block_size=shape.block_size)
+    for model in (ours, shipped, ours_adamw):
+        model.train()
+    steps = {"ours": step_fn(ours, shape),
+             "nanogpt": nanogpt_train_step(shipped, nanogpt_optimizer(shipped, cfg.weight_decay, cfg.lr,
+                                                                      (0.9, cfg.beta2)), x, y, cfg.grad_clip),
+             "nanogpt_fused_adamw": nanogpt_train_step(ours_adamw, make_optimizer(ours_adamw, cfg), x, y,
+                                                       cfg.grad_clip)}
+    t = median_seconds(steps, rounds)
+    ops = {name: op_counts(steps[name]) for name in ("ours", "nanogpt")}
+    differing = {op: (ops["ours"][op], ops["nanogpt"][op]) for op in sorted(set(ops["ours"]) | set(ops["nanogpt"]))
+                 if ops["ours"][op] != ops["nanogpt"][op]}
+    return {"config": shape.name, "logits_max_abs_diff": logits_gap} | {
+        f"{name}_ms_per_step": 1e3 * seconds for name, seconds in t.items()} | {
+        "ours_over_nanogpt": t["nanogpt"] / t["ours"], "ours_over_nanogpt_fused_adamw": t["nanogpt_fused_adamw"]
+        / t["ours"], "ops_per_step": {name: sum(c.values()) for name, c in ops.items()}, "ops_differing": differing}
 
 
 def bench_optimizer(shape: Shape, rounds: int) -> dict:
@@ -573,6 +619,7 @@ def run(quick: bool = False) -> dict:
                                        device="cuda", dtype=torch.bfloat16) if torch.cuda.is_available() else None)
     training = [bench_training(shape, rounds, plan["peak_size"])
                 for shape, rounds in zip(plan["shapes"], plan["train_rounds"], strict=True)]
+    nanogpt = bench_nanogpt(plan["shapes"][0], plan["train_rounds"][0])
     gen = bench_generation(big, plan["generate_tokens"], plan["generate_rounds"])
     cli = bench_command_line(plan["cli_rounds"], plan["cli_warmup"])
     optimizer = bench_optimizer(plan["shapes"][0], plan["train_rounds"][0])
@@ -582,6 +629,7 @@ def run(quick: bool = False) -> dict:
         "mfu_small": training[0]["ours_mfu"],
         "mfu_big": training[1]["ours_mfu"],
         "ours_over_hf_small": training[0]["ours_over_hf"],
+        "ours_over_nanogpt_small": nanogpt.get("ours_over_nanogpt"),  # None: not measured
         "fused_over_explicit_T1024": attn[-1]["fused_over_explicit"],
         "kv_cache_over_recompute": gen["cache_over_recompute"],
         "bpe_train_over_naive": bpe["ours_over_naive"],
@@ -593,6 +641,7 @@ def run(quick: bool = False) -> dict:
                     "load_average_1min": [load_before, os.getloadavg()[0]]},
         "flops_formula": "6*N + 12*L*C*T per token, N = parameters except the position table (nanoGPT)",
         "training": training,
+        "nanogpt": nanogpt,
         "attention": attn,
         "attention_memory_kept": attn_kept,
         "tiled_attention": tiled,
@@ -602,13 +651,13 @@ def run(quick: bool = False) -> dict:
         "optimizer": optimizer,
         "generation_gqa": gqa,
         "bpe": bpe,
-        "targets": [{"name": name, "value": values[name], "target": goal, "met": values[name] >= goal}
-                    for name, goal in TARGETS.items()],
+        "targets": [{"name": name, "value": values[name], "target": goal,
+                     "met": None if values[name] is None else values[name] >= goal} for name, goal in TARGETS.items()],
     }
 
 
-def _met(ok: bool) -> str:
-    return "met" if ok else "NOT met"
+def _met(ok: bool | None) -> str:
+    return "not measured" if ok is None else "met" if ok else "NOT met"
 
 
 def _attention_line(row: dict) -> str:
@@ -645,6 +694,21 @@ def report(result: dict) -> str:
     lines.append(f"  target ours/HF GPT-2 >= {t['target']:.1f}x on {result['training'][0]['config']}: "
                  f"{_met(t['met'])} (against HF's defaults, as nanoGPT's 1.7x; on the same network both run the "
                  "same kernels)")
+    n = result["nanogpt"]
+    t = targets["ours_over_nanogpt_small"]
+    if "skipped" in n:
+        lines.append(f"nanoGPT: not measured, {n['skipped']}")
+    else:
+        differing = ", ".join(f"{op} {a}/{b}" for op, (a, b) in n["ops_differing"].items()) or "none"
+        lines.append(
+            f"train vs nanoGPT's model.py {n['config']} (GPT-2's network, exact GELU; logits equal within "
+            f"{n['logits_max_abs_diff']:.1e}): ours {n['ours_ms_per_step']:.1f} ms/step | nanoGPT as its train.py "
+            f"steps on a CPU {n['nanogpt_ms_per_step']:.1f} ms: ours/nanoGPT {n['ours_over_nanogpt']:.2f}x | "
+            f"nanoGPT with our fused AdamW {n['nanogpt_fused_adamw_ms_per_step']:.1f} ms: "
+            f"{n['ours_over_nanogpt_fused_adamw']:.2f}x")
+        lines.append(f"  aten ops per step: ours {n['ops_per_step']['ours']}, nanoGPT {n['ops_per_step']['nanogpt']}; "
+                     f"differing (ours/nanoGPT): {differing}")
+    lines.append(f"  target ours/nanoGPT >= {t['target']:.2f}x: {_met(t['met'])}")
     lines.append("attention (B=4, H=6, D=64), explicit vs fused, forward | forward+backward:")
     lines.extend(_attention_line(row) for row in result["attention"])
     if result["attention_memory_kept"] is not None:
