@@ -252,3 +252,13 @@ def test_a_gpu_result_is_reported_with_its_precision_and_flash_attn_status(quick
     text = report(quick_report | {"tiled_attention_gpu": gpu})
     assert "on the GPU (bfloat16" in text and "flash-attn is not installed" in text
     assert sum("(blocks of" in line for line in text.splitlines()) == 4 * len(QUICK["tiled_lengths"])
+
+
+def test_the_compile_line_is_reported_only_when_asked(quick_report):
+    from gptcourse.bench import report
+
+    assert quick_report["compiled"] is None and "torch.compile" not in report(quick_report)
+    row = {"config": "L2", "compile_s": 95.0, "compiled_ms_per_step": 30.0, "eager_ms_per_step": 36.0,
+           "compiled_over_eager": 1.2}
+    assert "first step (compiling) 95 s, then 30.0 ms/step against eager 36.0 ms: 1.20x" in report(
+        quick_report | {"compiled": row})

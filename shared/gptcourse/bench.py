@@ -302,6 +302,22 @@ def bench_nanogpt(shape: Shape, rounds: int) -> dict:
         / t["ours"], "ops_per_step": {name: sum(c.values()) for name, c in ops.items()}, "ops_differing": differing}
 
 
+def bench_compiled(shape: Shape, rounds: int) -> dict:
+    """`torch.compile` on our training step's model against the same model eager, timed in the same rounds; the
+    compile time is the first compiled step's (off by default: minutes on a 2-core machine, `--compile`)."""
+    torch.manual_seed(0)
+    eager = GPT(model_config(shape))
+    twin = GPT(model_config(shape))
+    twin.load_state_dict(eager.state_dict())
+    compiled_step = step_fn(torch.compile(twin), shape)
+    start = time.perf_counter()
+    compiled_step()
+    compile_s = time.perf_counter() - start
+    t = median_seconds({"eager": step_fn(eager, shape), "compiled": compiled_step}, rounds)
+    return {"config": shape.name, "compile_s": compile_s, "eager_ms_per_step": 1e3 * t["eager"],
+            "compiled_ms_per_step": 1e3 * t["compiled"], "compiled_over_eager": t["eager"] / t["compiled"]}
+
+
 def bench_optimizer(shape: Shape, rounds: int) -> dict:
     """One optimizer step on the model's gradients: our AdamW (foreach kernels) vs torch's fused and foreach ones.
     The training recipe uses ours only if it is as fast as torch's fused AdamW (`make_optimizer`)."""
@@ -605,8 +621,8 @@ def bench_command_line(rounds: int, warmup: int) -> dict:
             "check_env_over_python": seconds["check_env"] / seconds["python"]}
 
 
-def run(quick: bool = False) -> dict:
-    """Every measurement, as one JSON-ready dict."""
+def run(quick: bool = False, compiled: bool = False) -> dict:
+    """Every measurement, as one JSON-ready dict; `compiled` adds the torch.compile line."""
     plan = QUICK if quick else FULL
     load_before = os.getloadavg()[0]  # other processes' load: high values make every figure less reliable
     big = plan["shapes"][1]
@@ -620,6 +636,7 @@ def run(quick: bool = False) -> dict:
     training = [bench_training(shape, rounds, plan["peak_size"])
                 for shape, rounds in zip(plan["shapes"], plan["train_rounds"], strict=True)]
     nanogpt = bench_nanogpt(plan["shapes"][0], plan["train_rounds"][0])
+    compile_row = bench_compiled(plan["shapes"][0], plan["train_rounds"][0]) if compiled else None
     gen = bench_generation(big, plan["generate_tokens"], plan["generate_rounds"])
     cli = bench_command_line(plan["cli_rounds"], plan["cli_warmup"])
     optimizer = bench_optimizer(plan["shapes"][0], plan["train_rounds"][0])
@@ -642,6 +659,7 @@ def run(quick: bool = False) -> dict:
         "flops_formula": "6*N + 12*L*C*T per token, N = parameters except the position table (nanoGPT)",
         "training": training,
         "nanogpt": nanogpt,
+        "compiled": compile_row,
         "attention": attn,
         "attention_memory_kept": attn_kept,
         "tiled_attention": tiled,
@@ -709,6 +727,11 @@ def report(result: dict) -> str:
         lines.append(f"  aten ops per step: ours {n['ops_per_step']['ours']}, nanoGPT {n['ops_per_step']['nanogpt']}; "
                      f"differing (ours/nanoGPT): {differing}")
     lines.append(f"  target ours/nanoGPT >= {t['target']:.2f}x: {_met(t['met'])}")
+    if result["compiled"] is not None:
+        c = result["compiled"]
+        lines.append(f"torch.compile {c['config']}: first step (compiling) {c['compile_s']:.0f} s, then "
+                     f"{c['compiled_ms_per_step']:.1f} ms/step against eager {c['eager_ms_per_step']:.1f} ms: "
+                     f"{c['compiled_over_eager']:.2f}x")
     lines.append("attention (B=4, H=6, D=64), explicit vs fused, forward | forward+backward:")
     lines.extend(_attention_line(row) for row in result["attention"])
     if result["attention_memory_kept"] is not None:
@@ -777,6 +800,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the script, not speed")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--compile", action="store_true",
+                        help="add torch.compile on the small training step (its compile time takes minutes)")
     parser.add_argument("--attention-only", type=int, metavar="T", help=argparse.SUPPRESS)  # for the child
     parser.add_argument("--rounds", type=int, default=FULL["attention_rounds"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -785,7 +810,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.attention_only is not None:
         print(json.dumps(bench_attention((args.attention_only,), args.rounds)))
         return
-    result = run(quick=args.quick)
+    result = run(quick=args.quick, compiled=args.compile)
     print(json.dumps(result, indent=2) if args.json else report(result))
 
 

@@ -69,7 +69,9 @@ class GPT(nn.Module):
                 f"sequence length {past + idx.size(1)} exceeds context_length={c.context_length}"
                 + (f" ({past} cached + {idx.size(1)} new)" if past else "")
             )
-        if idx.numel() and idx.device.type != "meta":
+        # Reading the ids' values stops torch.compile's graph (a break at every step), so a compiled model leaves
+        # the range check to the embedding's own error.
+        if idx.numel() and idx.device.type != "meta" and not torch.compiler.is_compiling():
             lo, hi = (int(v) for v in torch.aminmax(idx))  # one pass over the ids, not two
             if lo < 0 or hi >= c.vocab_size:
                 bad = lo if lo < 0 else hi
