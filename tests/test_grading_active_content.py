@@ -8,6 +8,7 @@ a pandas-like table and `$x^2$` math must survive.
 from __future__ import annotations
 
 import base64
+import html
 import io
 import re
 from html.parser import HTMLParser
@@ -172,6 +173,7 @@ def test_hostile_svg_output_keeps_only_allowlisted_markup(text: str) -> None:
 def test_css_values_that_are_no_colour_length_or_keyword_are_dropped(value: str) -> None:
     """Each property the cleaners keep (HTML's color, SVG's fill, in a style and as an attribute) keeps a
     value only of an allowed shape: the rest of the style stays, the hostile value goes."""
+    value = html.escape(value)  # as an attribute's value
     nb = graded(new_code_cell(outputs=[display({
         "text/html": f'<span style="font-weight: bold; color: {value}">a</span>'
                      f'<b style="background-color: {value}">b</b>',
@@ -186,6 +188,7 @@ def test_css_values_that_are_no_colour_length_or_keyword_are_dropped(value: str)
     assert rect == {"stroke": "red", "style": "stroke-width:2px"}, data["image/svg+xml"]
     for text in data.values():
         assert TRACKER not in text and "alert" not in text and "--x" not in text, text
+    assert any("CSS values that are not colours, lengths or keywords" in line for line in report_lines(nb))
 
 
 @pytest.mark.parametrize("value", KEPT_CSS_VALUES)

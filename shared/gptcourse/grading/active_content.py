@@ -196,6 +196,7 @@ class _Markup(HTMLParser):
         self.tags: set[str] = set()
         self.attributes: set[str] = set()
         self.urls: set[str] = set()
+        self.css_values = 0  # declarations and SVG attributes of a kept property whose value is no allowed shape
         self.feed(text)
         self.close()
 
@@ -205,11 +206,15 @@ class _Markup(HTMLParser):
             self.attributes.add(name)
             if name in URL_ATTRIBUTES:
                 self.urls.add(re.sub(r"[\s\x00-\x1f]", "", value or "").lower())
+            declarations = [d.partition(":")[::2] for d in (value or "").split(";")] if name == "style" else \
+                [(name, value or "")] if name in SVG_STYLES or name == "mask" else []
+            self.css_values += sum(prop.strip().lower() in HTML_STYLES | SVG_STYLES and not css_value_allowed(v)
+                                   for prop, v in declarations)
 
 
 def removed_markup(before: str, after: str) -> list[str]:
     """What cleaning `before` into `after` removed, as the report says it: tags, event handlers, javascript: URLs,
-    MathJax commands."""
+    CSS values, MathJax commands."""
     old, new = _Markup(before), _Markup(after)
     gone = [f"<{tag}>" for tag in sorted(old.tags - new.tags) if tag not in INERT_TAGS and ":" not in tag]
     if any(name.startswith("on") for name in old.attributes - new.attributes):
@@ -219,6 +224,8 @@ def removed_markup(before: str, after: str) -> list[str]:
         gone.append("javascript: links")
     if any(not url.startswith("javascript:") for url in urls):
         gone.append("URLs that are not http(s), mailto or image data")
+    if old.css_values > new.css_values:
+        gone.append("CSS values that are not colours, lengths or keywords")
     if MATHJAX_ACTIVE.search(before):
         gone.append("MathJax commands " + ", ".join(sorted({"\\" + m for m in MATHJAX_ACTIVE.findall(before)})))
     return gone
