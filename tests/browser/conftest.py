@@ -6,7 +6,6 @@ Without Chromium or Playwright the tests skip and say how to enable them.
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import secrets
@@ -14,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from lab_driver import JupyterServer, LabPage
+from lab_driver import JupyterServer, LabPage, RequestRecorder
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
@@ -164,33 +162,6 @@ def jupyter_server(
         yield JupyterServer(base_url=base_url, token=token, root=course_copy, env=env)
     finally:
         _stop(proc, base_url, token)
-
-
-class RequestRecorder(http.server.ThreadingHTTPServer):
-    """A loopback HTTP server that answers every GET with a 1-pixel GIF and records its path: what a page fetched
-    from it (a student's CSS that reached an image-taking property would)."""
-
-    GIF = bytes.fromhex("47494638396101000100800000000000ffffff21f90401000000002c00000000010001000002024401003b")
-
-    def __init__(self) -> None:
-        recorder = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                recorder.paths.append(self.path)
-                self.send_response(200)
-                self.send_header("Content-Type", "image/gif")
-                self.send_header("Access-Control-Allow-Origin", "*")
-                self.end_headers()
-                self.wfile.write(recorder.GIF)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.paths: list[str] = []
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server_address[1]}"
-        threading.Thread(target=self.serve_forever, daemon=True).start()
 
 
 @pytest.fixture(scope="session")
