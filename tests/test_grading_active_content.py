@@ -8,6 +8,7 @@ a pandas-like table and `$x^2$` math must survive.
 from __future__ import annotations
 
 import base64
+import html
 import io
 import re
 from html.parser import HTMLParser
@@ -61,6 +62,29 @@ HOSTILE_SVG = [
     '<svg><rect width="1" height="1" fill="url(https://tracker.example/p.svg#a)" style="stroke: url(//t.example/s)"/>'
     '</svg>',
 ]
+# CSS values that could fetch (or compute one that does), each hidden in a property the cleaner keeps: only colours,
+# lengths, keywords and `url(#id)` within a figure may stay (issue 49).
+TRACKER = "tracker.example"
+HOSTILE_CSS_VALUES = [
+    f'image-set("https://{TRACKER}/a.png" 1x)',
+    f"-webkit-image-set(url(https://{TRACKER}/a.png) 1x)",
+    f"cross-fade(url(https://{TRACKER}/a.png), red, 50%)",
+    "element(#secret)",
+    "env(safe-area-inset-top, red)",
+    "attr(data-x color, red)",
+    "var(--x, red)",
+    f"\\75rl(https://{TRACKER}/a)",
+    f"\\000075rl(https://{TRACKER}/a)",
+    f"ur\\l(https://{TRACKER}/a)",
+    "red/**/",
+    f"red /* url(https://{TRACKER}/a) */",
+    "expression(alert(1))",
+    "red !important",
+    f"url('https://{TRACKER}/a')",
+    f"url(#a) , url(https://{TRACKER}/a)",
+]
+KEPT_CSS_VALUES = ["red", "#1f77b4", "rgb(12, 34, 56)", "rgba(0 0 0 / 50%)", "hsl(120, 50%, 50%)", "0.8", "-0.5ex",
+                   "2px", "bold", "nowrap"]
 HOSTILE_MARKDOWN = [
     "Hi <img src=x onerror='window.__pwned=1'>",
     "[click me](javascript:window.__pwned=1) and [ref][r]\n\n[r]: javascript:alert(1)",
@@ -99,6 +123,9 @@ def assert_inert(text: str, allowed_tags: set[str]) -> None:
         if tag == "img" and name == "src":
             assert url.startswith("data:image/"), (tag, name, value)  # never a remote image
         assert "\\" not in value and not re.search(r"url\((?!['\"]?#)", url), (tag, name, value)
+        if name == "style" or name in ("fill", "stroke", "clip-path", "mask", "stop-color"):  # CSS values
+            functions = set(re.findall(r"([a-z-]*)\(", value.lower()))
+            assert functions <= {"rgb", "rgba", "hsl", "hsla", "url"} and "/*" not in value, (tag, name, value)
     for macro in ("\\href", "\\require", "\\class", "\\cssId", "\\style", "\\url"):
         assert macro not in text, (macro, text)
 
@@ -140,6 +167,36 @@ def test_hostile_html_output_keeps_only_allowlisted_markup(text: str) -> None:
 def test_hostile_svg_output_keeps_only_allowlisted_markup(text: str) -> None:
     nb = graded(new_code_cell(outputs=[display({"image/svg+xml": text})]))
     assert_inert(nb.cells[0].outputs[0].data["image/svg+xml"], ALLOWED_SVG)
+
+
+@pytest.mark.parametrize("value", HOSTILE_CSS_VALUES)
+def test_css_values_that_are_no_colour_length_or_keyword_are_dropped(value: str) -> None:
+    """Each property the cleaners keep (HTML's color, SVG's fill, in a style and as an attribute) keeps a
+    value only of an allowed shape: the rest of the style stays, the hostile value goes."""
+    value = html.escape(value)  # as an attribute's value
+    nb = graded(new_code_cell(outputs=[display({
+        "text/html": f'<span style="font-weight: bold; color: {value}">a</span>'
+                     f'<b style="background-color: {value}">b</b>',
+        "image/svg+xml": f'<svg xmlns="http://www.w3.org/2000/svg"><rect fill="{value}" stroke="red" '
+                         f'style="stroke-width: 2px; fill: {value}"/></svg>'})]))
+    data = nb.cells[0].outputs[0].data
+    assert_inert(data["text/html"], ALLOWED_HTML)
+    assert_inert(data["image/svg+xml"], ALLOWED_SVG)
+    html_styles = {(tag, v) for tag, name, v in Inventory(data["text/html"]).attributes if name == "style"}
+    assert html_styles == {("span", "font-weight:bold")}, data["text/html"]
+    rect = {name: v for tag, name, v in Inventory(data["image/svg+xml"]).attributes if tag == "rect"}
+    assert rect == {"stroke": "red", "style": "stroke-width:2px"}, data["image/svg+xml"]
+    for text in data.values():
+        assert TRACKER not in text and "alert" not in text and "--x" not in text, text
+    assert any("CSS values that are not colours, lengths or keywords" in line for line in report_lines(nb))
+
+
+@pytest.mark.parametrize("value", KEPT_CSS_VALUES)
+def test_colours_lengths_and_keywords_are_kept(value: str) -> None:
+    nb = graded(new_code_cell(outputs=[display({"text/html": f'<span style="color: {value}">a</span>'})]))
+    styles = [v for _, name, v in Inventory(nb.cells[0].outputs[0].data["text/html"]).attributes if name == "style"]
+    assert styles == [f"color:{value}"], styles
+    assert report_lines(nb) == []
 
 
 @pytest.mark.parametrize("source", HOSTILE_MARKDOWN)

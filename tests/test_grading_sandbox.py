@@ -1,7 +1,8 @@
-"""The sandbox around graded kernels: every attack of issue 13 as cells added to an otherwise correct submission of
-lab 02, graded in ONE batch by plain `nbgrader autograde` and in one by `gptcourse autograde` (one worker); in
-both, every submission runs in the same box after the one before it, and each gets the full 15 points; nothing
-escapes: the course files and the package are unchanged, no process is left, the secret is in no output.
+"""The sandbox around graded kernels: every attack of issues 13 and 49 (IPC objects and keys left for the next
+kernel) as cells added to an otherwise correct submission of lab 02, graded in ONE batch by plain `nbgrader
+autograde` and in one by `gptcourse autograde` (one worker); in both, every submission runs in the same box after
+the one before it, and each gets the full 15 points; nothing escapes: the course files and the package are
+unchanged, no process is left, the secret is in no output, no IPC object or key reaches the next submission.
 Also: grading refuses to start without the sandbox, and the opt-out grades anyway.
 """
 
@@ -118,6 +119,71 @@ except OSError as err:
     print("no network:", type(err).__name__)
 '''
 
+# IPC that outlives the kernel that made it (issue 49): SysV shared memory (detached, never removed), a message
+# queue and a semaphore set, POSIX shared memory (/dev/shm) and a POSIX message queue, and a key in each keyring
+# a process can reach. `ipc-leave` makes them all; `ipc-look`, graded next in the same box, looks for them.
+IPC_COMMON = '''
+import ctypes, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.syscall.restype = ctypes.c_long
+KEY, NAME = 0x5eed49, "@MARKER@"
+ADD_KEY, KEYCTL = {"x86_64": (248, 250), "aarch64": (217, 219)}[platform.machine()]
+RINGS = {"session": -3, "user": -4, "user-session": -5}
+class Message(ctypes.Structure):
+    _fields_ = [("mtype", ctypes.c_long), ("mtext", ctypes.c_char * 64)]
+'''
+IPC_LEAVE = IPC_COMMON + '''
+from multiprocessing import resource_tracker, shared_memory
+made = []
+segment = libc.shmget(KEY, 1 << 20, 0o1666)  # IPC_CREAT | 0666
+if segment >= 0:
+    address = libc.shmat(segment, None, 0)
+    ctypes.memmove(address, NAME.encode(), len(NAME))
+    made.append("sysv-shm") if libc.shmdt(ctypes.c_void_p(address)) == 0 else None
+queue = libc.msgget(KEY, 0o1666)
+if queue >= 0 and libc.msgsnd(queue, ctypes.byref(Message(1, NAME.encode())), 64, 0) == 0:
+    made.append("sysv-msg")
+made += ["sysv-sem"] if libc.semget(KEY, 1, 0o1666) >= 0 else []
+posix = shared_memory.SharedMemory(name=NAME, create=True, size=4096)
+posix.buf[:len(NAME)] = NAME.encode()
+resource_tracker.unregister(posix._name, "shared_memory")  # so that nothing removes it at exit
+made.append("posix-shm")
+with open(f"/dev/shm/{NAME}-file", "w") as f:
+    f.write(NAME)
+made += ["posix-mq"] if libc.mq_open(f"/{NAME}".encode(), os.O_CREAT | os.O_RDWR, 0o666, None) >= 0 else []
+for ring, ring_id in RINGS.items():
+    if libc.syscall(ADD_KEY, b"user", f"{NAME}-{ring}".encode(), NAME.encode(), len(NAME), ring_id) > 0:
+        made.append(f"key-{ring}")
+persistent = libc.syscall(KEYCTL, 22, -1, RINGS["session"])  # KEYCTL_GET_PERSISTENT, linked into the session's
+if persistent > 0 and libc.syscall(ADD_KEY, b"user", f"{NAME}-persistent".encode(), b"x", 1, persistent) > 0:
+    made.append("key-persistent")
+print("IPC MADE:", made)
+'''
+IPC_LOOK = IPC_COMMON + '''
+found = []
+for kind, get in (("sysv-shm", lambda: libc.shmget(KEY, 0, 0)), ("sysv-msg", lambda: libc.msgget(KEY, 0)),
+                  ("sysv-sem", lambda: libc.semget(KEY, 0, 0)),
+                  ("posix-mq", lambda: libc.mq_open(f"/{NAME}".encode(), os.O_RDONLY))):
+    found += [kind] if get() >= 0 else []
+for table in ("shm", "msg", "sem"):  # any object at all, whatever its key
+    found += [f"/proc/sysvipc/{table}"] if len(open(f"/proc/sysvipc/{table}").read().splitlines()) > 1 else []
+found += [f"/dev/shm/{name}" for name in os.listdir("/dev/shm")]
+for ring, ring_id in RINGS.items():
+    for name in (*RINGS, "persistent"):
+        if libc.syscall(KEYCTL, 10, ring_id, b"user", f"{NAME}-{name}".encode(), 0) > 0:  # KEYCTL_SEARCH
+            found.append(f"key-{name} in the {ring} keyring")
+found += ["/proc/keys"] if NAME in open("/proc/keys").read() else []
+print("IPC FOUND:", found)
+'''
+IN_SUBPROCESS = '''
+import subprocess, sys
+print(subprocess.run([sys.executable, "-c", @CODE@], text=True, stdout=subprocess.PIPE,
+                     stderr=subprocess.STDOUT).stdout)
+'''  # a kernel's subprocess shares its namespaces (ctypes in the kernel itself would cost the lab's points)
+IPC_KINDS = ["sysv-shm", "sysv-msg", "sysv-sem", "posix-shm", "posix-mq", "key-session", "key-user",
+             "key-user-session", "key-persistent"]
+
 
 def attacks(course: Course, port: int) -> dict[str, list[str]]:
     """student -> the cells added after the setup cell."""
@@ -128,10 +194,14 @@ def attacks(course: Course, port: int) -> dict[str, list[str]]:
             source = source.replace(token, value)
         return source.replace("@LOOP@", repr(cell(LEFTOVER_LOOP))) if "@LOOP@" in source else source
 
+    def in_subprocess(code: str) -> str:
+        return IN_SUBPROCESS.replace("@CODE@", repr(code))
+
     return {"tamper-course": [cell(TAMPER_COURSE)], "tamper-package": [cell(TAMPER_PACKAGE)],
             "steal-secret": [cell(STEAL_SECRET)], "leave-processes": [cell(LEAVE_PROCESSES)],
             "fork-bomb": [FORK_BOMB], "eat-memory": [EAT_MEMORY], "fill-disk": [HUGE_FILE, FILL_SCRATCH],
-            "open-network": [cell(CONNECT)]}
+            "open-network": [cell(CONNECT)], "ipc-leave": [in_subprocess(cell(IPC_LEAVE))],
+            "ipc-look": [in_subprocess(cell(IPC_LOOK))]}
 
 
 # What the report says about the attacks that hit a limit (cell 3 is the first added cell).
@@ -267,6 +337,20 @@ def test_no_kernel_reached_the_network(graded, listener):
         listener.accept()
     printed = (course.root / "grading" / "autograded" / "open-network" / LAB / f"{LAB}.ipynb").read_text()
     assert "no network: ConnectionRefusedError" in printed
+
+
+def test_no_ipc_object_or_key_reaches_the_next_submission(graded):
+    """`ipc-leave` made every kind of IPC object and key (so the look below means something); `ipc-look`, graded
+    after it in the same box, finds none of them, nor any other."""
+    course, _, _, _, _ = graded
+
+    def printed(student: str, prefix: str) -> str:
+        text = "".join(output.get("text", "") for cell in course.notebook(f"grading/autograded/{student}", LAB).cells
+                       for output in cell.get("outputs", []))
+        return next(line for line in text.splitlines() if line.startswith(prefix))
+
+    assert printed("ipc-leave", "IPC MADE:") == f"IPC MADE: {IPC_KINDS}"
+    assert printed("ipc-look", "IPC FOUND:") == "IPC FOUND: []"
 
 
 def test_kernels_talk_over_ipc_with_no_tcp_or_debugger_warning(graded):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from lab_driver import JupyterServer, LabPage
+from lab_driver import JupyterServer, LabPage, RequestRecorder
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
@@ -162,6 +162,14 @@ def jupyter_server(
         yield JupyterServer(base_url=base_url, token=token, root=course_copy, env=env)
     finally:
         _stop(proc, base_url, token)
+
+
+@pytest.fixture(scope="session")
+def request_recorder() -> Iterator[RequestRecorder]:
+    recorder = RequestRecorder()
+    yield recorder
+    recorder.shutdown()
+    recorder.server_close()
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,9 @@ JupyterLab's and ipywidgets' selectors live here, so an upgrade that renames a c
 
 from __future__ import annotations
 
+import http.server
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,6 +51,33 @@ def step(name: str) -> Iterator[None]:
         yield
     except Exception as exc:
         raise AssertionError(f"step {name!r} failed: {type(exc).__name__}: {exc}") from exc
+
+
+class RequestRecorder(http.server.ThreadingHTTPServer):
+    """A loopback HTTP server that answers every GET with a 1-pixel GIF and records its path: what a page fetched
+    from it (a student's CSS that reached an image-taking property would)."""
+
+    GIF = bytes.fromhex("47494638396101000100800000000000ffffff21f90401000000002c00000000010001000002024401003b")
+
+    def __init__(self) -> None:
+        recorder = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                recorder.paths.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Type", "image/gif")
+                self.send_header("Access-Control-Allow-Origin", "*")
+                self.end_headers()
+                self.wfile.write(recorder.GIF)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.paths: list[str] = []
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from lab_driver import (
     WIDGET_CONTROL,
     JupyterServer,
     LabPage,
+    RequestRecorder,
     nudge_widget,
     output_fingerprint,
     step,
@@ -60,6 +61,12 @@ HOSTILE_DISPLAYS = [
             '<rect width="9" height="9"/></svg>'),
     ("HTML", f'<iframe srcdoc="<script>{PWN_JS}</script>"></iframe>'),
     ("Markdown", f'<img src="y" onerror="{PWN_JS}"> [click me](javascript:{PWN_JS})'),
+    # CSS that would fetch from the test's listener (@LISTENER@) if a kept property took an image (issue 49)
+    ("HTML", "<span style=\"color: image-set('@LISTENER@/css-image-set.gif' 1x); background-color: "
+             "-webkit-image-set(url(@LISTENER@/css-webkit.gif) 1x)\">styled</span>"
+             "<b style='color: \\75rl(@LISTENER@/css-escaped.gif); font-weight: var(--x)'>b</b>"),
+    ("SVG", '<svg xmlns="http://www.w3.org/2000/svg"><rect width="9" height="9" fill="url(@LISTENER@/css.svg#a)" '
+            "style=\"fill: image-set('@LISTENER@/css-svg.gif' 1x)\"/></svg>"),
 ]
 HOSTILE_CELLS = [
     ("code", "from IPython.display import HTML, SVG, Javascript, Markdown, display"),
@@ -68,6 +75,7 @@ HOSTILE_CELLS = [
              "display({'application/vnd.jupyter.widget-view+json': {'model_id': 'x', 'version_major': 2, "
              "'version_minor': 0}, 'text/plain': 'a widget'}, raw=True)\nipywidgets.IntSlider()"),
     ("markdown", f'My notes <img src="z" onerror="{PWN_JS}"> and [click me](javascript:{PWN_JS}).'),
+    ("markdown", "Styled <span style=\"color: image-set('@LISTENER@/css-markdown.gif' 1x)\">notes</span>."),
 ]
 FIGURE_CELL = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('my loss')\nplt.show()"
 
@@ -104,8 +112,8 @@ class Instructor:
     notebook; grace: solved, plus a matplotlib figure), one autograde. It runs in a background thread from the
     start of this module, so autograde (which executes the notebooks) overlaps with the student scenarios."""
 
-    def __init__(self, server: JupyterServer) -> None:
-        self.server = server
+    def __init__(self, server: JupyterServer, listener_url: str) -> None:
+        self.server, self.listener_url = server, listener_url
         self._pool = ThreadPoolExecutor(max_workers=1)
         self.released = self._pool.submit(self._release)
         self.graded = self._pool.submit(self._collect_and_autograde)
@@ -139,7 +147,8 @@ class Instructor:
         roster.write_text("id,first_name,last_name\n" + "".join(f"{i},{f},{n}\n" for i, (f, n) in STUDENTS.items()))
         self.nbgrader("db", "student", "import", str(roster))
         hostile, figure = nbformat.from_dict(solved), nbformat.from_dict(solved)
-        hostile.cells += [_new_cell(kind, source) for kind, source in HOSTILE_CELLS]
+        hostile.cells += [_new_cell(kind, source.replace("@LISTENER@", self.listener_url))
+                          for kind, source in HOSTILE_CELLS]
         figure.cells.append(nbformat.v4.new_code_cell(FIGURE_CELL))
         for student, notebook in (("ada", solved), ("alan", untouched), ("mallory", hostile), ("grace", figure)):
             folder = _submission_folder(self.server.root, student)
@@ -152,8 +161,8 @@ class Instructor:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def instructor(jupyter_server: JupyterServer) -> Iterator[Instructor]:
-    instructor = Instructor(jupyter_server)
+def instructor(jupyter_server: JupyterServer, request_recorder: RequestRecorder) -> Iterator[Instructor]:
+    instructor = Instructor(jupyter_server, request_recorder.url)
     yield instructor
     instructor.close()
 
@@ -331,9 +340,11 @@ def _figure_shows(page: Page) -> bool:
     return figure.evaluate("img => img.complete && img.naturalWidth > 0")
 
 
-def test_graded_notebooks_run_no_student_script(tab: LabPage, instructor: Instructor) -> None:
+def test_graded_notebooks_run_no_student_script(tab: LabPage, instructor: Instructor,
+                                                request_recorder: RequestRecorder) -> None:
     """mallory's cells try script every way (img onerror, <script>, a Javascript output, SVG onload, an iframe
-    srcdoc, markdown with raw HTML and a javascript: link, a widget): none runs where the instructor (the
+    srcdoc, markdown with raw HTML and a javascript: link, a widget) and CSS values that fetch (image-set, escapes):
+    none runs, and nothing reaches the test's listener, where the instructor (the
     formgrader, with their session) or the student (the feedback HTML) look, and mallory still scores full marks;
     grace's matplotlib figure still shows."""
     course = instructor.server.root
@@ -360,8 +371,9 @@ def test_graded_notebooks_run_no_student_script(tab: LabPage, instructor: Instru
                 page.goto((course / "grading" / "feedback" / student / LAB / f"{LAB}.html").as_uri())
             page.locator("text=Grading report").first.wait_for(timeout=30_000)
         if student == "mallory":
-            with step(f"no script of mallory's ran in the {where} page"):
+            with step(f"no script of mallory's ran in the {where} page, and her CSS fetched nothing"):
                 watch.assert_no_script_ran(page, f"mallory's {where} page")
+                assert request_recorder.paths == [], f"mallory's CSS fetched from {where}: {request_recorder.paths}"
                 assert page.locator("text=removed from its output").count(), "the report does not say what went"
         else:
             with step(f"grace's figure shows in the {where} page"):

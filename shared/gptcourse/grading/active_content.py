@@ -6,7 +6,8 @@ opens in JupyterLab. A student's cell can display anything (`display(HTML('<img 
 output, a widget) and a student's markdown cell can hold raw HTML, so before the notebook is written:
 
 - outputs keep only the mimetypes of OUTPUT_MIMETYPES; text/html and text/markdown are cleaned with nh3 (an
-  allowlist of tags, attributes, style properties and URL schemes), image/svg+xml with an SVG allowlist that
+  allowlist of tags, attributes, style properties and URL schemes; a CSS value only of the shapes of CSS_VALUE:
+  colours, lengths, keywords, no function that could fetch), image/svg+xml with an SVG allowlist that
   keeps matplotlib's figures; base64 images must be base64; an image's metadata keeps only a numeric size
   (nbconvert writes it into an unquoted attribute); stream and error outputs are text (nbconvert escapes them);
 - a student's markdown cell (any cell nbgrader does not lock) that holds `<` or link syntax is rendered to HTML
@@ -25,6 +26,7 @@ import base64
 import binascii
 import html
 import re
+from collections.abc import Callable
 from html.parser import HTMLParser
 
 import nh3
@@ -85,38 +87,74 @@ IMAGE_DATA_URL = re.compile(r"data:image/(png|jpeg|gif);base64,[A-Za-z0-9+/=\s]*
 MATHJAX_ACTIVE = re.compile(r"\\(href|url|require|class|cssId|style|html|data|mmlToken)(?![A-Za-z])")
 FULLWIDTH_BACKSLASH = "\uff3c"  # shows as a backslash, is no TeX command
 LINK_SYNTAX = ("<", "](", "]:")
-CSS_URL_ELSEWHERE = re.compile(r"url\(\s*['\"]?(?!#)", re.IGNORECASE)  # url(...) to anything but an #id here
+# A CSS value is kept only if it is made of these shapes, separated by spaces or commas (an allowlist: no function
+# but colours', so no url(), image-set(), cross-fade(), element(), env(), attr(), var() or expression(); no escape, no
+# comment, no !important). An SVG figure may refer to its own parts (`url(#clip1)`), never to anything outside.
+_NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?"
+_CSS_SHAPE = (rf"\#[0-9a-f]{{3,8}}"  # a colour
+              rf"|(?:rgba?|hsla?)\(\s*{_NUMBER}(?:deg|%)?(?:\s*[,/]?\s*{_NUMBER}%?){{2,3}}\s*\)"  # a colour
+              rf"|{_NUMBER}(?:px|em|rem|ex|ch|pt|pc|cm|mm|in|vw|vh|%)?"  # a number, length or percentage
+              rf"|[a-z][a-z-]*"  # a keyword: red, bold, nowrap, square, middle, none
+              rf"|url\(\#[a-z_][a-z0-9_.:-]*\)"  # a part of the same figure
+              rf"|'[a-z0-9 _-]*'|\"[a-z0-9 _-]*\"")  # a font's name
+CSS_VALUE = re.compile(rf"\s*(?:{_CSS_SHAPE})(?:(?:\s*,\s*|\s+)(?:{_CSS_SHAPE}))*\s*", re.IGNORECASE)
+CSS_PROPERTY = re.compile(r"\s*([a-z-]+)\s*", re.IGNORECASE)
 # Removed without a report line: a figure's or a table's metadata and style sheet, a document's frame (a tag with
 # a namespace prefix, like matplotlib's <dc:title>, is metadata too).
 INERT_TAGS = frozenset({"metadata", "style", "html", "head", "body"})
 
 
-def _url_filter(tag: str, attribute: str, value: str) -> str | None:
-    """nh3's attribute filter: an image's source only as PNG/JPEG/GIF data (a remote image would tell the student
-    when and from where the instructor opened the page), data: URLs nowhere else; SVG references and CSS `url()`
-    only to the same figure (`#id`); no CSS escapes (which could spell `url(` another way)."""
-    if attribute in ("href", "xlink:href") and tag != "a":
-        return value if value.startswith("#") else None
-    if tag == "img" and attribute == "src":
-        return value if IMAGE_DATA_URL.match(value.strip()) else None
-    if value.strip().lower().startswith("data:"):
-        return None
-    if "\\" in value or CSS_URL_ELSEWHERE.search(value):
-        return None
-    return value
+def css_value_allowed(value: str) -> bool:
+    """Whether a CSS value is only colours, lengths, numbers, keywords, font names and `url(#id)` (`CSS_VALUE`)."""
+    return CSS_VALUE.fullmatch(value) is not None
+
+
+def clean_style(style: str, properties: frozenset[str]) -> str | None:
+    """A style attribute with only the declarations of `properties` whose values `css_value_allowed`; None if
+    none is left."""
+    kept = []
+    for declaration in style.split(";"):
+        name, colon, value = declaration.partition(":")
+        match = CSS_PROPERTY.fullmatch(name)
+        if colon and match and match[1].lower() in properties and css_value_allowed(value):
+            kept.append(f"{match[1].lower()}: {value.strip()}")
+    return "; ".join(kept) or None
+
+
+def _attribute_filter(styles: frozenset[str]) -> Callable[[str, str, str], str | None]:
+    """nh3's attribute filter for a cleaner whose style properties are `styles`: an image's source only as
+    PNG/JPEG/GIF data (a remote image would tell the student when and from where the instructor opened the
+    page), data: URLs nowhere else; SVG references only to the same figure (`#id`); every CSS value (a style
+    attribute, an SVG presentation attribute such as fill) an allowed shape (`clean_style`)."""
+
+    def allowed(tag: str, attribute: str, value: str) -> str | None:
+        if attribute in ("href", "xlink:href") and tag != "a":
+            return value if value.startswith("#") else None
+        if tag == "img" and attribute == "src":
+            return value if IMAGE_DATA_URL.match(value.strip()) else None
+        if value.strip().lower().startswith("data:"):
+            return None
+        if attribute == "style":
+            return clean_style(value, styles)
+        if attribute in styles or attribute == "mask":  # an SVG presentation attribute holds a CSS value
+            return value if css_value_allowed(value) else None
+        return value
+
+    return allowed
 
 
 def clean_html(text: str) -> str:
     """`text` (an HTML fragment) with only HTML_TAGS, HTML_ATTRIBUTES, HTML_STYLES and URL_SCHEMES left."""
     return nh3.clean(MATHJAX_ACTIVE.sub(FULLWIDTH_BACKSLASH + r"\1", text), tags=set(HTML_TAGS),
-                     attributes={k: set(v) for k, v in HTML_ATTRIBUTES.items()}, attribute_filter=_url_filter,
-                     url_schemes=set(URL_SCHEMES), filter_style_properties=set(HTML_STYLES))
+                     attributes={k: set(v) for k, v in HTML_ATTRIBUTES.items()},
+                     attribute_filter=_attribute_filter(HTML_STYLES), url_schemes=set(URL_SCHEMES),
+                     filter_style_properties=set(HTML_STYLES))
 
 
 def clean_svg(text: str) -> str:
     """`text` (an SVG document) with only SVG_TAGS, SVG_ATTRIBUTES and SVG_STYLES left: a figure, no script."""
     return nh3.clean(text, tags=set(SVG_TAGS), attributes={k: set(v) for k, v in SVG_ATTRIBUTES.items()},
-                     attribute_filter=_url_filter, url_schemes=set(URL_SCHEMES),
+                     attribute_filter=_attribute_filter(SVG_STYLES), url_schemes=set(URL_SCHEMES),
                      filter_style_properties=set(SVG_STYLES), link_rel=None,
                      set_tag_attribute_values={"svg": dict(SVG_NAMESPACES)})
 
@@ -158,6 +196,7 @@ class _Markup(HTMLParser):
         self.tags: set[str] = set()
         self.attributes: set[str] = set()
         self.urls: set[str] = set()
+        self.css_values = 0  # declarations and SVG attributes of a kept property whose value is no allowed shape
         self.feed(text)
         self.close()
 
@@ -167,11 +206,15 @@ class _Markup(HTMLParser):
             self.attributes.add(name)
             if name in URL_ATTRIBUTES:
                 self.urls.add(re.sub(r"[\s\x00-\x1f]", "", value or "").lower())
+            declarations = [d.partition(":")[::2] for d in (value or "").split(";")] if name == "style" else \
+                [(name, value or "")] if name in SVG_STYLES or name == "mask" else []
+            self.css_values += sum(prop.strip().lower() in HTML_STYLES | SVG_STYLES and not css_value_allowed(v)
+                                   for prop, v in declarations)
 
 
 def removed_markup(before: str, after: str) -> list[str]:
     """What cleaning `before` into `after` removed, as the report says it: tags, event handlers, javascript: URLs,
-    MathJax commands."""
+    CSS values, MathJax commands."""
     old, new = _Markup(before), _Markup(after)
     gone = [f"<{tag}>" for tag in sorted(old.tags - new.tags) if tag not in INERT_TAGS and ":" not in tag]
     if any(name.startswith("on") for name in old.attributes - new.attributes):
@@ -181,6 +224,8 @@ def removed_markup(before: str, after: str) -> list[str]:
         gone.append("javascript: links")
     if any(not url.startswith("javascript:") for url in urls):
         gone.append("URLs that are not http(s), mailto or image data")
+    if old.css_values > new.css_values:
+        gone.append("CSS values that are not colours, lengths or keywords")
     if MATHJAX_ACTIVE.search(before):
         gone.append("MathJax commands " + ", ".join(sorted({"\\" + m for m in MATHJAX_ACTIVE.findall(before)})))
     return gone

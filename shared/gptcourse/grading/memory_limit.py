@@ -17,7 +17,9 @@ matters to the grading machine is their sum. Two ways to bound it, chosen when a
 Both are checked by the zygote's select loop every `TICK` seconds (a thread would make forking it unsafe, see
 zygote.py), and every kernel makes itself the first choice of the machine's OOM killer (oom_score_adj 1000).
 The zygote counts the kills; the grader asks that count when a kernel died (`Box.memory_limit_hit`), so the
-report names the limit. tmpfs folders are bounded by their sizes (the cgroup counts them too).
+report names the limit. tmpfs folders are bounded by their sizes (the cgroup counts them too). Shared memory: the
+cgroup counts it; the watchdog sees only what is mapped, so as root a kernel's SysV segments are capped at the
+limit in its own IPC namespace (`sandbox.ipc_bounds`), and whatever a kernel left there is freed when it exits.
 
 Leftovers: a box's cgroup is removed when the box closes; a cgroup whose grader died (its name holds the
 grader's pid and start time) is removed, with any process left in it, when the next box starts below the same

@@ -11,7 +11,9 @@ What a kernel sees and may do (`bwrap_argv`):
 - one folder bound read-write at the same path inside and out, holding the kernel's connection file and the Unix
   sockets of Jupyter's `ipc` transport (no TCP port, no unencrypted-TCP warning); as root, a 4 MB tmpfs;
 - new pid, network (loopback only), IPC, UTS and mount namespaces, `--die-with-parent`: nothing outlives the box,
-  nothing outside it can be seen, signalled, traced or connected to;
+  nothing outside it can be seen, signalled, traced or connected to; and each kernel in a user and IPC namespace
+  of its own, with a new session keyring (`_own_namespaces`): no SysV or POSIX IPC object, keyring key or
+  shared memory of one kernel reaches the next, and what it held is freed when it exits;
 - limits per kernel (`Limits`): memory for the kernel and every process it starts, together (a cgroup per box,
   else a watchdog in the zygote: `memory_limit.py`; the same figure bounds each process's address space with
   setrlimit), processes (threads count; counted per kernel: each is alone in a user namespace), file size; the
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import functools
 import json
 import os
@@ -441,7 +444,10 @@ _PR_SET_DUMPABLE = 4
 _PR_CAPBSET_DROP = 24
 _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _LAST_CAP = 63
-_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWUSER, _CLONE_NEWIPC = 0x10000000, 0x08000000
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+_KEYCTL = {"x86_64": 250, "i686": 288, "aarch64": 219, "riscv64": 219, "loongarch64": 219, "ppc64le": 271,
+           "s390x": 280}  # the keyctl syscall's number (no libc wrapper)
 
 
 def _prctl(*args: int) -> int:
@@ -462,8 +468,9 @@ def drop_privileges(box: dict[str, Any], handshake: tuple[int, int] | None) -> N
     for name, value in (("RLIMIT_AS", limits["memory_bytes"]), ("RLIMIT_NPROC", limits["processes"]),
                         ("RLIMIT_FSIZE", limits["file_bytes"]), ("RLIMIT_CORE", 0)):
         resource.setrlimit(getattr(resource, name), (value, value))
+    _own_namespaces(handshake)  # (which gives a full bounding set, dropped next)
     if box.get("ids"):
-        _own_user_namespace(handshake)  # (which gives a full bounding set, dropped next)
+        bound_ipc(limits["memory_bytes"])
     for cap in range(_LAST_CAP + 1):
         _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last cap the kernel knows: ignored
     _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
@@ -472,6 +479,7 @@ def drop_privileges(box: dict[str, Any], handshake: tuple[int, int] | None) -> N
         os.setgroups([])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
+    _new_session_keyring()
     _clear_capabilities()
     status = open("/proc/self/status").read()
     if any(line.split()[1].strip("0") for line in status.splitlines()
@@ -480,17 +488,59 @@ def drop_privileges(box: dict[str, Any], handshake: tuple[int, int] | None) -> N
     _prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
 
 
-def _own_user_namespace(handshake: tuple[int, int]) -> None:
-    """Root in a box: move into a user namespace of this kernel's own, in which the zygote maps only the kernel
-    user to itself (`map_kernel_user`; only a process outside the namespace may). The kernel runs as that real
-    uid all the same, but its processes count against its process limit in this namespace alone, so kernels of
-    other boxes running as the same user neither share nor starve one limit."""
+def _own_namespaces(handshake: tuple[int, int] | None) -> None:
+    """Move this kernel into a user and an IPC namespace of its own. The IPC namespace holds the SysV shared
+    memory, message queues, semaphores and POSIX message queues the kernel makes: the next kernel in the box
+    sees none of them, and they are freed, with the memory they hold, when the kernel's last process exits
+    (a segment detached but never removed included). The user namespace owns it, and holds the user keyrings.
+
+    Root in a box (`handshake`): the zygote maps only the kernel user to itself (`map_kernel_user`; only a
+    process outside the namespace may). The kernel runs as that real uid all the same, but its processes count
+    against its process limit in this namespace alone, so kernels of other boxes running as the same user
+    neither share nor starve one limit. An ordinary user's box: the kernel maps its own uid and gid."""
+    uid, gid = os.geteuid(), os.getegid()
+    if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWUSER | _CLONE_NEWIPC) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER | CLONE_NEWIPC) failed")
+    if handshake is None:
+        for name, value in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1\n"), ("gid_map", f"{gid} {gid} 1\n")):
+            with open(f"/proc/self/{name}", "w") as mapping:
+                mapping.write(value)
+        return
     ready, mapped = handshake
-    if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWUSER) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER) failed")
     os.write(ready, b"u")
     if os.read(mapped, 1) != b"m":
         raise PermissionError("the zygote did not map the kernel user")
+
+
+def ipc_bounds(memory_bytes: int) -> dict[str, str]:
+    """/proc/sys/kernel settings of a kernel's IPC namespace: its SysV shared memory together at most its memory
+    limit (the watchdog sees only what is mapped; a memory cgroup counts it too), a few small message queues."""
+    return {"shmmax": str(memory_bytes), "shmall": str(memory_bytes // os.sysconf("SC_PAGE_SIZE")),
+            "shmmni": "256", "msgmni": "32", "msgmnb": str(64 << 10), "msgmax": str(8 << 10)}
+
+
+def bound_ipc(memory_bytes: int) -> None:
+    """Root in a box, in the kernel's new IPC namespace, before it drops to the kernel user (who may only read
+    them): set `ipc_bounds`. An ordinary user's kernel could raise them again (it owns the namespace), so there
+    the memory cgroup, if any, bounds shared memory alone."""
+    for name, value in ipc_bounds(memory_bytes).items():
+        with open(f"/proc/sys/kernel/{name}", "w") as setting:
+            setting.write(value)
+
+
+def _new_session_keyring() -> None:
+    """Join a new, empty session keyring: the one inherited from the grader (a login's, holding its keys) is
+    out of reach, and nothing a kernel adds to its session keyring reaches the next (its user keyrings are its
+    user namespace's). Where keyctl is blocked (a container's seccomp profile), no kernel has keyrings at all."""
+    number = _KEYCTL.get(os.uname().machine)
+    if number is None:
+        raise OSError(f"no keyctl syscall number known for {os.uname().machine}: cannot give the kernel its own "
+                      "session keyring")
+    syscall = ctypes.CDLL(None, use_errno=True).syscall
+    syscall.restype = ctypes.c_long
+    if syscall(ctypes.c_long(number), ctypes.c_int(_KEYCTL_JOIN_SESSION_KEYRING), None) < 0 \
+            and ctypes.get_errno() not in (errno.ENOSYS, errno.EPERM):
+        raise OSError(ctypes.get_errno(), "keyctl(KEYCTL_JOIN_SESSION_KEYRING) failed")
 
 
 def map_kernel_user(pid: int, ids: tuple[int, int], handshake: tuple[int, int]) -> None:
