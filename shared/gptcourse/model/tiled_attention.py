@@ -9,7 +9,8 @@ tile's probabilities, exp(s - L), so nothing of size (T, T) is saved either.
 
 Tiles that a mask would zero entirely are skipped, not masked: with causality, those above the diagonal; with a
 sliding window of W keys, also those wholly before it (`computed_tiles`). Keys and values may have fewer heads
-than the queries (grouped-query attention): each kv head serves its H / H_kv query heads without being repeated.
+than the queries (grouped-query attention): each kv head serves its H / H_kv query heads, and k and v are never
+repeated as whole tensors (matmul's broadcast copies each tile for the group).
 A padding mask (B, T) (1 real, 0 pad) works as `padding_mask` does: no query sees a pad key, a pad sees itself.
 Whatever the inputs' dtype, each tile is computed, and m, the denominator, o, L and the gradients' sums are kept,
 in float32 at least (bfloat16 inputs are read a tile at a time and upcast); the output and gradients are cast back.
