@@ -9,8 +9,11 @@ tile's probabilities, exp(s - L), so nothing of size (T, T) is saved either.
 
 Tiles that a mask would zero entirely are skipped, not masked: with causality, those above the diagonal; with a
 sliding window of W keys, also those wholly before it (`computed_tiles`). Keys and values may have fewer heads
-than the queries (grouped-query attention): each kv head serves its H / H_kv query heads without being repeated.
+than the queries (grouped-query attention): each kv head serves its H / H_kv query heads, and k and v are never
+repeated as whole tensors (matmul's broadcast copies each tile for the group).
 A padding mask (B, T) (1 real, 0 pad) works as `padding_mask` does: no query sees a pad key, a pad sees itself.
+Whatever the inputs' dtype, each tile is computed, and m, the denominator, o, L and the gradients' sums are kept,
+in float32 at least (bfloat16 inputs are read a tile at a time and upcast); the output and gradients are cast back.
 """
 
 from __future__ import annotations
@@ -102,6 +105,13 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_q: int, bloc
                          f"got {tuple(attention_mask.shape)} with t_q={t_q}")
 
 
+def _accumulator(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the running state, L and the gradients' sums: float32 for bfloat16 or float16 inputs (as GPU
+    kernels keep them: rounding m, the denominator or L to 8 bits of mantissa would cost the backward's P most of
+    its precision), float64 for float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _grouped(x: torch.Tensor, h_kv: int) -> torch.Tensor:
     """x (B, H, T, D) -> (B, H_kv, G, T, D): the G = H / H_kv query heads that share a kv head side by side."""
     b, h, t, d = x.shape
@@ -111,26 +121,30 @@ def _grouped(x: torch.Tensor, h_kv: int) -> torch.Tensor:
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, block_q: int = 64,
                   block_k: int = 64, scale: float | None = None, window: int | None = None,
                   attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tiled forward: q (B, H, T_q, D), k, v (B, H_kv, T_k, D) -> output (B, H, T_q, D) and the log-sum-exp
-    L (B, H, T_q) of each query's scores. At most one (block_q, block_k) tile of scores exists at a time."""
+    """The tiled forward: q (B, H, T_q, D), k, v (B, H_kv, T_k, D) -> output (B, H, T_q, D) in q's dtype and the
+    log-sum-exp L (B, H, T_q) of each query's scores, in float32 at least. At most one (block_q, block_k) tile of
+    scores exists at a time."""
     _check(q, k, v, block_q, block_k, causal, window, attention_mask)
     scale = 1 / math.sqrt(q.size(-1)) if scale is None else scale
+    acc = _accumulator(q.dtype)
     qg = _grouped(q, k.size(1))  # (B, H_kv, G, T_q, D)
     kg, vg = k[:, :, None], v[:, :, None]  # (B, H_kv, 1, T_k, D): shared by the G query heads
-    out, lse = torch.empty_like(qg), qg.new_empty(qg.shape[:-1])  # (B, H_kv, G, T_q, D), (B, H_kv, G, T_q)
+    out = torch.empty_like(qg)  # (B, H_kv, G, T_q, D), in the input's dtype
+    lse = qg.new_empty(qg.shape[:-1], dtype=acc)  # (B, H_kv, G, T_q)
     offset = k.size(2) - q.size(2)
     for (q0, q1), row in groupby(computed_tiles(q.size(2), k.size(2), block_q, block_k, causal, window),
                                  key=lambda tile: tile[:2]):
-        m = qg.new_full((*qg.shape[:3], q1 - q0), float("-inf"))  # (B, H_kv, G, Tq_blk)
-        denom, o = torch.zeros_like(m), torch.zeros_like(qg[..., q0:q1, :])
+        qt = qg[..., q0:q1, :].to(acc)  # (B, H_kv, G, Tq_blk, D)
+        m = qt.new_full(qt.shape[:-1], float("-inf"))  # (B, H_kv, G, Tq_blk)
+        denom, o = torch.zeros_like(m), torch.zeros_like(qt)
         for tile in row:
             k0, k1 = tile[2:]
-            scores = qg[..., q0:q1, :] @ kg[..., k0:k1, :].transpose(-2, -1) * scale  # (B, H_kv, G, Tq_blk, Tk_blk)
+            scores = qt @ kg[..., k0:k1, :].to(acc).transpose(-2, -1) * scale  # (B, H_kv, G, Tq_blk, Tk_blk)
             allowed = _allowed(tile, offset, causal, window, attention_mask, q.device)
             if allowed is not None:
                 scores = scores.masked_fill(~allowed, float("-inf"))
-            m, denom, o = online_softmax(m, denom, o, scores, vg[..., k0:k1, :])
-        out[..., q0:q1, :] = o / denom[..., None]  # divided once, at the end; each row has a key (itself)
+            m, denom, o = online_softmax(m, denom, o, scores, vg[..., k0:k1, :].to(acc))
+        out[..., q0:q1, :] = o / denom[..., None]  # divided once, at the end (each row has a key: itself); cast back
         lse[..., q0:q1] = m + torch.log(denom)
     return out.reshape(q.shape), lse.reshape(q.shape[:3])
 
@@ -145,15 +159,18 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     ds = p * (dp - rowsum(dO * O)), then dq += ds k, dk += ds^T q (both times the scale) and dv += p^T dO.
     """
     scale = 1 / math.sqrt(q.size(-1)) if scale is None else scale
+    acc = _accumulator(q.dtype)
     qg, dog = _grouped(q, k.size(1)), _grouped(grad_out, k.size(1))  # (B, H_kv, G, T_q, D)
-    lseg = lse.reshape(*qg.shape[:-1], 1)  # (B, H_kv, G, T_q, 1)
-    delta = (dog * _grouped(out, k.size(1))).sum(dim=-1, keepdim=True)  # (B, H_kv, G, T_q, 1): rowsum(dO * O)
+    lseg = lse.to(acc).reshape(*qg.shape[:-1], 1)  # (B, H_kv, G, T_q, 1)
+    delta = (dog.to(acc) * _grouped(out, k.size(1)).to(acc)).sum(dim=-1, keepdim=True)  # (.., T_q, 1): rowsum(dO O)
     kg, vg = k[:, :, None], v[:, :, None]  # (B, H_kv, 1, T_k, D)
-    dq, dk, dv = torch.zeros_like(qg), torch.zeros_like(kg), torch.zeros_like(vg)
+    dq = torch.zeros_like(qg, dtype=acc)  # (B, H_kv, G, T_q, D): the sums are kept in float32 at least
+    dk, dv = torch.zeros_like(kg, dtype=acc), torch.zeros_like(vg, dtype=acc)  # (B, H_kv, 1, T_k, D)
     offset = k.size(2) - q.size(2)
     for tile in computed_tiles(q.size(2), k.size(2), block_q, block_k, causal, window):
         q0, q1, k0, k1 = tile
-        qt, kt, vt, dot = qg[..., q0:q1, :], kg[..., k0:k1, :], vg[..., k0:k1, :], dog[..., q0:q1, :]
+        qt, kt, vt, dot = (x.to(acc) for x in (qg[..., q0:q1, :], kg[..., k0:k1, :], vg[..., k0:k1, :],
+                                               dog[..., q0:q1, :]))
         p = torch.exp(qt @ kt.transpose(-2, -1) * scale - lseg[..., q0:q1, :])  # (B, H_kv, G, Tq_blk, Tk_blk)
         allowed = _allowed(tile, offset, causal, window, attention_mask, q.device)
         if allowed is not None:
@@ -162,7 +179,7 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
         dq[..., q0:q1, :] += ds @ kt * scale
         dk[..., k0:k1, :] += (ds.transpose(-2, -1) @ qt * scale).sum(dim=2, keepdim=True)  # the G heads' sum
         dv[..., k0:k1, :] += (p.transpose(-2, -1) @ dot).sum(dim=2, keepdim=True)
-    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+    return dq.reshape(q.shape).to(q.dtype), dk.reshape(k.shape).to(k.dtype), dv.reshape(v.shape).to(v.dtype)
 
 
 class FlashAttention(torch.autograd.Function):
