@@ -79,8 +79,9 @@ def test_greedy_flag_is_true_for_the_argmax_path_and_false_off_it():
     model = _model()
     context = [3, 5, 7]
     path = generate(model, torch.tensor([context]), 3, temperature=0)[0, 3:].tolist()  # greedy decoding's tokens
-    wrong = [*path[:2], (path[2] + 1) % CONFIG.vocab_size]
-    _, greedy = loglikelihood(model, [context, context], [path, wrong])
+    off = (path[0] + 1) % CONFIG.vocab_size  # not the argmax; the two tokens after it are, given it
+    detour = [off, *generate(model, torch.tensor([[*context, off]]), 2, temperature=0)[0, 4:].tolist()]
+    _, greedy = loglikelihood(model, [context, context], [path, detour])
     assert greedy.tolist() == [True, False]
 
 
@@ -145,9 +146,16 @@ def _harness_task(items):
         "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}, {"metric": "acc_bytes"}]}), docs
 
 
-ITEMS = [*addition_items(12, seed=3),
-         MultipleChoiceItem("é", ("ü", "ab", "→→→", "a"), 1),  # byte lengths differ from character lengths
-         MultipleChoiceItem("1+1=", ("2", "22", "222"), 0)]  # each choice a prefix of the next
+def _mixed_items(count: int) -> list[MultipleChoiceItem]:
+    """Items whose choices differ in characters, bytes and tokens (one a prefix of another), so that acc, acc_norm
+    and acc_bytes pick differently on some of them."""
+    r = random.Random(0)
+    pool = ["7", "71", "é", "ü→", "ab", "→→→", "a", "xyz", "éü", "12+3", "abcxyz"]
+    return [MultipleChoiceItem(f"{r.randint(0, 9)}+{r.randint(0, 9)}=", tuple(r.sample(pool, 4)), r.randint(0, 3))
+            for _ in range(count)]
+
+
+ITEMS = [*addition_items(12, seed=3), MultipleChoiceItem("1+1=", ("2", "22", "222"), 0), *_mixed_items(40)]
 
 
 def test_acc_and_acc_norm_equal_the_harness(harness):
@@ -161,7 +169,7 @@ def test_acc_and_acc_norm_equal_the_harness(harness):
             want[metric].append(value)
     for metric, normalize in (("acc", None), ("acc_norm", "chars"), ("acc_bytes", "bytes")):
         assert multiple_choice_accuracy(model, TOKENIZER, ITEMS, normalize).tolist() == want[metric], metric
-    assert want["acc_norm"] != want["acc_bytes"] or want["acc"] != want["acc_norm"]  # the items tell them apart
+    assert want["acc"] != want["acc_norm"] != want["acc_bytes"]  # the items tell the three apart
 
 
 def test_standard_error_equals_the_harness_and_the_closed_form():
