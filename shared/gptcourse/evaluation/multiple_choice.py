@@ -11,17 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any
 
 import torch
 
 from .continuations import loglikelihood
 
 NORMALIZATIONS = (None, "tokens", "chars", "bytes")
-
-
-class Tokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -37,7 +33,7 @@ class MultipleChoiceItem:
             raise ValueError(f"answer {self.answer} is not the index of one of the {len(self.choices)} choices")
 
 
-def encode_pair(tokenizer: Tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+def encode_pair(tokenizer: Any, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """The harness's split of a request into tokens: spaces that end the context move to the continuation, the
     whole text is encoded once, and the continuation is what follows the context's tokens (with a BPE tokenizer,
     " Paris" is one token; encoded apart, " " and "Paris" would be two)."""
@@ -63,7 +59,7 @@ def _check_normalize(normalize: str | None) -> None:
         raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
 
 
-def score_choices(model: Callable[..., torch.Tensor], tokenizer: Tokenizer, context: str, choices: Sequence[str],
+def score_choices(model: Callable[..., torch.Tensor], tokenizer: Any, context: str, choices: Sequence[str],
                   normalize: str | None = None, delimiter: str = " ") -> torch.Tensor:
     """The score of each choice (C,): log p(delimiter + choice | context), divided by the choice's length when
     `normalize` is "tokens", "chars" (the harness's acc_norm) or "bytes" (its acc_bytes). The length is the
@@ -82,7 +78,7 @@ def few_shot_context(item: MultipleChoiceItem, shots: Sequence[MultipleChoiceIte
     return separator.join([*solved, item.question])
 
 
-def multiple_choice_accuracy(model: Callable[..., torch.Tensor], tokenizer: Tokenizer,
+def multiple_choice_accuracy(model: Callable[..., torch.Tensor], tokenizer: Any,
                              items: Sequence[MultipleChoiceItem], normalize: str | None = None,
                              shots: Sequence[MultipleChoiceItem] = (), separator: str = "\n\n",
                              delimiter: str = " ") -> torch.Tensor:
