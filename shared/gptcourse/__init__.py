@@ -1,8 +1,8 @@
 """gptcourse: the reference GPT that the lessons import and the labs are graded against.
 
 The package is grouped by stage, as the course is: `model` (the network), `text` (tokenizers, corpus),
-`training`, `inference`, and `grading` (nbgrader). `from gptcourse import X` is the one public import; no module
-shares its name with anything exported here, so `gptcourse.generate` is always the function.
+`training`, `inference`, `evaluation`, and `grading` (nbgrader). `from gptcourse import X` is the one public
+import; no module shares its name with anything exported here, so `gptcourse.generate` is always the function.
 
 `WHERE` below is the table of contents: which module defines each public name. The names are imported on first
 use (PEP 562), so `import gptcourse` and the `gptcourse` command start without importing torch. Imported before
@@ -22,6 +22,14 @@ spin_briefly_then_sleep()
 __version__ = "0.1.0"
 
 WHERE: dict[str, tuple[str, ...]] = {  # module (under gptcourse) -> the public names it defines
+    "evaluation.arithmetic": ("addition_items", "addition_text"),
+    "evaluation.contamination": ("ngram_overlap",),
+    "evaluation.continuations": ("loglikelihood",),
+    "evaluation.error_bars": ("PairedComparison", "bootstrap_interval", "paired_bootstrap", "standard_error"),
+    "evaluation.multiple_choice": ("MultipleChoiceItem", "encode_pair", "few_shot_context", "multiple_choice_accuracy",
+                                   "score_choices"),
+    "evaluation.unbiased_pass": ("pass_at_k",),
+    "evaluation.verified_generation": ("count_correct", "normalize_answer"),
     "finetuning.dpo": ("DPOLoss", "dpo_loss"),
     "finetuning.dpo_training": ("DPOConfig", "PreferencePair", "dpo_batch", "dpo_step", "train_dpo"),
     "finetuning.log_likelihood": ("sequence_logprobs",),

@@ -1,0 +1,422 @@
+"""Lab 14, evaluating a language model: `loglikelihood(model, context, continuation)`, `choice_scores(logprobs,
+choices, normalize)`, `pass_at_k(n, c, k)`, `paired_bootstrap(a, b, resamples, seed)` and `ngram_overlap(train_text,
+items, n)`.
+
+`loglikelihood` scores one request and is given a stand-in model, a bigram table (the logits at a position are the
+table's row of the token there), so a continuation read one position off gives other numbers. The bootstrap's
+draws are fixed by the lab, `torch.randint(N, (resamples, N), generator=torch.Generator().manual_seed(seed))`, and
+its interval is the 2.5% and 97.5% quantiles of the resampled differences, so it is compared exactly. The
+references are gptcourse's (`loglikelihood`, `pass_at_k`, `paired_bootstrap`, `ngram_overlap`), each wrapped where
+the lab's interface differs (said at its `expected`); the choice scores' is written here (gptcourse's scores a
+model's choices end to end).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from ...checks import check_close, fail
+from ...evaluation.contamination import ngram_overlap, words
+from ...evaluation.continuations import loglikelihood
+from ...evaluation.error_bars import paired_bootstrap
+from ...evaluation.unbiased_pass import pass_at_k
+from ..cases import Inputs, Outputs, sized, tensor_rng
+from ..piece import Piece, declare
+from ..student import as_number, as_tensor
+
+FORBIDDEN = ("gptcourse.loglikelihood", "gptcourse.score_choices", "gptcourse.multiple_choice_accuracy",
+             "gptcourse.pass_at_k", "gptcourse.paired_bootstrap", "gptcourse.bootstrap_interval",
+             "gptcourse.ngram_overlap", "gptcourse.evaluation.continuations", "gptcourse.evaluation.multiple_choice",
+             "gptcourse.evaluation.unbiased_pass", "gptcourse.evaluation.error_bars",
+             "gptcourse.evaluation.contamination")
+
+
+# ---- loglikelihood(model, context, continuation) -> (log p(continuation | context), greedy)
+
+
+class _Bigram:
+    """A stand-in language model: the logits at each position are row `ids[t]` of a table (V, V), whatever came
+    before. `config.context_length` is there for code that reads it."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table
+        self.config = type("Config", (), {"context_length": 64, "vocab_size": table.size(0)})()
+
+    def __call__(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.table[ids]  # (B, T, V)
+
+
+def _ll_inputs(v: int, context: int, continuation: int, seed: int, greedy_from: int | None = None) -> Inputs:
+    """A bigram table (V, V) and a request; with `greedy_from`, the continuation's tokens from that index on are
+    those argmax decoding writes (0: all of them, so the greedy flag is True)."""
+    gen = tensor_rng(seed)
+    table = torch.randn(v, v, generator=gen) * 2
+    ctx = torch.randint(0, v, (context,), generator=gen).tolist()
+    cont = torch.randint(0, v, (continuation,), generator=gen).tolist()
+    if greedy_from is not None:
+        for i in range(continuation):
+            best = int(table[(ctx + cont[:i])[-1]].argmax())  # what argmax decoding writes here
+            if i >= greedy_from:
+                cont[i] = best
+            elif cont[i] == best:
+                cont[i] = (best + 1) % v  # not the argmax: the flag is False
+    return {"table": table, "context": ctx, "continuation": cont}
+
+
+def _ll_call(fn: Any, inputs: Inputs) -> Outputs:
+    context, continuation = list(inputs["context"]), list(inputs["continuation"])
+    what = f"loglikelihood(model, context of {len(context)} tokens, continuation of {len(continuation)})"
+    result = fn(_Bigram(inputs["table"].clone()), context, continuation)
+    if not isinstance(result, tuple) or len(result) != 2:
+        raise fail(f"{what} returned {type(result).__name__}, expected a tuple (log-probability, greedy)")
+    logprob, greedy = result
+    if isinstance(greedy, torch.Tensor) and greedy.numel() == 1:
+        greedy = bool(greedy.item())
+    if not isinstance(greedy, bool):
+        raise fail(f"{what}: the greedy flag is {type(greedy).__name__} {greedy!r:.40}, expected a bool")
+    return {"logprob": torch.tensor(float(as_number(logprob, what, "a number (the summed log-probability)")),
+                                    dtype=torch.float64), "greedy": torch.tensor(greedy)}
+
+
+def _ll_expected(inputs: Inputs) -> Outputs:
+    """gptcourse's loglikelihood takes a batch of requests; the lab's scores one."""
+    logprobs, greedy = loglikelihood(_Bigram(inputs["table"]), [inputs["context"]], [inputs["continuation"]])
+    return {"logprob": logprobs[0].double(), "greedy": greedy[0]}
+
+
+def _scored(table: torch.Tensor, context: list[int], continuation: list[int], *, shift: bool = True,
+            with_context: bool = False, mean: bool = False, probabilities: bool = False) -> tuple[float, bool, bool]:
+    """(log-probability, greedy, last token argmax) of the continuation, right or with one of the usual mistakes:
+    the logits at t - 1 predict token t (`shift`); only the continuation's tokens count (`with_context`)."""
+    tokens = context + continuation
+    logits = table[torch.tensor(tokens)]  # (T, V): the logits at t, computed from the token at t
+    start = 1 if with_context else len(context)
+    rows = logits[start - 1 : len(tokens) - 1] if shift else logits[start:]  # the rows that predict tokens[start:]
+    target = torch.tensor(tokens[start:])
+    picked = (F.softmax(rows, -1) if probabilities else F.log_softmax(rows, -1)).gather(-1, target[:, None])
+    argmax = rows.argmax(-1)
+    return (float(picked.mean() if mean else picked.sum()), bool(torch.equal(argmax, target)),
+            bool(argmax[-1] == target[-1]))
+
+
+LL_MISTAKES = {
+    "the context's tokens are counted too: only the continuation's tokens are scored, log p(continuation | "
+    "context)": {"with_context": True},
+    "each token was scored with the logits at its own position: the logits at position t predict the token at "
+    "t + 1, so the continuation's tokens are read from the positions just before them": {"shift": False},
+    "the log-probabilities are averaged: a continuation's log-probability is the sum of its tokens' (the mean is a "
+    "normalisation, done later, per choice)": {"mean": True},
+    "the probabilities are summed, not their logs: use log_softmax": {"probabilities": True},
+}
+
+
+def _ll_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    table, context, continuation = inputs["table"], inputs["context"], inputs["continuation"]
+    variants = {why: torch.tensor(_scored(table, context, continuation, **flags)[0], dtype=torch.float64)
+                for why, flags in LL_MISTAKES.items()}
+    check_close(got["logprob"], expected["logprob"], "the log-probability of the continuation", atol=1e-4,
+                mistakes=variants)
+    if bool(got["greedy"]) != bool(expected["greedy"]):
+        _, _, last = _scored(table, context, continuation)
+        if bool(got["greedy"]) == last:
+            raise fail("the greedy flag checks only the continuation's last token: greedy means argmax decoding "
+                       "writes every token of the continuation, (logits.argmax(-1) == continuation).all()")
+        raise fail(f"the greedy flag is {bool(got['greedy'])}, expected {bool(expected['greedy'])}: it is True when "
+                   "the argmax of the logits at every position that predicts a continuation token is that token")
+
+
+@sized
+def _ll_hidden(r: random.Random, seed: int) -> Inputs:
+    return _ll_inputs(r.randint(5, 30), r.randint(2, 8), r.randint(2, 6), seed, greedy_from=r.choice([None, 0, 1]))
+
+
+# ---- choice_scores(logprobs (C,), choices, normalize) -> scores (C,)
+
+NORMALIZE = (None, "chars", "bytes")
+
+
+def _length(choice: str, normalize: str | None, delimiter: str = "", as_chars: bool = False) -> int:
+    text = delimiter + choice
+    return 1 if normalize is None else len(text) if normalize == "chars" or as_chars else len(text.encode("utf-8"))
+
+
+def _scores(logprobs: torch.Tensor, choices: list[str], normalize: str | None, **mistake: Any) -> torch.Tensor:
+    return logprobs / torch.tensor([_length(c, normalize, **mistake) for c in choices], dtype=logprobs.dtype)
+
+
+def _choice_inputs(choices: list[str], normalize: str | None, seed: int, tie: bool = False) -> Inputs:
+    logprobs = -torch.rand(len(choices), generator=tensor_rng(seed), dtype=torch.float64) * 12 - 0.5
+    if tie:
+        logprobs[1] = logprobs[0]
+    return {"logprobs": logprobs, "choices": choices, "normalize": normalize, "sizes": {"C": len(choices)}}
+
+
+def _choice_call(fn: Any, inputs: Inputs) -> Outputs:
+    what = f"choice_scores(logprobs, {inputs['choices']!r:.60}, normalize={inputs['normalize']!r})"
+    got = as_tensor(fn(inputs["logprobs"].clone(), list(inputs["choices"]), inputs["normalize"]), what)
+    return {"scores": got.double()}
+
+
+def _choice_expected(inputs: Inputs) -> Outputs:
+    """The harness's acc_norm (characters) and acc_bytes (UTF-8 bytes) divide a choice's log-likelihood by its own
+    length, without the delimiter before it; gptcourse.score_choices runs a model, so the division is here."""
+    return {"scores": _scores(inputs["logprobs"], inputs["choices"], inputs["normalize"])}
+
+
+def _choice_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
+    logprobs, choices, normalize = inputs["logprobs"], inputs["choices"], inputs["normalize"]
+    mistakes = {
+        "the delimiter is counted in the length: divide by the choice's own length, len(choice), as the harness "
+        "does (the space before it is part of the continuation, not of the answer)":
+            _scores(logprobs, choices, normalize, delimiter=" "),
+        "the bytes were counted as characters: len(choice) counts characters; a choice's UTF-8 bytes are "
+        "len(choice.encode('utf-8')), more than its characters when it holds non-ASCII letters":
+            _scores(logprobs, choices, normalize, as_chars=True),
+    }
+    if normalize is not None:
+        mistakes["the scores were multiplied by the lengths: divide the log-likelihood by the length"] = \
+            logprobs * torch.tensor([_length(c, normalize) for c in choices], dtype=logprobs.dtype)
+        mistakes[f"normalize={normalize!r} was ignored: the log-likelihoods came back as they were"] = logprobs
+    return mistakes
+
+
+@sized
+def _choice_hidden(r: random.Random, seed: int) -> Inputs:
+    pool = ["Paris", "Lyon", "Zürich", "Genève", "São Paulo", "東京", "a", "ab", "abc", "naïve", "Ελλάδα", "42"]
+    return _choice_inputs(r.sample(pool, r.randint(2, 6)), r.choice(["chars", "bytes"]), seed, tie=r.random() < 0.3)
+
+
+# ---- pass_at_k(n, c, k) for a table of (n, c, k)
+
+
+def _pass_call(fn: Any, inputs: Inputs) -> Outputs:
+    values = []
+    for n, c, k in inputs["table"]:
+        value = as_number(fn(n, c, k), f"pass_at_k(n={n}, c={c}, k={k})", "a float in [0, 1]")
+        values.append(float(value))
+    return {"pass": torch.tensor(values, dtype=torch.float64)}
+
+
+def _pass_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
+    table = inputs["table"]
+
+    def each(f: Any) -> torch.Tensor:
+        return torch.tensor([f(n, c, k) for n, c, k in table], dtype=torch.float64)
+
+    return {
+        "this is 1 - (1 - c/n)^k, k draws *with* replacement: it is biased low; pass@k draws k of the n samples "
+        "without replacement, 1 - C(n - c, k) / C(n, k)": each(lambda n, c, k: 1 - (1 - c / n) ** k),
+        "this is c / n, pass@1, whatever k: with k tries a problem is solved if any of them is right":
+            each(lambda n, c, k: c / n),
+        "this is C(n - c, k) / C(n, k), the chance that *no* sample of k is correct: pass@k is 1 minus it":
+            each(lambda n, c, k: math.comb(n - c, k) / math.comb(n, k)),
+    }
+
+
+def _pass_table(seed: int, largest: int) -> Inputs:
+    r = random.Random(seed)
+    table = []
+    for _ in range(12):
+        n = r.randint(2, largest)
+        table.append((n, r.randint(0, n), r.randint(1, n)))
+    return {"table": table}
+
+
+# ---- paired_bootstrap(a, b, resamples, seed) -> (difference, low, high)
+
+
+def _boot_inputs(n: int, p_a: float, p_b: float, resamples: int, seed: int) -> Inputs:
+    easy = torch.rand(n, generator=tensor_rng(seed), dtype=torch.float64)  # each item's difficulty, shared
+    return {"a": (easy < p_a).double(), "b": (easy < p_b).double(), "resamples": resamples, "seed": seed + 7}
+
+
+def _boot_call(fn: Any, inputs: Inputs) -> Outputs:
+    what = f"paired_bootstrap(a, b of {inputs['a'].numel()} items, resamples={inputs['resamples']})"
+    result = fn(inputs["a"].clone(), inputs["b"].clone(), inputs["resamples"], inputs["seed"])
+    if not isinstance(result, tuple) or len(result) != 3:
+        raise fail(f"{what} returned {type(result).__name__}, expected a tuple (difference, low, high)")
+    return {"bounds": torch.tensor([float(as_number(x, what, "three numbers")) for x in result], dtype=torch.float64)}
+
+
+def _boot_expected(inputs: Inputs) -> Outputs:
+    """gptcourse's returns a PairedComparison; the lab's a tuple."""
+    result = paired_bootstrap(inputs["a"], inputs["b"], resamples=inputs["resamples"], seed=inputs["seed"])
+    return {"bounds": torch.tensor([result.difference, result.low, result.high], dtype=torch.float64)}
+
+
+def _boot_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
+    a, b, resamples = inputs["a"], inputs["b"], inputs["resamples"]
+    n, gen = a.numel(), torch.Generator().manual_seed(inputs["seed"])
+    rows = torch.randint(n, (resamples, n), generator=gen)
+    other = torch.randint(n, (resamples, n), generator=gen)
+    paired, unpaired = (a[rows] - b[rows]).mean(1), a[rows].mean(1) - b[other].mean(1)
+    gap = float((a - b).mean())
+
+    def bounds(draws: torch.Tensor, low: float = 0.025, high: float = 0.975) -> torch.Tensor:
+        quantiles = torch.quantile(draws, torch.tensor([low, high], dtype=draws.dtype)).tolist()
+        return torch.tensor([gap, *quantiles], dtype=torch.float64)
+
+    se = float((a - b).std(correction=1)) / math.sqrt(n)
+    return {
+        "a and b were resampled apart (two draws of items): the bootstrap is paired, one draw of item indices "
+        "rows for both, a[rows] - b[rows]": bounds(unpaired),
+        "the interval is the 5% and 95% quantiles, a 90% interval: a 95% one leaves 2.5% out at each end":
+            bounds(paired, 0.05, 0.95),
+        "the interval is the 0% and 95% quantiles: leave 2.5% out at each end, torch.quantile(differences, "
+        "[0.025, 0.975])": bounds(paired, 0.0, 0.95),
+        "this is the normal interval, difference +- 1.96 standard errors: the lab asks for the bootstrap's "
+        "quantiles": torch.tensor([gap, gap - 1.96 * se, gap + 1.96 * se], dtype=torch.float64),
+        "every resample holds each item once (a permutation, sampling without replacement), so every "
+        "difference is the same: draw indices with replacement, torch.randint(N, (resamples, N))":
+            torch.tensor([gap, gap, gap], dtype=torch.float64),
+    }
+
+
+def _boot_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    got_b, want = got["bounds"], expected["bounds"]
+    if abs(float(got_b[0] - want[0])) > 1e-9:
+        raise fail(f"the difference is {float(got_b[0]):.4f}, expected mean(a) - mean(b) = {float(want[0]):.4f}")
+    check_close(got_b, want, "(difference, low, high)", atol=1e-9, rtol=0, mistakes=_boot_mistakes(inputs))
+
+
+@sized
+def _boot_hidden(r: random.Random, seed: int) -> Inputs:
+    return _boot_inputs(r.randint(10, 150), r.uniform(0.3, 0.9), r.uniform(0.3, 0.9), r.choice([200, 500]), seed)
+
+
+# ---- ngram_overlap(train_text, items, n) -> the fraction of each item's n-grams found in train_text
+
+TRAIN = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+         "foolishness. The model read this text in training, and every evaluation item drawn from it is seen.")
+
+
+def _overlap_inputs(items: list[str], n: int, train: str = TRAIN) -> Inputs:
+    return {"train": train, "items": items, "n": n}
+
+
+def _overlap_call(fn: Any, inputs: Inputs) -> Outputs:
+    what = f"ngram_overlap(train_text, {len(inputs['items'])} items, n={inputs['n']})"
+    got = fn(inputs["train"], list(inputs["items"]), inputs["n"])
+    if not isinstance(got, (list, tuple)) or len(got) != len(inputs["items"]):
+        raise fail(f"{what} returned {type(got).__name__} {got!r:.60}, expected a list of one fraction per item")
+    return {"overlap": torch.tensor([float(as_number(x, what, "fractions")) for x in got], dtype=torch.float64)}
+
+
+def _grams(tokens: list[str], n: int, unique: bool = False, drop_last: bool = False) -> list[tuple[str, ...]]:
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + (0 if drop_last else 1))]
+    return list(dict.fromkeys(grams)) if unique else grams
+
+
+def _overlap(train: str, items: list[str], n: int, split: Any = words, **flags: Any) -> torch.Tensor:
+    seen = set(_grams(split(train), n))
+    out = []
+    for item in items:
+        grams = _grams(split(item), n, **flags)
+        out.append(sum(g in seen for g in grams) / len(grams) if grams else 0.0)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def _overlap_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
+    train, items, n = inputs["train"], inputs["items"], inputs["n"]
+    return {
+        "the text was split on spaces only, so 'times,' is another word than 'times': compare words "
+        "lowercased, without punctuation, re.findall(r'\\w+', text.lower())":
+            _overlap(train, items, n, lambda text: text.lower().split()),
+        "the words were not lowercased: GPT-3's rule compares them lowercased, so a copy with other capitals is "
+        "still found": _overlap(train, items, n, _cased_words),
+        "the n-grams are of characters: they are runs of n *words*": _overlap(train, items, n, list),
+        "each item's n-grams were counted once each (a set): count every n-gram of the item, repeats included, "
+        "so the fraction is of its n-grams": _overlap(train, items, n, unique=True),
+        "the item's last n-gram is missing: a list of L words has L - n + 1 n-grams, range(len(words) - n + 1)":
+            _overlap(train, items, n, drop_last=True),
+        "each item got 1 or 0, whether any n-gram is found: the fraction of its n-grams found is asked":
+            (_overlap(train, items, n) > 0).double(),
+    }
+
+
+def _cased_words(text: str) -> list[str]:
+    """Words as `words` finds them, their capitals kept (a mistake)."""
+    return re.findall(r"\w+", text)
+
+
+@sized
+def _overlap_hidden(r: random.Random, seed: int) -> Inputs:
+    """A training text of random words; items that copy a run of it (changed in case and punctuation) and go on
+    with words it never holds, one of them its run twice (repeated n-grams)."""
+    vocab, fresh = ["it", "was", "the", "of", "times", "age", "best", "worst", "wisdom", "çà", "ünïcode"], \
+        ["zeta", "quux", "mañana", "blorp"]
+    train = [r.choice(vocab) for _ in range(60)]
+
+    def copied(length: int) -> list[str]:  # its first word in capitals, a comma after its second
+        start = r.randint(0, len(train) - length)
+        words = train[start : start + length]
+        return [words[0].upper(), words[1] + ",", *words[2:]]
+
+    n = r.randint(2, 4)
+    items = [copied(r.randint(n + 1, 8)) + [r.choice(fresh) for _ in range(r.randint(1, 4))] for _ in range(3)]
+    run = copied(n + 2)
+    items.append(run + run + [r.choice(fresh) for _ in range(3)])
+    return _overlap_inputs([" ".join(item) for item in items], n, " ".join(train) + ". " + TRAIN)
+
+
+PIECES = declare(
+    Piece("14", "loglikelihood", None, _ll_call, expected=_ll_expected, judge=_ll_judge, forbidden=FORBIDDEN,
+          visible=[("visible", "loglikelihood of a 3-token continuation after 4 context tokens (a bigram model, "
+                    "V=11): only the continuation's tokens, each read from the position before it; its first token "
+                    "is not the argmax, its last two are (the greedy flag False)",
+                    lambda seed: _ll_inputs(11, 4, 3, seed, greedy_from=1)),
+                   ("greedy", "loglikelihood of the continuation that argmax decoding writes: the greedy flag True",
+                    lambda seed: _ll_inputs(11, 3, 4, seed, greedy_from=0))],
+          hidden=[("hidden_one_token", "loglikelihood of a one-token continuation after one context token",
+                   lambda seed: _ll_inputs(9, 1, 1, seed)),
+                  ("hidden_near_greedy", "loglikelihood of a continuation that is the argmax from its third token "
+                   "on (the greedy flag False)", lambda seed: _ll_inputs(13, 2, 5, seed, greedy_from=2)),
+                  ("hidden_sizes", "loglikelihood with other sizes, greedy or not", _ll_hidden)]),
+    Piece("14", "choice_scores", None, _choice_call, expected=_choice_expected, mistakes=_choice_mistakes,
+          label="the choice scores", shape="C", atol=1e-9, rtol=1e-9, forbidden=FORBIDDEN,
+          visible=[("visible", "choice_scores normalised by characters (acc_norm), one choice a prefix of another",
+                    lambda seed: _choice_inputs(["7", "17", "170", "71"], "chars", seed)),
+                   ("bytes", "choice_scores normalised by UTF-8 bytes (acc_bytes), choices with accents",
+                    lambda seed: _choice_inputs(["café", "cafe", "naïve", "über"], "bytes", seed))],
+          hidden=[("hidden_none", "choice_scores with normalize=None (acc: the sums unchanged)",
+                   lambda seed: _choice_inputs(["a", "bb", "ccc"], None, seed)),
+                  ("hidden_unicode", "choice_scores by UTF-8 bytes of Greek, Japanese and accented choices, a tie",
+                   lambda seed: _choice_inputs(["Ελλάδα", "東京", "Zürich", "Lyon"], "bytes", seed, tie=True)),
+                  ("hidden_sizes", "choice_scores with other choices (Unicode, ties) and normalisations",
+                   _choice_hidden)]),
+    Piece("14", "pass_at_k", pass_at_k, _pass_call, label="pass@k", atol=1e-9, rtol=1e-9, mistakes=_pass_mistakes,
+          forbidden=FORBIDDEN,
+          visible=[("visible", "pass_at_k for n=10 samples: c from 1 to 9, k from 1 to 5 (unbiased, not "
+                    "1 - (1 - c/n)^k)",
+                    lambda seed: {"table": [(10, 3, 1), (10, 3, 2), (10, 3, 5), (10, 1, 4), (10, 9, 2)]})],
+          hidden=[("hidden_edges", "pass_at_k at the edges: c = 0, c = n, n = k, one sample",
+                   lambda seed: {"table": [(5, 0, 3), (5, 5, 2), (7, 2, 7), (1, 1, 1), (1, 0, 1), (6, 1, 6)]}),
+                  ("hidden_large", "pass_at_k for n up to 200 (binomials past float's range)",
+                   lambda seed: {"table": [(200, 13, 100), (200, 1, 1), (200, 50, 10), (180, 3, 90)]}),
+                  ("hidden_sizes", "pass_at_k for other n, c, k", lambda seed: _pass_table(seed, 40))]),
+    Piece("14", "paired_bootstrap", None, _boot_call, expected=_boot_expected, judge=_boot_judge,
+          forbidden=FORBIDDEN,
+          visible=[("visible", "paired_bootstrap of two models on 60 shared items, 500 resamples",
+                    lambda seed: _boot_inputs(60, 0.7, 0.6, 500, seed))],
+          hidden=[("hidden_same", "paired_bootstrap of a model against itself (the interval is [0, 0])",
+                   lambda seed: (lambda i: i | {"b": i["a"].clone()})(_boot_inputs(40, 0.6, 0.6, 300, seed))),
+                  ("hidden_sizes", "paired_bootstrap with other sizes", _boot_hidden)]),
+    Piece("14", "ngram_overlap", ngram_overlap, _overlap_call, label="the overlap of each item",
+          mistakes=_overlap_mistakes, atol=1e-9, rtol=0, forbidden=FORBIDDEN,
+          visible=[("visible", "ngram_overlap with n=4: an item copied with other capitals and punctuation, one "
+                    "half copied, one clean",
+                    lambda seed: _overlap_inputs(["IT WAS THE AGE OF WISDOM; it was the age of foolishness!",
+                                                  "it was the worst of times, it was the worst of times, said "
+                                                  "nobody at all",
+                                                  "a sentence written for this lab alone"], 4))],
+          hidden=[("hidden_short", "ngram_overlap with items shorter than n (no n-grams: 0.0)",
+                   lambda seed: _overlap_inputs(["it was the", "best", "times times times times"], 4)),
+                  ("hidden_sizes", "ngram_overlap with other texts, items and n (repeated words, Unicode)",
+                   _overlap_hidden)]),
+)

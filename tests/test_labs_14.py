@@ -1,0 +1,117 @@
+"""Lab 14 graded by real nbgrader: full marks for the solution, 0 for the untouched release, and each known
+mistake loses exactly the points of the tests it should fail."""
+
+from __future__ import annotations
+
+import pytest
+from lab_roundtrip import RoundTrip, Validation, check_named_mistake
+
+LAB = "14_evaluating_language_models"
+LOGLIKELIHOOD = '''
+def loglikelihood(model, context, continuation):
+    ids = torch.tensor([{fed}])
+    logits = model(ids)[0, {rows}]
+    target = torch.tensor({target})
+    logprobs = F.log_softmax(logits, dim=-1).gather(-1, target[:, None])
+    return float(logprobs.{reduce}()), {greedy}
+'''
+RIGHT_LL = {"fed": "context + continuation[:-1]", "rows": "-len(continuation):", "target": "continuation",
+            "reduce": "sum", "greedy": "bool((logits.argmax(dim=-1) == target).all())"}
+CHOICES = '''
+def choice_scores(logprobs, choices, normalize):
+    if normalize is None:
+        return logprobs
+    lengths = [{chars} if normalize == "chars" else {bytes} for choice in choices]
+    return logprobs / torch.tensor(lengths, dtype=logprobs.dtype)
+'''
+RIGHT_CHOICES = {"chars": "len(choice)", "bytes": "len(choice.encode('utf-8'))"}
+BOOTSTRAP = '''
+def paired_bootstrap(a, b, resamples, seed):
+    n = a.numel()
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randint(n, (resamples, n), generator=gen)
+    differences = {differences}
+    low, high = torch.quantile(differences, torch.tensor([{low}, {high}], dtype=differences.dtype))
+    return float((a - b).mean()), float(low), float(high)
+'''
+RIGHT_BOOTSTRAP = {"differences": "(a[rows] - b[rows]).mean(dim=1)", "low": "0.025", "high": "0.975"}
+OVERLAP = '''
+def ngram_overlap(train_text, items, n):
+    def grams(text):
+        words = {split}
+        return [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+
+    seen = set(grams(train_text))
+    overlap = []
+    for item in items:
+        mine = {mine}
+        overlap.append({fraction} if mine else 0.0)
+    return overlap
+'''
+RIGHT_OVERLAP = {"split": r're.findall(r"\w+", text.lower())', "mine": "grams(item)",
+                 "fraction": "sum(g in seen for g in mine) / len(mine)"}
+LL_TESTS = {"test_loglikelihood", "test_loglikelihood_greedy", "test_loglikelihood_hidden"}
+CHOICE_TESTS = {"test_choice_scores", "test_choice_scores_bytes", "test_choice_scores_hidden"}
+PASS_TESTS = {"test_pass_at_k", "test_pass_at_k_hidden"}
+BOOT_TESTS = {"test_paired_bootstrap", "test_paired_bootstrap_hidden"}
+OVERLAP_TESTS = {"test_ngram_overlap", "test_ngram_overlap_hidden"}
+# student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
+WRONG = {
+    "ll-counts-context": ({"loglikelihood": LOGLIKELIHOOD.format(**RIGHT_LL | {
+        "rows": ":", "target": "(context + continuation)[1:]"})}, LL_TESTS),
+    # the whole sequence fed and its last rows read: each token scored from its own position
+    "ll-no-shift": ({"loglikelihood": LOGLIKELIHOOD.format(**RIGHT_LL | {"fed": "context + continuation"})}, LL_TESTS),
+    "ll-mean": ({"loglikelihood": LOGLIKELIHOOD.format(**RIGHT_LL | {"reduce": "mean"})}, LL_TESTS),
+    "ll-greedy-last-token": ({"loglikelihood": LOGLIKELIHOOD.format(**RIGHT_LL | {
+        "greedy": "bool(logits[-1].argmax() == target[-1])"})}, {"test_loglikelihood", "test_loglikelihood_hidden"}),
+    "choices-delimiter-counted": ({"choice_scores": CHOICES.format(chars="len(' ' + choice)",
+                                                                   bytes="len((' ' + choice).encode('utf-8'))")},
+                                  CHOICE_TESTS),
+    "choices-bytes-as-chars": ({"choice_scores": CHOICES.format(**RIGHT_CHOICES | {"bytes": "len(choice)"})},
+                               {"test_choice_scores_bytes", "test_choice_scores_hidden"}),
+    "pass-with-replacement": ({"pass_at_k": "def pass_at_k(n, c, k):\n    return 1 - (1 - c / n) ** k"}, PASS_TESTS),
+    "pass-c-over-n": ({"pass_at_k": "def pass_at_k(n, c, k):\n    return c / n"}, PASS_TESTS),
+    "bootstrap-unpaired": ({"paired_bootstrap": BOOTSTRAP.format(**RIGHT_BOOTSTRAP | {
+        "differences": "a[rows].mean(dim=1) - b[torch.randint(n, (resamples, n), generator=gen)].mean(dim=1)"})},
+        BOOT_TESTS),
+    "bootstrap-90-percent": ({"paired_bootstrap": BOOTSTRAP.format(**RIGHT_BOOTSTRAP | {"low": "0.05",
+                                                                                       "high": "0.95"})},
+                             BOOT_TESTS),
+    "overlap-split-on-spaces": ({"ngram_overlap": OVERLAP.format(**RIGHT_OVERLAP | {"split": "text.lower().split()"})},
+                                OVERLAP_TESTS),
+    "overlap-item-grams-as-set": ({"ngram_overlap": OVERLAP.format(**RIGHT_OVERLAP | {"mine": "set(grams(item))"})},
+                                  OVERLAP_TESTS),
+    "overlap-any-gram": ({"ngram_overlap": OVERLAP.format(**RIGHT_OVERLAP | {
+        "fraction": "float(any(g in seen for g in mine))"})}, OVERLAP_TESTS),
+}
+# student -> (a case their code fails, what its message says)
+SAYS = {
+    "ll-counts-context": ("14.loglikelihood.visible", "the context's tokens are counted too"),
+    "ll-no-shift": ("14.loglikelihood.visible", "each token was scored with the logits at its own position"),
+    "ll-mean": ("14.loglikelihood.visible", "the log-probabilities are averaged"),
+    "ll-greedy-last-token": ("14.loglikelihood.visible", "the greedy flag checks only the continuation's last token"),
+    "choices-delimiter-counted": ("14.choice_scores.visible", "the delimiter is counted in the length"),
+    "choices-bytes-as-chars": ("14.choice_scores.bytes", "the bytes were counted as characters"),
+    "pass-with-replacement": ("14.pass_at_k.visible", "this is 1 - (1 - c/n)^k"),
+    "pass-c-over-n": ("14.pass_at_k.visible", "this is c / n, pass@1, whatever k"),
+    "bootstrap-unpaired": ("14.paired_bootstrap.visible", "a and b were resampled apart"),
+    "bootstrap-90-percent": ("14.paired_bootstrap.visible", "a 90% interval"),
+    "overlap-split-on-spaces": ("14.ngram_overlap.visible", "the text was split on spaces only"),
+    "overlap-item-grams-as-set": ("14.ngram_overlap.visible", "counted once each (a set)"),
+    "overlap-any-gram": ("14.ngram_overlap.visible", "each item got 1 or 0"),
+}
+
+
+class TestLab14(RoundTrip):
+    LAB = LAB
+    WRONG = WRONG
+    TOTAL = 24
+    VALIDATE = Validation("pass-with-replacement", 1, (
+        'check("14.pass_at_k.visible", pass_at_k)',
+        "this is 1 - (1 - c/n)^k",
+    ))
+
+
+@pytest.mark.parametrize("student", sorted(SAYS))
+def test_each_named_mistake_gets_its_message(student):
+    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
