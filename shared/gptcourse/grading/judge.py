@@ -9,7 +9,9 @@ For every autograded test cell (a grade cell whose source, restored from the gra
 3. each payload is judged again here (`judge_payload`): its tensors are rebuilt from raw bytes, the inputs and
    expected values recomputed with the reference code. Whatever the student's kernel printed, patched or raised
    (torch.allclose, builtins, IPython's traceback display, NBGRADER_EXECUTION) is ignored;
-4. the cell's outputs are replaced: one line per passing test, or a single error output holding only the
+4. a cell whose kernel sent messages the grader cannot read (`execute.message_problem`: they were dropped and the
+   cell got a `FORGED` error output) fails every test, with that reason;
+5. the cell's outputs are replaced: one line per passing test, or a single error output holding only the
    diagnostics (nbgrader scores a cell with an error output 0), never a traceback or the test's source.
 A piece whose reference implementation the student uses (its `Piece.forbidden`, see `forbidden.py`) scores 0 in
 every test of it, with a report line that says why. Two independent findings lead there:
@@ -36,6 +38,7 @@ from .payload import MIME, judge_payload, reference_text
 from .report import add_line, cell_label
 
 STOP_REASON_CHARS = 300
+FORGED = "ForgedOutput"  # the ename of the error output RobustExecute gives a cell whose kernel sent forged messages
 
 
 def expected_test_ids(source: str) -> list[str]:
@@ -111,6 +114,10 @@ def judge_cell(cell: NotebookNode, test_ids: list[str], banned: dict[str, str],
                student: str | None = None) -> tuple[bool, list[str]]:
     """(all passed, one message per test id) from the cell's recorded payloads, hidden cases with `student`'s
     seeds; `banned`: piece -> reason."""
+    forged = [out.get("evalue", "") for out in cell.get("outputs", [])
+              if out.get("output_type") == "error" and out.get("ename") == FORGED]
+    if forged:
+        return False, [f"{test_id}: 0 points: while this cell ran, {forged[0]}" for test_id in test_ids]
     recorded = _payloads(cell)
     payloads, judged = _until_first_failure(recorded, test_ids, student)
     reason = "an earlier test of this cell failing" if len(payloads) < len(recorded) else _stop_reason(cell)
