@@ -292,7 +292,7 @@ def test_files_written_by_a_notebook_stay_out_of_the_course(course, graded):
 
 def test_the_course_secret_never_reaches_a_notebook(course, graded):
     printed = course.notebook("grading/autograded/prints-environment", LAB)
-    assert "GPTCOURSE_HIDDEN_SEEDS" in json.dumps(printed)  # the cell did print the kernel's environment
+    assert "GPTCOURSE_CASE_INPUTS" in json.dumps(printed)  # the cell did print the kernel's environment
     leaks = [path for path in (course.root / "grading" / "autograded").rglob("*.ipynb") if SECRET in path.read_text()]
     assert not leaks
 

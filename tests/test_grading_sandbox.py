@@ -298,7 +298,7 @@ def test_the_secret_is_in_no_output(graded):
     course, _, output, _, _ = graded
     assert SECRET not in output
     printed = (course.root / "grading" / "autograded" / "steal-secret" / LAB / f"{LAB}.ipynb").read_text()
-    assert "GPTCOURSE_HIDDEN_SEEDS" in printed  # the cell did run and print what it found
+    assert "GPTCOURSE_CASE_INPUTS" in printed  # the cell did run and print what it found
     assert not [name for name, value in GRADER_CREDENTIALS.items() if value in printed or name in printed]
     for path in (course.root / "grading").rglob("*"):
         if path.is_file() and path.name != "secret.txt":

@@ -23,10 +23,13 @@
   cannot start, grading stops before anyone is graded (unless `c.Sandbox.allow_unsandboxed`, which runs kernels
   as before: as the grader's user, in a temporary folder);
 - the kernel's environment holds only the variables `sandbox.KERNEL_VARIABLES` names (no token, password or
-  course secret of the grader's), and the seeds of this lab's hidden cases for this student
-  (`cases.kernel_environment`), so a cell cannot print a credential into its feedback;
+  course secret of the grader's), so a cell cannot print a credential into its feedback;
 - a boxed kernel sees a view of the package without the lab's references (`package_view.py`), and gets the
-  cases' inputs from the grader, as a file in its /scratch (`kernel_inputs.py`).
+  cases' inputs from the grader, as a file in its /scratch (`kernel_inputs.py`);
+- a hidden test cell runs with each hidden case id replaced by an opaque handle, without its comments
+  (`handles.py`: the notebook keeps the instructor's source, the judge maps the handles back), and the kernel's
+  environment loses the hidden seeds once the inputs are written: what a kernel reads of itself (its history, a
+  pre-run hook, a caller's frame, its environment) names no hidden case.
 Every event is a line in the grading report: "kernel died in cell 7 ('test_attention')", "cell 9 (...) timed
 out after 60 s", "kernel ran out of memory (limit 3 GB for the kernel and every process it starts) in cell 7
 ('test_attention'); tests before it still count" (a MemoryError, or the box's memory limit killed the kernel and
@@ -54,7 +57,8 @@ from nbgrader.preprocessors import Execute
 from traitlets import Integer
 
 from ..notebook_run import drop_widget_capture
-from .cases import kernel_environment
+from .cases import HIDDEN_SEEDS_ENV, kernel_environment
+from .handles import HANDLES, run_source
 from .judge import FORGED
 from .kernel_inputs import FILE_NAME, INPUTS_ENV, write_inputs
 from .report import add_line, cell_label
@@ -200,6 +204,10 @@ class RobustExecute(Execute):
         info = resources["nbgrader"]
         lab = info["assignment"]
         env = kernel_environment(lab, info.get("student"))
+        self._handles: dict[str, str] = {}  # hidden cases under opaque handles (`handles.py`): handle -> case id
+        self._run_sources = {i: run for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+                             and utils.is_grade(cell) and (run := run_source(cell.source, self._handles)) is not None}
+        resources[HANDLES] = self._handles  # for the judge
         self._box = self.box
         hidden = course_folders(self.config, folder)
         if self._box is None and require_sandbox(self.config, forbidden=hidden):
@@ -209,10 +217,11 @@ class RobustExecute(Execute):
             if self._box is not None:
                 self._clean_box()
                 self._box.fill_scratch(folder)
-                env[INPUTS_ENV] = self._hand_inputs(lab, env)
+                self._hand_inputs(self._box.host_scratch, lab, env)
+                env[INPUTS_ENV] = f"{self._box.scratch}/{FILE_NAME}"  # the same file, as the box sees it
                 self._run_in(nb, self._box.scratch, env, self._box.scratch_names)
             else:
-                self._run_unsandboxed(nb, folder, env)
+                self._run_unsandboxed(nb, folder, env, lab)
         finally:
             if self._box is not None and self._box.alive():
                 with contextlib.suppress(ZygoteError):  # the next submission's reset stops it if it must
@@ -220,14 +229,16 @@ class RobustExecute(Execute):
         self.set_widgets_metadata()
         return self.nb, self.resources
 
-    def _hand_inputs(self, lab: str, env: dict[str, str]) -> str:
-        """Write the lab's case inputs, with the kernel's seeds, into the box's /scratch (its kernels cannot make
-        them: `kernel_inputs.py`); their path in the box."""
-        host = os.path.join(self._box.host_scratch, FILE_NAME)
-        write_inputs(host, lab, env)
-        if self._box.ids is not None:
+    def _hand_inputs(self, scratch: str, lab: str, env: dict[str, str]) -> str:
+        """Write the lab's case inputs, with the kernel's seeds, into the kernel's scratch folder `scratch` (a boxed
+        kernel cannot make them: `kernel_inputs.py`; hidden cases only under their handles), and drop the seeds from
+        `env`: a kernel that has the inputs needs none, and would match them to the cases' names. The file's path."""
+        host = os.path.join(scratch, FILE_NAME)
+        write_inputs(host, lab, env, self._handles)
+        env.pop(HIDDEN_SEEDS_ENV, None)
+        if self._box is not None and self._box.ids is not None:
             os.chown(host, *self._box.ids)
-        return f"{self._box.scratch}/{FILE_NAME}"
+        return host
 
     def _clean_box(self) -> None:
         """Reset the box before a submission; a box that cannot be reset is closed (its worker starts another)
@@ -238,7 +249,7 @@ class RobustExecute(Execute):
             self._box.close()
             raise
 
-    def _run_unsandboxed(self, nb: NotebookNode, folder: str, env: dict[str, str]) -> None:
+    def _run_unsandboxed(self, nb: NotebookNode, folder: str, env: dict[str, str], lab: str) -> None:
         """The opt-out: a kernel as the grader's user, in a temporary folder, with the allowed variables and the
         grader's PATH and HOME (it could read the grader's environment from /proc anyway)."""
         env = kernel_variables(env) | {name: env[name] for name in ("PATH", "HOME") if name in env}
@@ -246,6 +257,7 @@ class RobustExecute(Execute):
         try:
             shutil.copytree(folder, scratch, dirs_exist_ok=True, symlinks=True,
                             ignore=shutil.ignore_patterns("*.ipynb"))
+            env[INPUTS_ENV] = self._hand_inputs(scratch, lab, env)
             self._run_in(nb, scratch, env, lambda: set(os.listdir(scratch)))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -296,7 +308,9 @@ class RobustExecute(Execute):
         """Run cell `index`; True if it broke the kernel (dead, or hung past the interrupt)."""
         cell = nb.cells[index]
         self._kept[index] = 0
+        source = cell.source
         try:
+            cell.source = self._run_sources.get(index, source)  # hidden checks under their handles
             self.preprocess_cell(cell, self.resources, index)
         except DeadKernelError:
             if self._box is not None and self._box.memory_limit_hit():
@@ -313,6 +327,8 @@ class RobustExecute(Execute):
                        "interrupt", f"{cell_label(cell, index)} timed out after {self.timeout} s and ignored the "
                        "interrupt: the kernel was restarted")
             return True
+        finally:
+            cell.source = source
         self._note(nb, cell, index)
         return False
 
