@@ -165,10 +165,12 @@ def submissions(course) -> dict[str, tuple[object, set[str], list[str]]]:
     nb.cells[index_of(nb, "setup")].source += "\ntorch.allclose = lambda *a, **k: True"
     subs["edited-locked-cells"] = (nb, SCALING_TESTS, [
         "cell 'test_attention' is locked but was edited: restored", "cell 'setup' is locked but was edited"])
-    # hidden cases drawn with the public secret (what the repository gives away) are not the graded ones
+    # the kernel's environment decides no hidden case: a graded kernel gets their inputs from the grader, under
+    # handles, and the grader draws their seeds (a correct solution still passes; the public secret's cases, which
+    # the repository gives away, are not the graded ones)
     subs["public-secret"] = (insert_after(solved(LAB), "setup", code(
         "import os\nos.environ.pop('GPTCOURSE_SECRET', None)\nos.environ.pop('GPTCOURSE_HIDDEN_SEEDS', None)")),
-        {"test_causal_mask_hidden", "test_attention_hidden", "test_AttentionHead_hidden"}, [])
+        set(), [])
     # the kernel never holds the course secret, so printing its environment cannot put it in the feedback
     subs["prints-environment"] = (insert_after(solved(LAB), "setup", code("import os\nprint(dict(os.environ))")),
                                   set(), [])
