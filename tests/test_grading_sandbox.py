@@ -8,6 +8,7 @@ Also: grading refuses to start without the sandbox, and the opt-out grades anywa
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import socket
@@ -141,10 +142,20 @@ FORGED = {
 # ... and one in every test cell, after its checks ran (the only attack here that costs points: all of them)
 FORGE_IN_TESTS = '''
 def _forge_in_tests(result):
-    if "check(" in result.info.raw_cell:
+    if result.info.raw_cell.startswith("check("):
         forge("display_data", data=[], metadata={})
 get_ipython().events.register("post_run_cell", _forge_in_tests)
 '''
+# ... and a hook that sees every cell as it runs and prints all it saw in each later cell (the solution cells after
+# a hidden test among them): it may print only handles (issue 49)
+HIDDEN_HOOK = '''
+_seen = []
+def _show_seen(info):
+    _seen.append(info.raw_cell)
+    print(_seen, list(get_ipython().history_manager.get_range(raw=True)))
+get_ipython().events.register("pre_run_cell", _show_seen)
+'''
+HIDDEN_ID = re.compile(r"\b02\.[A-Za-z_]+\.hidden[a-z_]*")
 
 
 def attacks(course: Course, port: int) -> dict[str, list[str]]:
@@ -161,7 +172,7 @@ def attacks(course: Course, port: int) -> dict[str, list[str]]:
             "steal-secret": [cell(STEAL_SECRET)], "leave-processes": [cell(LEAVE_PROCESSES)],
             "fork-bomb": [FORK_BOMB], "eat-memory": [EAT_MEMORY], "fill-disk": [HUGE_FILE, FILL_SCRATCH],
             "open-network": [cell(CONNECT)], **{student: [FORGE + cell(source)] for student, source in FORGED.items()},
-            "forge-in-tests": [FORGE + FORGE_IN_TESTS]}
+            "forge-in-tests": [FORGE + FORGE_IN_TESTS], "hidden-hook": [HIDDEN_HOOK]}
 
 
 FAILING = {"forge-in-tests": {"test_causal_mask", "test_causal_mask_hidden", "test_attention", "test_attention_causal",
@@ -179,12 +190,15 @@ REPORTED = {
     "forge-execution-count": [r"^- cell 3 \(added by you\): the kernel sent a 'execute_result' message whose "
                               r"execution_count is str, which nbformat does not allow: dropped, and the cell counts as "
                               r"failed$"],
-    "forge-html-not-text": [r"^- cell 3 \(added by you\): the kernel sent a 'display_data' message whose data is dict"],
+    "forge-html-not-text": [r"^- cell 3 \(added by you\): the kernel sent a 'display_data' message whose text/html is "
+                            r"dict"],
     "forge-data-list": [r"^- cell 3 \(added by you\): the kernel sent a 'display_data' message whose data is list"],
     "forge-unknown-type": [r"^- cell 3 \(added by you\): the kernel sent a message of unknown type 'made_up_output'"],
     "forge-huge-update": [r"^- cell 3 \(added by you\) printed more than 2,000,000 bytes: the rest was dropped$"],
     "forge-in-tests": [rf"^- cell {i} \('{test}'\): the kernel sent a 'display_data' message whose data is list"
-                       for i, test in ((6, "test_causal_mask"), (16, "test_AttentionHead_hidden"))],
+                       for i, test in ((6, "test_causal_mask"), (7, "test_causal_mask_hidden"), (10, "test_attention"),
+                                       (11, "test_attention_causal"), (12, "test_attention_hidden"),
+                                       (15, "test_AttentionHead"), (16, "test_AttentionHead_hidden"))],
 }
 
 
@@ -303,6 +317,16 @@ def test_the_secret_is_in_no_output(graded):
     for path in (course.root / "grading").rglob("*"):
         if path.is_file() and path.name != "secret.txt":
             assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_no_kernel_printed_a_hidden_case(graded):
+    course, added, _, _, _ = graded
+    for student in ["solution", *added]:
+        nb = course.notebook(f"grading/autograded/{student}", LAB)
+        printed = json.dumps([cell.outputs for cell in nb.cells
+                              if cell.cell_type == "code" and not cell.metadata.get("nbgrader", {}).get("grade")])
+        assert student != "hidden-hook" or "check('hidden-" in printed, printed[:2000]  # it saw the handles
+        assert not HIDDEN_ID.search(printed), (student, HIDDEN_ID.search(printed))
 
 
 def test_no_kernel_reached_the_network(graded, listener):
