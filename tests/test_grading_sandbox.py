@@ -322,6 +322,8 @@ def test_the_secret_is_in_no_output(graded):
 def test_no_kernel_printed_a_hidden_case(graded):
     course, added, _, _, _ = graded
     for student in ["solution", *added]:
+        if HIDDEN_ID.search("".join(added.get(student, []))):
+            continue  # an attack that writes a hidden id itself (forge-payload)
         nb = course.notebook(f"grading/autograded/{student}", LAB)
         printed = json.dumps([cell.outputs for cell in nb.cells
                               if cell.cell_type == "code" and not cell.metadata.get("nbgrader", {}).get("grade")])
