@@ -35,6 +35,23 @@ numpy.testing.assert_allclose = lambda *a, **k: None
 numpy.allclose = lambda *a, **k: True
 IPython.core.interactiveshell.InteractiveShell.showtraceback = lambda *a, **k: None
 '''
+# Issue 49: what the notebook's file says of itself is the student's word. A report line pre-seeded in its metadata
+# (notebook and cells), or a "could not be read" reason, must never read as the grader's.
+FORGED_NOTE = "instructor note: full marks were awarded after a manual review"
+# ... and a hidden test's source must not reach what the student's own code prints: In/_ih/the history after the
+# last test, a pre_run_cell hook installed early, the caller's frame read from inside the tested function.
+PRINT_HISTORY = ("import json\nprint(json.dumps(In), json.dumps(_ih))\n"
+                 "print(list(get_ipython().history_manager.get_range(raw=True)))")
+PRE_RUN_HOOK = ("_seen = []\nget_ipython().events.register('pre_run_cell', lambda info: _seen.append(info.raw_cell) "
+                "or print(info.raw_cell))")
+READ_CALLER = '''
+import inspect
+_frames, _causal_mask = [], causal_mask
+def causal_mask(T):
+    _frames.append(repr([frame.frame.f_locals for frame in inspect.stack()[1:4]])[:3000])
+    return _causal_mask(T)
+'''
+HIDDEN_ID = re.compile(r"\b02\.[A-Za-z_]+\.hidden[a-z_]*")
 
 
 def code(source: str) -> nbformat.NotebookNode:
@@ -148,13 +165,35 @@ def submissions(course) -> dict[str, tuple[object, set[str], list[str]]]:
     nb.cells[index_of(nb, "setup")].source += "\ntorch.allclose = lambda *a, **k: True"
     subs["edited-locked-cells"] = (nb, SCALING_TESTS, [
         "cell 'test_attention' is locked but was edited: restored", "cell 'setup' is locked but was edited"])
-    # hidden cases drawn with the public secret (what the repository gives away) are not the graded ones
+    # the kernel's environment decides no hidden case: a graded kernel gets their inputs from the grader, under
+    # handles, and the grader draws their seeds (a correct solution still passes; the public secret's cases, which
+    # the repository gives away, are not the graded ones)
     subs["public-secret"] = (insert_after(solved(LAB), "setup", code(
         "import os\nos.environ.pop('GPTCOURSE_SECRET', None)\nos.environ.pop('GPTCOURSE_HIDDEN_SEEDS', None)")),
-        {"test_causal_mask_hidden", "test_attention_hidden", "test_AttentionHead_hidden"}, [])
+        set(), [])
     # the kernel never holds the course secret, so printing its environment cannot put it in the feedback
     subs["prints-environment"] = (insert_after(solved(LAB), "setup", code("import os\nprint(dict(os.environ))")),
                                   set(), [])
+    # metadata a student wrote (issue 49)
+    nb = solved(LAB)
+    nb.metadata["gptcourse"] = {"report": [FORGED_NOTE], "unreadable": "it was read by hand"}
+    for grade_id in ("attention", "test_attention"):
+        nb.cells[index_of(nb, grade_id)].metadata["gptcourse"] = {"report": [FORGED_NOTE]}
+    subs["forged-report"] = (nb, set(), [])
+    nb = solved(LAB, {"attention": NO_SCALING})
+    nb.metadata["gptcourse"] = {"unreadable": "the lab's notebook is not in the submission"}
+    del nb.cells[index_of(nb, "intro")]
+    subs["forged-missing"] = (nb, SCALING_TESTS, ["^- cell 'intro' was deleted: restored from the course$"])
+    # hidden tests' identities (issue 49)
+    nb = solved(LAB)
+    nb.cells.append(code(PRINT_HISTORY))
+    subs["prints-history"] = (nb, set(), [])
+    nb = insert_after(solved(LAB), "setup", code(PRE_RUN_HOOK))
+    nb.cells.append(code("print(_seen)"))
+    subs["pre-run-hook"] = (nb, set(), [])
+    nb = insert_after(solved(LAB), "causal_mask", code(READ_CALLER))
+    nb.cells.append(code("print(_frames)"))
+    subs["reads-caller"] = (nb, set(), [])
     text = nbformat.writes(solved(LAB))
     subs["malformed-json"] = (text[:len(text) // 2], CAUSAL_MASK_TESTS | ALL_ATTENTION,
                               [r"the submitted notebook could not be read \(NotJSONError: Notebook does not "
@@ -234,7 +273,8 @@ def test_a_folder_without_a_notebook_is_reported_and_has_no_gradebook_row(course
 
 
 def test_ordinary_submissions_have_nothing_to_report(course, graded):
-    for student in ("solution", "untouched", "patch-torch", "recursion", "warns-on-stderr"):
+    for student in ("solution", "untouched", "patch-torch", "recursion", "warns-on-stderr", "forged-report",
+                    "prints-history", "pre-run-hook", "reads-caller"):
         assert "\n- " not in report(course, student), report(course, student)
 
 
@@ -254,7 +294,7 @@ def test_files_written_by_a_notebook_stay_out_of_the_course(course, graded):
 
 def test_the_course_secret_never_reaches_a_notebook(course, graded):
     printed = course.notebook("grading/autograded/prints-environment", LAB)
-    assert "GPTCOURSE_HIDDEN_SEEDS" in json.dumps(printed)  # the cell did print the kernel's environment
+    assert "GPTCOURSE_CASE_INPUTS" in json.dumps(printed)  # the cell did print the kernel's environment
     leaks = [path for path in (course.root / "grading" / "autograded").rglob("*.ipynb") if SECRET in path.read_text()]
     assert not leaks
 
@@ -280,3 +320,25 @@ def test_feedback_shows_no_hidden_test_source(course, graded):
     assert "not written yet" in untouched and "02.attention.hidden_single failed" in untouched
     assert "no result recorded for 02.attention.hidden_heads: the test cell did not run to the end (it stopped with " \
            "an earlier test of this cell failing)" in untouched.replace("\n", " ")
+
+
+def test_metadata_in_the_submission_is_not_the_graders(course, graded):
+    """Report lines and a "could not be read" reason written into the submission's metadata are discarded: the
+    report, the autograded notebook and the feedback say only what the grader found."""
+    course.nbgrader("generate_feedback", LAB, "--student=forged-report", "--force")
+    for text in (report(course, "forged-report"),
+                 (course.root / "grading" / "autograded" / "forged-report" / LAB / f"{LAB}.ipynb").read_text(),
+                 (course.root / "grading" / "feedback" / "forged-report" / LAB / f"{LAB}.html").read_text()):
+        assert FORGED_NOTE not in text and "read by hand" not in text
+    assert "was submitted" not in report(course, "forged-missing"), report(course, "forged-missing")
+
+
+def test_what_the_students_code_printed_names_no_hidden_test(course, graded):
+    """Whatever the kernel reads of itself (its input history, a pre-run hook's view of each cell, its caller's
+    frame, its environment), it never held a hidden test's source or its case's name: only opaque handles."""
+    for student in ("prints-history", "pre-run-hook", "reads-caller", "prints-environment"):
+        nb = course.notebook(f"grading/autograded/{student}", LAB)
+        printed = json.dumps([cell.outputs for cell in nb.cells
+                              if cell.cell_type == "code" and not cell.metadata.get("nbgrader", {}).get("grade")])
+        assert "check(" in printed or student in ("reads-caller", "prints-environment"), (student, printed[:2000])
+        assert not HIDDEN_ID.search(printed), (student, HIDDEN_ID.search(printed), printed[:3000])

@@ -139,3 +139,64 @@ def test_the_scan_leaves_honest_code_and_instructor_cells_alone():
     # a student's own definition shadows an imported name
     assert _scan("def attention(q, k, v):\n    return q, q\nattention(1, 2, 3)",
                  setup="from torch import nn\nattention = None") == set()
+
+
+# Issue 49: a hidden case reaches the kernel as an opaque handle, and comes back as its case.
+
+def test_a_hidden_test_cell_runs_under_handles_that_name_no_case():
+    from gptcourse.grading.handles import run_source
+
+    handles: dict[str, str] = {}
+    source = ('# Hidden tests: T = 1.\n### BEGIN HIDDEN TESTS\ncheck("02.causal_mask.hidden_single", causal_mask)\n'
+              'check("02.causal_mask.visible", causal_mask)  # a visible id stays\n### END HIDDEN TESTS')
+    run = run_source(source, handles)
+    assert list(handles.values()) == ["02.causal_mask.hidden_single"]
+    [handle] = handles
+    assert run == f"check('{handle}', causal_mask)\ncheck('02.causal_mask.visible', causal_mask)"
+    assert run_source('check("02.causal_mask.visible", causal_mask)', handles) is None  # nothing to hide
+    assert run_source(source, {}) != run  # drawn afresh for each submission
+
+
+def test_a_payload_under_a_handle_is_judged_as_its_case_with_the_graders_seed():
+    from gptcourse.grading.handles import named_payload
+
+    handles = {"hidden-0a1b": "02.causal_mask.hidden_single"}
+    case = get_case("02.causal_mask.hidden_single")
+    t = case.make_inputs(case_seed(case, student="alice"))["t"]
+    recorded = make_payload("hidden-0a1b", 0, {"mask": torch.ones(t, t, dtype=torch.bool).tril()}, None)
+    named = named_payload(recorded, handles, "alice")
+    assert named["test_id"] == "02.causal_mask.hidden_single" and judge_payload(named, "alice")[0]
+    assert named_payload(recorded | {"test_id": "hidden-ffff"}, handles, "alice")["test_id"] == "hidden-ffff"
+    assert not judge_payload(recorded, "alice")[0]  # a handle the grader did not draw names no case
+
+
+def test_a_test_cell_whose_kernel_sent_a_forged_message_fails():
+    from gptcourse.grading.judge import FORGED
+
+    cell = new_code_cell('check("02.causal_mask.visible", causal_mask)')
+    cell.outputs = [new_output("display_data", data={MIME: GOOD, "text/plain": ""}),
+                    new_output("error", ename=FORGED, evalue="the kernel sent a message of unknown type 'x': dropped",
+                               traceback=[])]
+    passed, messages = judge_cell(cell, ["02.causal_mask.visible"], {})
+    assert not passed and messages == ["02.causal_mask.visible: 0 points: while this cell ran, the kernel sent a "
+                                       "message of unknown type 'x': dropped"]
+
+
+@pytest.mark.parametrize("content, problem", [
+    ({"data": {"text/plain": "1"}, "metadata": {}, "execution_count": "one"}, "whose execution_count is str"),
+    ({"data": {"text/html": {"not": "text"}}, "metadata": {}}, "whose text/html is dict"),
+    ({"data": ["text/plain"], "metadata": {}}, "whose data is list"),
+    ({"data": {"text/plain": "1"}}, "without its metadata"),
+    ({"data": {"text/plain": "1"}, "metadata": {}, "transient": {"display_id": ["d"]}}, "malformed display id"),
+])
+def test_a_kernel_message_that_nbformat_would_refuse_is_named(content, problem):
+    from gptcourse.grading.execute import message_problem
+
+    msg_type = "execute_result" if "execution_count" in content else "display_data"
+    message = {"msg_type": msg_type, "header": {"msg_type": msg_type}, "parent_header": {}, "content": content}
+    assert problem in message_problem(message)
+    good = {"data": {MIME: [1, 2], "text/plain": ["a", "b"]}, "metadata": {}, "transient": {"display_id": "d"},
+            "execution_count": 3}
+    assert message_problem(message | {"content": good}) is None  # JSON where JSON may be, text as lines
+    assert "unknown type 'made_up'" in message_problem(message | {"msg_type": "made_up",
+                                                                   "header": {"msg_type": "made_up"}})

@@ -9,6 +9,7 @@ Also: grading refuses to start without the sandbox, and the opt-out grades anywa
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import socket
@@ -21,6 +22,7 @@ import pytest
 from nbgrader_course import Course, sandbox_problem
 
 import gptcourse
+from gptcourse.grading.payload import MIME
 
 LAB = "02_causal_attention"
 SECRET = "sandbox-test-secret-5d1f0c"
@@ -118,6 +120,43 @@ try:
 except OSError as err:
     print("no network:", type(err).__name__)
 '''
+# Issue 49: messages forged through the kernel's own session and socket, as ipykernel sends a display. Each must
+# cost only its cell (a line in the report), never the submission.
+FORGE = '''
+pub = get_ipython().display_pub
+def forge(msg_type, **content):
+    pub.session.send(pub.pub_socket, msg_type, content, parent=pub.parent_header, ident=pub.topic)
+'''
+FORGED = {
+    "forge-execution-count": 'forge("execute_result", data={"text/plain": "1"}, metadata={}, execution_count="one")',
+    "forge-html-not-text": 'forge("display_data", data={"text/html": {"not": "text"}}, metadata={})',
+    "forge-data-list": 'forge("display_data", data=["@MIME@"], metadata={})',
+    "forge-unknown-type": 'forge("made_up_output", data={"text/plain": "?"}, metadata={})',
+    "forge-huge-update": 'forge("display_data", data={"text/plain": ""}, metadata={}, transient={"display_id": "d"})\n'
+                         'for _ in range(30):\n    forge("update_display_data", data={"text/plain": "x" * 10**6}, '
+                         'metadata={}, transient={"display_id": "d"})',
+    # a payload for another case, in a cell of its own: no test reads it
+    "forge-payload": 'forge("display_data", data={"@MIME@": {"format": 1, "test_id": "02.causal_mask.hidden_single", '
+                     '"seed": 0, "outputs": {"mask": {"value": 1}}, "error": None, "reference": None}, '
+                     '"text/plain": ""}, metadata={})',
+}
+# ... and one in every test cell, after its checks ran (the only attack here that costs points: all of them)
+FORGE_IN_TESTS = '''
+def _forge_in_tests(result):
+    if result.info.raw_cell.startswith("check("):
+        forge("display_data", data=[], metadata={})
+get_ipython().events.register("post_run_cell", _forge_in_tests)
+'''
+# ... and a hook that sees every cell as it runs and prints all it saw in each later cell (the solution cells after
+# a hidden test among them): it may print only handles (issue 49)
+HIDDEN_HOOK = '''
+_seen = []
+def _show_seen(info):
+    _seen.append(info.raw_cell)
+    print(_seen, list(get_ipython().history_manager.get_range(raw=True)))
+get_ipython().events.register("pre_run_cell", _show_seen)
+'''
+HIDDEN_ID = re.compile(r"\b02\.[A-Za-z_]+\.hidden[a-z_]*")
 
 # IPC that outlives the kernel that made it (issue 49): SysV shared memory (detached, never removed), a message
 # queue and a semaphore set, POSIX shared memory (/dev/shm) and a POSIX message queue, and a key in each keyring
@@ -189,7 +228,8 @@ def attacks(course: Course, port: int) -> dict[str, list[str]]:
     """student -> the cells added after the setup cell."""
 
     def cell(source: str) -> str:
-        fill = {"@COURSE@": repr(str(course.root)), "@LAB@": LAB, "@MARKER@": MARKER, "@PORT@": str(port)}
+        fill = {"@COURSE@": repr(str(course.root)), "@LAB@": LAB, "@MARKER@": MARKER, "@PORT@": str(port),
+                "@MIME@": MIME}
         for token, value in fill.items():
             source = source.replace(token, value)
         return source.replace("@LOOP@", repr(cell(LEFTOVER_LOOP))) if "@LOOP@" in source else source
@@ -201,7 +241,13 @@ def attacks(course: Course, port: int) -> dict[str, list[str]]:
             "steal-secret": [cell(STEAL_SECRET)], "leave-processes": [cell(LEAVE_PROCESSES)],
             "fork-bomb": [FORK_BOMB], "eat-memory": [EAT_MEMORY], "fill-disk": [HUGE_FILE, FILL_SCRATCH],
             "open-network": [cell(CONNECT)], "ipc-leave": [in_subprocess(cell(IPC_LEAVE))],
-            "ipc-look": [in_subprocess(cell(IPC_LOOK))]}
+            "ipc-look": [in_subprocess(cell(IPC_LOOK))],
+            **{student: [FORGE + cell(source)] for student, source in FORGED.items()},
+            "forge-in-tests": [FORGE + FORGE_IN_TESTS], "hidden-hook": [HIDDEN_HOOK]}
+
+
+FAILING = {"forge-in-tests": {"test_causal_mask", "test_causal_mask_hidden", "test_attention", "test_attention_causal",
+                              "test_attention_hidden", "test_AttentionHead", "test_AttentionHead_hidden"}}
 
 
 # What the report says about the attacks that hit a limit (cell 3 is the first added cell).
@@ -212,6 +258,18 @@ REPORTED = {
                    r"\(added by you\); tests before it still count"],
     "fill-disk": [r"a file grew past the file-size limit \(limit 20 MB\) in cell 3 \(added by you\)",
                   r"the kernel filled its scratch space \(limit 64 MB\) in cell 4 \(added by you\)"],
+    "forge-execution-count": [r"^- cell 3 \(added by you\): the kernel sent a 'execute_result' message whose "
+                              r"execution_count is str, which nbformat does not allow: dropped, and the cell counts as "
+                              r"failed$"],
+    "forge-html-not-text": [r"^- cell 3 \(added by you\): the kernel sent a 'display_data' message whose text/html is "
+                            r"dict"],
+    "forge-data-list": [r"^- cell 3 \(added by you\): the kernel sent a 'display_data' message whose data is list"],
+    "forge-unknown-type": [r"^- cell 3 \(added by you\): the kernel sent a message of unknown type 'made_up_output'"],
+    "forge-huge-update": [r"^- cell 3 \(added by you\) printed more than 2,000,000 bytes: the rest was dropped$"],
+    "forge-in-tests": [rf"^- cell {i} \('{test}'\): the kernel sent a 'display_data' message whose data is list"
+                       for i, test in ((6, "test_causal_mask"), (7, "test_causal_mask_hidden"), (10, "test_attention"),
+                                       (11, "test_attention_causal"), (12, "test_attention_hidden"),
+                                       (15, "test_AttentionHead"), (16, "test_AttentionHead_hidden"))],
 }
 
 
@@ -284,7 +342,8 @@ def graded(request, tmp_path_factory, listener):
 def test_every_attack_gets_the_full_score(graded):
     course, added, _, _, _ = graded
     scores = course.scores(LAB)
-    assert scores == {student: course.expected_scores(LAB) for student in ["solution", *added]}
+    assert scores == {student: course.expected_scores(LAB, FAILING.get(student, set()))
+                      for student in ["solution", *added]}
 
 
 def test_one_box_serves_every_submission_in_turn(graded):
@@ -300,7 +359,7 @@ def test_limits_hit_are_reported(graded):
     for student in ["solution", *added]:
         report = (course.root / "grading" / "reports" / LAB / f"{student}.txt").read_text()
         for pattern in REPORTED.get(student, []):
-            assert re.search(pattern, report), (student, pattern, report)
+            assert re.search(pattern, report, re.MULTILINE), (student, pattern, report)
         if student not in REPORTED and student != "leave-processes":
             assert "\n- " not in report, (student, report)  # nothing else happened
         if student != "leave-processes":
@@ -324,11 +383,23 @@ def test_the_secret_is_in_no_output(graded):
     course, _, output, _, _ = graded
     assert SECRET not in output
     printed = (course.root / "grading" / "autograded" / "steal-secret" / LAB / f"{LAB}.ipynb").read_text()
-    assert "GPTCOURSE_HIDDEN_SEEDS" in printed  # the cell did run and print what it found
+    assert "GPTCOURSE_CASE_INPUTS" in printed  # the cell did run and print what it found
     assert not [name for name, value in GRADER_CREDENTIALS.items() if value in printed or name in printed]
     for path in (course.root / "grading").rglob("*"):
         if path.is_file() and path.name != "secret.txt":
             assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_no_kernel_printed_a_hidden_case(graded):
+    course, added, _, _, _ = graded
+    for student in ["solution", *added]:
+        if HIDDEN_ID.search("".join(added.get(student, []))):
+            continue  # an attack that writes a hidden id itself (forge-payload)
+        nb = course.notebook(f"grading/autograded/{student}", LAB)
+        printed = json.dumps([cell.outputs for cell in nb.cells
+                              if cell.cell_type == "code" and not cell.metadata.get("nbgrader", {}).get("grade")])
+        assert student != "hidden-hook" or "check('hidden-" in printed, printed[:2000]  # it saw the handles
+        assert not HIDDEN_ID.search(printed), (student, HIDDEN_ID.search(printed))
 
 
 def test_no_kernel_reached_the_network(graded, listener):

@@ -15,7 +15,8 @@ The secret never enters a student's kernel, where a cell could print it into the
 hidden case of every lab, this year's and next). The grader starts kernels with `kernel_environment(lab,
 student)`: without GPTCOURSE_SECRET, plus GPTCOURSE_HIDDEN_SEEDS, the seeds of that lab's hidden cases for that
 student only (a seed is a hash: it does not give the secret back). `case_seed` in the kernel reads them from
-there, so both sides of a check agree.
+there, so both sides of a check agree. A kernel that autograde runs gets no seeds at all: RobustExecute computes
+its cases' inputs from them and hands those over, a hidden case's under an opaque handle (`handles.py`).
 """
 
 from __future__ import annotations

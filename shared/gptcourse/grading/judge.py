@@ -5,11 +5,14 @@ For every autograded test cell (a grade cell whose source, restored from the gra
 `check("NN.piece.variant", obj)`):
 1. the test ids it must record are read from the cell's source with `ast`;
 2. the cell's outputs must hold exactly one result payload (`payload.MIME`) per id, with the seed the grader
-   computes from the course secret; a missing, repeated or stale payload fails that test with a line saying so;
+   computes from the course secret (a hidden case's payload, recorded under the handle the kernel ran it by, is
+   named back first: `handles.py`); a missing, repeated or stale payload fails that test with a line saying so;
 3. each payload is judged again here (`judge_payload`): its tensors are rebuilt from raw bytes, the inputs and
    expected values recomputed with the reference code. Whatever the student's kernel printed, patched or raised
    (torch.allclose, builtins, IPython's traceback display, NBGRADER_EXECUTION) is ignored;
-4. the cell's outputs are replaced: one line per passing test, or a single error output holding only the
+4. a cell whose kernel sent messages the grader cannot read (`execute.message_problem`: they were dropped and the
+   cell got a `FORGED` error output) fails every test, with that reason;
+5. the cell's outputs are replaced: one line per passing test, or a single error output holding only the
    diagnostics (nbgrader scores a cell with an error output 0), never a traceback or the test's source.
 A piece whose reference implementation the student uses (its `Piece.forbidden`, see `forbidden.py`) scores 0 in
 every test of it, with a report line that says why. Two independent findings lead there:
@@ -32,10 +35,12 @@ from nbgrader.preprocessors import NbGraderPreprocessor
 
 from .cases import CaseId, forbidden_names
 from .forbidden import Finding, find_forbidden
+from .handles import HANDLES, named_payload
 from .payload import MIME, judge_payload, reference_text
 from .report import add_line, cell_label
 
 STOP_REASON_CHARS = 300
+FORGED = "ForgedOutput"  # the ename of the error output RobustExecute gives a cell whose kernel sent forged messages
 
 
 def expected_test_ids(source: str) -> list[str]:
@@ -111,6 +116,10 @@ def judge_cell(cell: NotebookNode, test_ids: list[str], banned: dict[str, str],
                student: str | None = None) -> tuple[bool, list[str]]:
     """(all passed, one message per test id) from the cell's recorded payloads, hidden cases with `student`'s
     seeds; `banned`: piece -> reason."""
+    forged = [out.get("evalue", "") for out in cell.get("outputs", [])
+              if out.get("output_type") == "error" and out.get("ename") == FORGED]
+    if forged:
+        return False, [f"{test_id}: 0 points: while this cell ran, {forged[0]}" for test_id in test_ids]
     recorded = _payloads(cell)
     payloads, judged = _until_first_failure(recorded, test_ids, student)
     reason = "an earlier test of this cell failing" if len(payloads) < len(recorded) else _stop_reason(cell)
@@ -149,6 +158,12 @@ class JudgeTestCells(NbGraderPreprocessor):
         labs = sorted({_parsed(test_id).lab for _, _, ids in tests for test_id in ids} - {""})
         forbidden = {piece: names for lab in labs for piece, names in forbidden_names(lab).items()}
         prefix = labs[0] if len(labs) == 1 else "NN"
+        student = (resources or {}).get("nbgrader", {}).get("student")  # None: not a graded submission
+        handles = (resources or {}).get(HANDLES, {})
+        for _, cell, _ in tests:  # payloads recorded under a hidden case's handle, as that case's
+            for out in cell.get("outputs", []):
+                if isinstance(out.get("data"), dict) and MIME in out.data:
+                    out.data[MIME] = named_payload(out.data[MIME], handles, student)
         banned = self._banned_pieces(nb, forbidden, prefix)
         for i, cell, ids in tests:  # the second line of defence: what the kernel's own check found
             for piece, (test_id, text) in reported_references(cell, ids).items():
@@ -156,7 +171,6 @@ class JudgeTestCells(NbGraderPreprocessor):
                     banned[piece] = f"the object that {test_id} checks {text}"
                     add_line(nb, f"{cell_label(cell, i)}: the object that {test_id} checks {text}, the reference for "
                                  f"a piece you must write: 0 points for {prefix}.{piece}.*")
-        student = (resources or {}).get("nbgrader", {}).get("student")  # None: not a graded submission
         for _, cell, ids in tests:
             passed, messages = judge_cell(cell, ids, banned, student)
             _rewrite(cell, passed, messages)

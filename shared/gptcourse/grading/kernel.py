@@ -5,6 +5,7 @@ kernel (the grader set `kernel_inputs.INPUTS_ENV`) the package is a view without
 (`package_view.py`): `check` runs the case on the grader's inputs and records the payload, which only the grader
 judges. A payload that fails whatever the expected values (an error, a reference) still fails at once, as it
 does when validating, and a cell's later checks after a failing one are judged as not run (`judge.judge_cell`).
+A hidden case arrives under an opaque handle instead of its id (`handles.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from ..checks import CheckFailed
 from .cases import Case, CaseId, case_seed, forbidden_names, get_case
 from .forbidden import reference_behind
+from .handles import is_handle, run_of
 from .kernel_inputs import INPUTS_ENV, graded_inputs
 from .payload import MIME, judge_payload, make_payload
 from .student import describe_error
@@ -39,6 +41,8 @@ def check(test_id: str, student_obj: Any) -> None:
     object that is, subclasses or wraps a reference the lab forbids for this piece is not run: the payload says
     what it is, and the grader zeroes the piece.
     """
+    if is_handle(test_id):
+        return _check_handle(test_id, student_obj)
     case = get_case(test_id)
     seed = case_seed(case)
     case_id = CaseId.parse(case.id)
@@ -54,19 +58,43 @@ def check(test_id: str, student_obj: Any) -> None:
     print(message)
 
 
+def _check_handle(handle: str, student_obj: Any) -> None:
+    """A hidden case under its handle (`handles.py`): run the call its entry names on its inputs and record the
+    payload under the handle; this kernel never learns which case it was. The grader judges it."""
+    try:
+        entry = graded_inputs(handle)
+        lab, piece = entry["piece"].split(".")
+        run = run_of(entry)
+    except Exception as err:  # the file is the grader's: only a notebook that rewrote it can break it
+        payload = make_payload(handle, 0, None, f"the grader's inputs of this test are unreadable ({err!r:.200})")
+    else:
+        reference = reference_behind(student_obj, forbidden_names(lab).get(piece, ()))
+        payload = (make_payload(handle, 0, None, None, reference) if reference
+                   else run_on(run, handle, 0, entry["inputs"], student_obj))
+    _emit(payload)
+    if payload["error"] is not None or payload["reference"] is not None:
+        raise CheckFailed("a hidden test failed: the grader's report says why") from None
+    print("hidden test recorded: judged by the grader")
+
+
 def run_case(case: Case, seed: int, student_obj: Any) -> dict[str, Any]:
     """The payload of the case run on the student's object: its outputs, or the error it raised."""
     try:
         inputs = graded_inputs(case.id)
     except Exception as err:  # the file is the grader's: only a notebook that rewrote it can break it
         return make_payload(case.id, seed, None, f"the grader's inputs of this test are unreadable ({err!r:.200})")
+    return run_on(case.run, case.id, seed, case.make_inputs(seed) if inputs is None else inputs, student_obj)
+
+
+def run_on(run: Any, test_id: str, seed: int, inputs: Any, student_obj: Any) -> dict[str, Any]:
+    """The payload of `run(student_obj, inputs)` recorded as `test_id`: its outputs, or the error it raised."""
     try:
         with warnings.catch_warnings():  # a warning on stderr would fail the cell under nbgrader
             warnings.simplefilter("ignore")
-            outputs = case.run(student_obj, case.make_inputs(seed) if inputs is None else inputs)
-        return make_payload(case.id, seed, outputs, None)
+            outputs = run(student_obj, inputs)
+        return make_payload(test_id, seed, outputs, None)
     except CheckFailed as failure:
         error = str(failure)
     except Exception as err:  # the student's code may raise anything; it becomes the diagnostic
         error = describe_error(err)
-    return make_payload(case.id, seed, None, error)
+    return make_payload(test_id, seed, None, error)

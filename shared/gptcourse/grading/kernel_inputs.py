@@ -4,7 +4,8 @@ A graded kernel sees a view of the package without the lab's references (`packag
 build reference modules just to draw their weights (lab 02's `AttentionHead` inputs), so the kernel cannot make
 its inputs itself. The grader, where the real package is, computes every case of the lab with the seeds the
 kernel uses (`case_seed(case, kernel_environment)`) and writes them, with `torch.save`, into the box's /scratch;
-the kernel finds the file in the environment variable `INPUTS_ENV` and `check` only runs the student's code on
+the kernel finds the file in the environment variable `INPUTS_ENV` (a hidden case's inputs under its handle only:
+`handles.py`) and `check` only runs the student's code on
 them and records the payload, which the grader judges (it recomputes the inputs from the seed: a kernel that
 rewrites this file changes nothing but its own outputs).
 """
@@ -19,7 +20,8 @@ from typing import Any
 
 import torch
 
-from .cases import case_seed, lab_cases
+from .cases import CaseId, case_seed, lab_cases
+from .handles import handle_entries
 
 INPUTS_ENV = "GPTCOURSE_CASE_INPUTS"
 FILE_NAME = ".gptcourse-case-inputs.pt"  # in the box's /scratch
@@ -31,8 +33,12 @@ def lab_inputs(lab: str, environ: Mapping[str, str]) -> dict[str, Any]:
     return {case.id: case.make_inputs(case_seed(case, environ)) for case in lab_cases(lab)}
 
 
-def write_inputs(path: str | Path, lab: str, environ: Mapping[str, str]) -> None:
-    torch.save(lab_inputs(lab, environ), path)
+def write_inputs(path: str | Path, lab: str, environ: Mapping[str, str], handles: Mapping[str, str]) -> None:
+    """The inputs of `lab`'s visible cases by id, and of its hidden ones only under their handles (`handles.py`:
+    handle -> case id)."""
+    inputs = lab_inputs(lab, environ)
+    shown = {case_id: value for case_id, value in inputs.items() if not CaseId.parse(case_id).hidden}
+    torch.save(shown | handle_entries(handles, inputs), path)
 
 
 def graded_inputs(test_id: str) -> Any | None:

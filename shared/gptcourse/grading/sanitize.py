@@ -9,7 +9,9 @@ missing from the submission (`expect_lab_notebooks`, nbgrader's pre-convert hook
 an empty notebook too, so a folder holding only a misnamed copy is graded 0 with a report line that names the
 file to rename, instead of failing with nbgrader's "No notebooks found".
 
-`RestoreCells` rebuilds the notebook from the gradebook's cells, in the order of the source notebook:
+`RestoreCells` first discards the submission's metadata but each cell's nbgrader metadata (`trusted_metadata`: a
+student writes the file, so report lines or any other `gptcourse` state pre-seeded there would otherwise read as
+the grader's), then rebuilds the notebook from the gradebook's cells, in the order of the source notebook:
 - every instructor cell (markdown, setup, tests) comes from the gradebook: deleted, retyped, edited or duplicated
   ones are restored (the report says which), and hidden tests are back in their cells;
 - a solution cell keeps the student's source (its first copy, if duplicated; a retyped one runs as code again);
@@ -38,7 +40,7 @@ from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
 
 from .report import add_line
 
-UNREADABLE = "unreadable"  # metadata key: why the submitted file could not be read
+UNREADABLE = "gptcourse_unreadable"  # resources key (the grader's state, not the file's): why it could not be read
 MISSING = "the lab's notebook is not in the submission"  # the UNREADABLE reason of a missing notebook
 
 
@@ -68,9 +70,8 @@ class TolerantNotebookExporter(NotebookExporter):
         folder, name = os.path.split(filename)
         resources = resources if resources is not None else ResourcesDict()
         resources["metadata"] = ResourcesDict(name=os.path.splitext(name)[0], path=folder)
-        nb = new_notebook()
-        nb.metadata["gptcourse"] = {UNREADABLE: MISSING}
-        return self.from_notebook_node(nb, resources, **kw)
+        resources[UNREADABLE] = MISSING
+        return self.from_notebook_node(new_notebook(), resources, **kw)
 
     def from_file(self, file_stream: Any, resources: ResourcesDict | None = None,
                   **kw: Any) -> tuple[str, ResourcesDict]:
@@ -80,9 +81,22 @@ class TolerantNotebookExporter(NotebookExporter):
                 raise ValueError("it has no list of cells")
         except Exception as err:
             nb = new_notebook()
-            reason = f"{type(err).__name__}: {err}".splitlines()[0].split(": '")[0][:200]  # no file excerpt
-            nb.metadata["gptcourse"] = {UNREADABLE: reason}
+            resources = resources if resources is not None else ResourcesDict()
+            resources[UNREADABLE] = f"{type(err).__name__}: {err}".splitlines()[0].split(": '")[0][:200]  # no excerpt
         return self.from_notebook_node(nb, resources, **kw)
+
+
+def trusted_metadata(nb: NotebookNode) -> None:
+    """Keep of the submitted notebook's metadata only what the grader checks against the release: each cell's
+    nbgrader metadata (its grade_id, matched with the gradebook's cells; the rest of it is rebuilt from there).
+    The notebook's own metadata goes (its kernelspec is set from the gradebook by OverwriteKernelspec), and so does
+    every other key of a cell: what the report says is the grader's state alone."""
+    nb.metadata = NotebookNode()
+    for cell in nb.cells if isinstance(nb.get("cells"), list) else []:
+        if isinstance(cell, dict):
+            metadata = cell.get("metadata")
+            nbgrader = metadata.get("nbgrader") if isinstance(metadata, dict) else None
+            cell["metadata"] = NotebookNode(nbgrader=nbgrader) if isinstance(nbgrader, dict) else NotebookNode()
 
 
 def _source(cell: Any) -> str:
@@ -121,6 +135,7 @@ class RestoreCells(NbGraderPreprocessor):
     """Rebuild the submission from the gradebook's cells and the student's solution and added cells."""
 
     def preprocess(self, nb: NotebookNode, resources: ResourcesDict) -> tuple[NotebookNode, ResourcesDict]:
+        trusted_metadata(nb)
         info = resources["nbgrader"]
         with Gradebook(info["db_url"]) as gb:
             try:
@@ -135,7 +150,7 @@ class RestoreCells(NbGraderPreprocessor):
         extra = sorted(name for name in (os.listdir(folder) if folder and os.path.isdir(folder) else [])
                        if name.endswith(".ipynb") and name[:-len(".ipynb")] not in known)
         expected = f"{info['notebook']}.ipynb"
-        reason = nb.metadata.get("gptcourse", {}).get(UNREADABLE)
+        reason = resources.get(UNREADABLE)
         if reason == MISSING:
             only = f", only {', '.join(extra)}, which is not graded" if extra else ""
             rename = f". If {extra[0]} is the lab, rename it to {expected} and grade again" if len(extra) == 1 else ""
@@ -168,7 +183,8 @@ class RestoreCells(NbGraderPreprocessor):
         for grade_id in [None, *order]:
             if grade_id is not None:
                 cells.append(self._restore(nb, grade_id, sources[grade_id], first.get(grade_id),
-                                           count.get(grade_id, 0), grade_id in solutions, points.get(grade_id)))
+                                           count.get(grade_id, 0), grade_id in solutions, points.get(grade_id),
+                                           bool(reason)))
             for cell in added.get(grade_id, []):
                 number += 1
                 cells.append(_plain(cell, number))
@@ -193,9 +209,9 @@ class RestoreCells(NbGraderPreprocessor):
 
     @staticmethod
     def _restore(nb: NotebookNode, grade_id: str, source_cell: tuple, student: Any, copies: int,
-                 is_solution: bool, points: float | None) -> NotebookNode:
+                 is_solution: bool, points: float | None, reading: bool) -> NotebookNode:
+        """The course's cell `grade_id`; `reading`: the file was unreadable (nothing to say about its cells)."""
         cell_type, source, locked, checksum = source_cell
-        reading = nb.metadata.get("gptcourse", {}).get(UNREADABLE)
         if is_solution:
             if student is None:
                 if not reading:
