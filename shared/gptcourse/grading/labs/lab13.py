@@ -108,16 +108,16 @@ def _logps_call(fn: Any, inputs: Inputs) -> Outputs:
 
 
 def _logprobs(logits: torch.Tensor, labels: torch.Tensor, *, shift: int = 1, mean: bool = False,
-              probs: bool = False, dim: int = -1) -> torch.Tensor:
+              probs: bool = False, dim: int = -1, zeroed: bool = True) -> torch.Tensor:
     """The summed log-probabilities (B,) by hand, with a switch per known mistake: label t read from the logits
     at t - shift (1 is right), averaged over the response, probabilities instead of their logs, the softmax over
-    another axis."""
+    another axis, the -100 positions (read as token 0) left in the sum."""
     t = logits.size(1)
     scores, targets = logits[:, :t - shift], labels[:, shift:]  # (B, T - shift, V), (B, T - shift)
     if shift < 0:  # label t read from the logits at t + 1
         scores, targets = logits[:, -shift:], labels[:, :t + shift]
     picked = (F.softmax if probs else F.log_softmax)(scores, dim=dim).gather(-1, targets.clamp(min=0)[..., None])
-    picked = picked.squeeze(-1).masked_fill(targets == IGNORE_INDEX, 0.0)  # (B, T - shift)
+    picked = picked.squeeze(-1).masked_fill((targets == IGNORE_INDEX) & zeroed, 0.0)  # (B, T - shift)
     return picked.sum(-1) / (targets != IGNORE_INDEX).sum(-1) if mean else picked.sum(-1)
 
 
@@ -142,6 +142,9 @@ def _logps_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "the probabilities are summed, not their logs: use log_softmax": _logprobs(logits, labels, probs=True),
         "the softmax runs over the positions (dim=1): each position's logits are a distribution over the "
         "vocabulary, log_softmax(dim=-1)": _logprobs(logits, labels, dim=1),
+        "the -100 positions are counted: the clamped label 0 is gathered there, so every prompt and pad position "
+        "adds log p(token 0); zero those entries after the gather (where labels == -100)": _logprobs(
+            logits, labels, zeroed=False),
     })
 
 
@@ -198,6 +201,12 @@ def _dpo_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "beta multiplies the loss, not the margin: -logsigmoid(beta * margin)":
             -beta * F.logsigmoid(chosen - rejected).mean(),
         "beta is missing: -logsigmoid(beta * margin)": -F.logsigmoid(chosen - rejected).mean(),
+        "beta divides the log-ratios: it multiplies them, the implicit reward is beta * (log pi - log pi_ref)":
+            -F.logsigmoid((chosen - rejected) / beta).mean(),
+        "beta multiplies the chosen log-ratio only: it scales both, -logsigmoid(beta * (chosen log-ratio - "
+        "rejected log-ratio))": -F.logsigmoid(beta * chosen - rejected).mean(),
+        "beta multiplies the rejected log-ratio only: it scales both, -logsigmoid(beta * (chosen log-ratio - "
+        "rejected log-ratio))": -F.logsigmoid(chosen - beta * rejected).mean(),
         "the loss is summed over the pairs: average it with .mean()": -F.logsigmoid(margin).sum(),
     }
     check_close(loss.double(), expected["loss"].double(), "the loss", atol=1e-5, mistakes=mistakes)
@@ -372,7 +381,7 @@ def _lora_call(fn: Any, inputs: Inputs) -> Outputs:
     ids = inputs["ids"]
     what = "the model inside `with adapters_disabled(model):`"
     with torch.no_grad():
-        with fn(model):
+        with fn(model) as yielded:
             inside = as_tensor(model(ids), what)
             inside_states = _lora_states(layers)
         after = as_tensor(model(ids), "the model after the with block")
@@ -384,7 +393,8 @@ def _lora_call(fn: Any, inputs: Inputs) -> Outputs:
             pass
         after_error = as_tensor(model(ids), "the model after a with block left by an error")
     return {"inside": inside, "after": after, "after_error": after_error, "inside_states": inside_states,
-            "after_states": after_states, "error_states": _lora_states(layers)}
+            "after_states": after_states, "error_states": _lora_states(layers),
+            "yielded": "model" if yielded is model else "none" if yielded is None else type(yielded).__name__}
 
 
 def _check_restored(got: torch.Tensor, before: torch.Tensor, when: str, how: str) -> None:
@@ -394,9 +404,9 @@ def _check_restored(got: torch.Tensor, before: torch.Tensor, when: str, how: str
         if enabled < was_enabled:
             raise fail(f"the adapters stay off {when}: the adapter on {target} is still disabled. {how}")
         if enabled > was_enabled:
-            raise fail(f"{when}, the adapter on {target} has enabled = True, but it was False before the block: "
-                       "save each layer's own value before switching it off and give it back (states = "
-                       "[layer.enabled for layer in layers]), rather than setting every adapter to True")
+            raise fail(f"{when}, the adapter on {target} is on, but it was already off before the block: restore "
+                       "each layer's own previous value (states = [layer.enabled for layer in layers], saved before "
+                       "switching them off), rather than setting every adapter to True")
         if scaling != was_scaling:
             raise fail(f"{when}, the adapter on {target} has scaling = {scaling:g}, but it was {was_scaling:g} "
                        "before the block: leave .scaling alone (switch .enabled), or give each layer back its own "
@@ -405,6 +415,14 @@ def _check_restored(got: torch.Tensor, before: torch.Tensor, when: str, how: str
 
 def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     adapted, base = expected["after"], expected["inside"]
+    if torch.equal(got["inside_states"], expected["after_states"]):  # inside the block, as before it
+        if got["yielded"] not in ("model", "none"):
+            raise fail(f"inside the block the model's own adapters are still on: the block was given another "
+                       f"{got['yielded']} (a copy?). Switch off the adapters of the model itself, in place: a copy "
+                       "costs a second model, the very thing the reference-by-disabling avoids")
+        raise fail("no adapter was switched off inside the block: find every LoRALinear with model.modules(), "
+                   "which is recursive (model.children() sees only the model's direct children, and the adapters "
+                   "sit inside its blocks), and set .enabled = False on each")
     check_close(got["inside"], base, "the logits inside the with block", atol=1e-5, mistakes={
         "the adapters are still on inside the block: set every LoRALinear's .enabled to False": adapted})
     before = expected["after_states"]
