@@ -95,13 +95,9 @@ def _logps_inputs(b: int, t: int, v: int, side: str, seed: int, one_token: bool 
     return {**batch, "logits": logits, "unmasked": unmasked, "sizes": {"B": b}}
 
 
-def _stand_in(inputs: Inputs) -> _MaskedLogits:
-    return _MaskedLogits(inputs["logits"], inputs["mask"], inputs["unmasked"])
-
-
 def _logps_call(fn: Any, inputs: Inputs) -> Outputs:
     ids, mask, labels = (inputs[k].clone() for k in ("ids", "mask", "labels"))
-    model = _stand_in(inputs)
+    model = _MaskedLogits(inputs["logits"], inputs["mask"], inputs["unmasked"])
     what = f"sequence_logprobs(model, ids {fmt_shape(ids.shape)}, attention_mask, labels)"
     logps = as_tensor(fn(model, ids, mask, labels), what)
     return {"logps": logps, "mask_given": next((g for g in model.given if g != "right"), "right")}
