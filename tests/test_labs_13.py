@@ -3,6 +3,9 @@ mistake of DPO loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from lab_roundtrip import RoundTrip, Validation, check_named_mistake
 
@@ -10,12 +13,12 @@ LAB = "13_preference_optimization"
 LOGPS = '''
 def sequence_logprobs(model, ids, attention_mask, labels):
     logits = model(ids, attention_mask=attention_mask)
-    targets = {targets}[:, 1:]
-    logprobs = F.log_softmax(logits[:, :-1], dim=-1)
+    targets = labels{cut}
+    logprobs = F.log_softmax({scores}, dim={dim})
     picked = logprobs.gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1).masked_fill(targets == -100, 0.0)
-    return {ret}
+    return picked.sum(-1)
 '''
-RIGHT_LOGPS = {"targets": "labels", "ret": "picked.sum(-1)"}
+RIGHT_LOGPS = {"cut": "[:, 1:]", "scores": "logits[:, :-1]", "dim": "-1"}
 DPO = '''
 def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
     chosen = beta * ({chosen})
@@ -25,18 +28,6 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta):
 '''
 RIGHT_DPO = {"chosen": "policy_chosen - ref_chosen", "rejected": "policy_rejected - ref_rejected",
              "loss": "-F.logsigmoid(chosen - rejected).mean()"}
-STEP = '''
-def dpo_step(policy, reference, optimizer, batch, beta):
-    ids, attention_mask, labels = batch
-    policy_chosen, policy_rejected = sequence_logprobs(policy, ids, attention_mask, labels).chunk(2)
-    {no_grad}
-        ref_chosen, ref_rejected = sequence_logprobs(reference, ids, attention_mask, labels).chunk(2)
-    loss, _, _ = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    return loss
-'''
 ADAPTERS = '''
 @contextlib.contextmanager
 def adapters_disabled(model):
@@ -45,42 +36,92 @@ def adapters_disabled(model):
         layer.enabled = False
     {body}
 '''
+# disabled by scaling each update to 0, then every scaling set back to the constant alpha / rank
+ADAPTERS_BY_SCALING = '''
+@contextlib.contextmanager
+def adapters_disabled(model):
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    for layer in layers:
+        layer.scaling = 0.0
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.scaling = layer.alpha / layer.rank
+'''
+
+
+def blind_students(path: Path) -> dict[str, dict[str, str]]:
+    """{student: {grade_id: code}} from a file of "# ==== STUDENT (file)" parts, each of "# %% GRADE_ID" cells."""
+    parts = re.split(r"^# ==== (\S+) .*\n", path.read_text(), flags=re.MULTILINE)
+    cells = {parts[i]: re.split(r"^# %% (\S+)\n", parts[i + 1], flags=re.MULTILINE) for i in range(1, len(parts), 2)}
+    return {student: {c[j]: c[j + 1] for j in range(1, len(c), 2)} for student, c in cells.items()}
+
+
 LOGPS_TESTS = {"test_sequence_logprobs", "test_sequence_logprobs_left", "test_sequence_logprobs_hidden"}
 DPO_TESTS = {"test_dpo_loss", "test_dpo_loss_large", "test_dpo_loss_hidden"}
 STEP_TESTS = {"test_dpo_step", "test_dpo_step_hidden"}  # a step uses the student's two functions above
 ADAPTER_TESTS = {"test_adapters_disabled", "test_adapters_disabled_hidden"}
+# Written blind to the tests (issue 42), as written: student -> the test cells it must fail. Before issue 42
+# step-reference-from-policy, step-no-zero-grad, step-reference-detached, logps-no-mask, dpo-rewards-not-detached
+# and adapters-all-enabled-after passed every cell (the step's reference was a copy of the policy, its policy had
+# no stale gradients, the model ignored the mask, no adapter started off), and nothing named adapters-children-only,
+# adapters-on-a-copy, dpo-beta-divides, dpo-beta-one-side or logps-pads-counted.
+BLIND = blind_students(Path(__file__).with_name("lab13_blind.cells"))
+BLIND_FAILS = {
+    **dict.fromkeys(("logps-averaged", "logps-not-shifted", "logps-no-mask", "logps-pads-counted",
+                     "logps-prompt-counted"), LOGPS_TESTS | STEP_TESTS),
+    **dict.fromkeys(("dpo-beta-divides", "dpo-beta-one-side", "dpo-chosen-rejected-swapped",
+                     "dpo-summed-over-pairs"), DPO_TESTS | STEP_TESTS),
+    # right for small margins (a step's are a few nats); inf once sigmoid rounds to 0
+    "dpo-log-of-sigmoid": {"test_dpo_loss_large", "test_dpo_loss_hidden"},
+    "dpo-rewards-not-detached": DPO_TESTS,
+    **dict.fromkeys(("step-reference-from-policy", "step-reference-detached", "step-reference-gets-gradients",
+                     "step-no-zero-grad", "step-zero-grad-after-backward", "step-halves-interleaved"), STEP_TESTS),
+    **dict.fromkeys(("adapters-all-enabled-after", "adapters-children-only", "adapters-on-a-copy",
+                     "adapters-not-restored-after-an-error"), ADAPTER_TESTS),
+}
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
-WRONG = {
-    # right on responses of one token (the hidden one-token case), wrong on the others
-    "logps-averaged": ({"sequence_logprobs": LOGPS.format(**RIGHT_LOGPS | {
-        "ret": "picked.sum(-1) / (targets != -100).sum(-1)"})}, LOGPS_TESTS | STEP_TESTS),
-    "logps-prompt-counted": ({"sequence_logprobs": LOGPS.format(**RIGHT_LOGPS | {
-        "targets": "ids.masked_fill(attention_mask == 0, -100)"})}, LOGPS_TESTS | STEP_TESTS),
-    "dpo-chosen-rejected-swapped": ({"dpo_loss": DPO.format(**RIGHT_DPO | {
-        "loss": "-F.logsigmoid(rejected - chosen).mean()"})}, DPO_TESTS | STEP_TESTS),
+WRONG = {student: (BLIND[student], fails) for student, fails in BLIND_FAILS.items()} | {
     "dpo-no-reference": ({"dpo_loss": DPO.format(**RIGHT_DPO | {
         "chosen": "policy_chosen", "rejected": "policy_rejected"})}, DPO_TESTS | STEP_TESTS),
-    # right for small margins (and at the first step, where every margin is 0); inf once sigmoid rounds to 0
-    "dpo-log-of-sigmoid": ({"dpo_loss": DPO.format(**RIGHT_DPO | {
-        "loss": "-torch.log(torch.sigmoid(chosen - rejected)).mean()"})},
-        {"test_dpo_loss_large", "test_dpo_loss_hidden"}),
-    # a step from policy == reference has margins of 0, where its gradient is the right one: dpo_step passes
+    # passed dpo_step while the step's reference was a copy of the policy (margins of 0, where its gradient is right)
     "dpo-beta-outside": ({"dpo_loss": DPO.format(**RIGHT_DPO | {
-        "loss": "-beta * F.logsigmoid(chosen / beta - rejected / beta).mean()"})}, DPO_TESTS),
-    "step-reference-gets-gradients": ({"dpo_step": STEP.format(no_grad="if True:")}, STEP_TESTS),
+        "loss": "-beta * F.logsigmoid(chosen / beta - rejected / beta).mean()"})}, DPO_TESTS | STEP_TESTS),
+    "logps-shifted-the-other-way": ({"sequence_logprobs": LOGPS.format(**RIGHT_LOGPS | {
+        "cut": "[:, :-1]", "scores": "logits[:, 1:]"})}, LOGPS_TESTS | STEP_TESTS),
+    "logps-softmax-over-positions": ({"sequence_logprobs": LOGPS.format(**RIGHT_LOGPS | {"dim": "1"})},
+                                     LOGPS_TESTS | STEP_TESTS),
+    "adapters-scaling-reset": ({"adapters_disabled": ADAPTERS_BY_SCALING}, ADAPTER_TESTS),
     "adapters-never-restored": ({"adapters_disabled": ADAPTERS.format(body="yield model")}, ADAPTER_TESTS),
-    "adapters-not-restored-after-an-error": ({"adapters_disabled": ADAPTERS.format(
-        body="yield model\n    for layer in layers:\n        layer.enabled = True")}, ADAPTER_TESTS),
 }
 # student -> (a case their code fails, what its message says)
 SAYS = {
     "logps-averaged": ("13.sequence_logprobs.visible", "the log-probabilities are averaged"),
+    "logps-not-shifted": ("13.sequence_logprobs.visible", "label t is read from the logits at t:"),
+    "logps-no-mask": ("13.sequence_logprobs.visible", "the model was not given the attention mask"),
+    "logps-pads-counted": ("13.sequence_logprobs.visible", "the -100 positions are counted"),
     "logps-prompt-counted": ("13.sequence_logprobs.visible", "the prompt's tokens are counted"),
+    "logps-shifted-the-other-way": ("13.sequence_logprobs.visible", "label t is read from the logits at t + 1"),
+    "logps-softmax-over-positions": ("13.sequence_logprobs.visible", "the softmax runs over the positions"),
+    "dpo-beta-divides": ("13.dpo_loss.visible", "beta divides the log-ratios"),
+    "dpo-beta-one-side": ("13.dpo_loss.visible", "beta multiplies the chosen log-ratio only"),
     "dpo-chosen-rejected-swapped": ("13.dpo_loss.visible", "chosen and rejected are swapped"),
+    "dpo-summed-over-pairs": ("13.dpo_loss.visible", "the loss is summed over the pairs"),
     "dpo-no-reference": ("13.dpo_loss.visible", "the reference is missing"),
     "dpo-log-of-sigmoid": ("13.dpo_loss.large", "Use F.logsigmoid(margin)"),
     "dpo-beta-outside": ("13.dpo_loss.visible", "beta multiplies the loss, not the margin"),
+    "dpo-rewards-not-detached": ("13.dpo_loss.visible", "the rewards require grad"),
     "step-reference-gets-gradients": ("13.dpo_step.visible", "the reference received gradients"),
+    "step-reference-from-policy": ("13.dpo_step.visible", "the reference model was never run"),
+    "step-reference-detached": ("13.dpo_step.visible", "the reference's forward pass built a graph"),
+    "step-no-zero-grad": ("13.dpo_step.visible", "the gradients left in .grad by the last step were added to"),
+    "step-zero-grad-after-backward": ("13.dpo_step.visible", "the policy's parameters did not change"),
+    "step-halves-interleaved": ("13.dpo_step.visible", "the rows are split into even and odd ones"),
+    "adapters-all-enabled-after": ("13.adapters_disabled.visible", "rather than setting every adapter to True"),
+    "adapters-children-only": ("13.adapters_disabled.visible", "no adapter was switched off inside the block"),
+    "adapters-on-a-copy": ("13.adapters_disabled.visible", "(a copy?)"),
+    "adapters-scaling-reset": ("13.adapters_disabled.visible", "rather than a constant such as alpha / rank"),
     "adapters-never-restored": ("13.adapters_disabled.visible", "the adapters stay off after the block"),
     "adapters-not-restored-after-an-error": ("13.adapters_disabled.visible",
                                              "the adapters stay off when the block is left by an error"),

@@ -2,10 +2,14 @@
 policy_rejected, ref_chosen, ref_rejected, beta)`, `dpo_step(policy, reference, optimizer, batch, beta)` and the
 context manager `adapters_disabled(model)`.
 
-`sequence_logprobs` is given a stand-in model that returns fixed logits, so its cases are tensors alone; `dpo_step`
-and `adapters_disabled` run a one-layer GPT (with gptcourse's LoRA layers for the latter). Padded batches come on
-the right, on the left and (hidden) mixed, with responses of one token; the DPO losses at margins of 1000 and at
-extreme betas. The references are gptcourse's functions of the same names, which the lab forbids.
+`sequence_logprobs` is given a stand-in model that returns fixed logits when it is given the batch's attention mask
+(and other logits without it), so its cases are tensors alone; `dpo_step` and `adapters_disabled` run a one-layer
+GPT (with gptcourse's LoRA layers for the latter). Padded batches come on the right, on the left and mixed, with
+responses of one token; the DPO losses at margins of 1000 and at extreme betas. Each piece's point is measured in
+the kernel while the student's code runs: the mask the model was given; whether the rewards carry a graph; how
+often the reference ran, whether it built a graph and whether the policy's stale gradients were cleared (the
+reference is not the policy, so margins are not 0); each adapter's own state before, inside and after the block.
+The references are gptcourse's functions of the same names, which the lab forbids.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ...checks import check_close, fail, fmt_shape
+from ...checks import CheckFailed, check_close, check_shape, fail, fmt_shape
 from ...finetuning.dpo import dpo_loss
 from ...finetuning.dpo_training import dpo_step
 from ...finetuning.log_likelihood import sequence_logprobs
@@ -25,7 +29,7 @@ from ...finetuning.losses import IGNORE_INDEX, response_labels
 from ...model.config import GPTConfig
 from ...model.gpt import GPT
 from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
-from ..fixtures import flat_parameters
+from ..fixtures import check_close_lazily, flat_parameters, mistaken, unit_scale_weights
 from ..piece import Piece, declare
 from ..student import as_tensor, as_tensors
 
@@ -63,14 +67,20 @@ def _rows(b: int, t: int, side: str, seed: int, vocab: int = TINY.vocab_size,
 # ---- sequence_logprobs(model, ids, attention_mask, labels) -> (B,)
 
 
-class _FixedLogits:
-    """A stand-in model: whatever it is given, it returns these logits (B, T, V)."""
+class _MaskedLogits:
+    """A stand-in model that records the attention mask of each call (`given`): with the batch's mask it returns
+    `logits` (B, T, V); without it, or with another one, `unmasked`, whose left-padded rows differ at their real
+    positions, as a causal model's do when its real tokens attend to the pads before them."""
 
-    def __init__(self, logits: torch.Tensor) -> None:
-        self.logits = logits
+    def __init__(self, logits: torch.Tensor, mask: torch.Tensor, unmasked: torch.Tensor) -> None:
+        self.logits, self.mask, self.unmasked = logits, mask, unmasked
+        self.given: list[str] = []
 
     def __call__(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.logits.clone()
+        right = isinstance(attention_mask, torch.Tensor) and attention_mask.shape == self.mask.shape and \
+            torch.equal(attention_mask.long(), self.mask)
+        self.given.append("none" if attention_mask is None else "right" if right else "other")
+        return (self.logits if right else self.unmasked).clone()
 
 
 def _logps_inputs(b: int, t: int, v: int, side: str, seed: int, one_token: bool = False) -> Inputs:
@@ -78,33 +88,60 @@ def _logps_inputs(b: int, t: int, v: int, side: str, seed: int, one_token: bool 
     if one_token:  # every row's response is its last real token
         real = batch["mask"].sum(-1)
         batch = _padded_batch(real.tolist(), (real - 1).tolist(), t, [side] * b, v, seed)
-    logits = torch.randn(b, t, v, generator=tensor_rng(seed + 1)) * 2
-    return {**batch, "logits": logits, "sizes": {"B": b}}
+    gen = tensor_rng(seed + 1)
+    logits = torch.randn(b, t, v, generator=gen) * 2
+    left = batch["mask"][:, 0] == 0  # (B,): the rows whose pads come first
+    unmasked = logits + left[:, None, None] * torch.randn(b, t, v, generator=gen)
+    return {**batch, "logits": logits, "unmasked": unmasked, "sizes": {"B": b}}
 
 
 def _logps_call(fn: Any, inputs: Inputs) -> Outputs:
     ids, mask, labels = (inputs[k].clone() for k in ("ids", "mask", "labels"))
+    model = _MaskedLogits(inputs["logits"], inputs["mask"], inputs["unmasked"])
     what = f"sequence_logprobs(model, ids {fmt_shape(ids.shape)}, attention_mask, labels)"
-    return {"logps": as_tensor(fn(_FixedLogits(inputs["logits"]), ids, mask, labels), what)}
+    logps = as_tensor(fn(model, ids, mask, labels), what)
+    return {"logps": logps, "mask_given": next((g for g in model.given if g != "right"), "right")}
 
 
-def _logps_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
-    model, ids, mask, labels = _FixedLogits(inputs["logits"]), inputs["ids"], inputs["mask"], inputs["labels"]
-    summed = sequence_logprobs(model, ids, mask, labels)
-    counted = (labels[:, 1:] != IGNORE_INDEX).sum(-1)
-    logprobs = F.log_softmax(inputs["logits"], dim=-1)
-    unshifted = logprobs.gather(-1, labels.clamp(min=0)[..., None]).squeeze(-1)
-    return {
+def _logprobs(logits: torch.Tensor, labels: torch.Tensor, *, shift: int = 1, mean: bool = False,
+              probs: bool = False, dim: int = -1, zeroed: bool = True) -> torch.Tensor:
+    """The summed log-probabilities (B,) by hand, with a switch per known mistake: label t read from the logits
+    at t - shift (1 is right), averaged over the response, probabilities instead of their logs, the softmax over
+    another axis, the -100 positions (read as token 0) left in the sum."""
+    t = logits.size(1)
+    scores, targets = logits[:, :t - shift], labels[:, shift:]  # (B, T - shift, V), (B, T - shift)
+    if shift < 0:  # label t read from the logits at t + 1
+        scores, targets = logits[:, -shift:], labels[:, :t + shift]
+    picked = (F.softmax if probs else F.log_softmax)(scores, dim=dim).gather(-1, targets.clamp(min=0)[..., None])
+    picked = picked.squeeze(-1).masked_fill((targets == IGNORE_INDEX) & zeroed, 0.0)  # (B, T - shift)
+    return picked.sum(-1) / (targets != IGNORE_INDEX).sum(-1) if mean else picked.sum(-1)
+
+
+def _logps_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    if got["mask_given"] != "right":
+        raise fail("the model was not given the attention mask" + (
+            " (it was given another one)" if got["mask_given"] == "other" else "") +
+            ": call model(ids, attention_mask=attention_mask). Without it the real tokens attend to the pads: "
+            "the logits of a left-padded row change at every real position")
+    logits, labels, ids, mask = inputs["logits"], inputs["labels"], inputs["ids"], inputs["mask"]
+    check_shape(got["logps"], "B", inputs["sizes"], "the log-probabilities")
+    check_close(got["logps"], expected["logps"], "the log-probabilities", atol=1e-4, mistakes={
         "the log-probabilities are averaged over the response's tokens: sum them, the log-probability of a "
-        "sequence is the sum of its tokens'": summed / counted,
+        "sequence is the sum of its tokens'": _logprobs(logits, labels, mean=True),
         "the prompt's tokens are counted: only the labelled tokens (labels != -100) belong to the response":
-            sequence_logprobs(model, ids, mask, ids.masked_fill(mask == 0, IGNORE_INDEX)),
+            _logprobs(logits, ids.masked_fill(mask == 0, IGNORE_INDEX)),
         "label t is read from the logits at t: the logits at position t - 1 predict the token at t, so compare "
-        "logits[:, :-1] with labels[:, 1:]": unshifted.masked_fill(labels == IGNORE_INDEX, 0).sum(-1),
-        "the probabilities are summed, not their logs: use log_softmax": F.softmax(inputs["logits"][:, :-1], -1)
-        .gather(-1, labels[:, 1:].clamp(min=0)[..., None]).squeeze(-1).masked_fill(labels[:, 1:] == IGNORE_INDEX, 0)
-        .sum(-1),
-    }
+        "logits[:, :-1] with labels[:, 1:]": _logprobs(logits, labels, shift=0),
+        "label t is read from the logits at t + 1 (logits[:, 1:] with labels[:, :-1]): the logits at position "
+        "t - 1 predict the token at t, so compare logits[:, :-1] with labels[:, 1:]": _logprobs(logits, labels,
+                                                                                              shift=-1),
+        "the probabilities are summed, not their logs: use log_softmax": _logprobs(logits, labels, probs=True),
+        "the softmax runs over the positions (dim=1): each position's logits are a distribution over the "
+        "vocabulary, log_softmax(dim=-1)": _logprobs(logits, labels, dim=1),
+        "the -100 positions are counted: the clamped label 0 is gathered there, so every prompt and pad position "
+        "adds log p(token 0); zero those entries after the gather (where labels == -100)": _logprobs(
+            logits, labels, zeroed=False),
+    })
 
 
 def _logps_hidden(seed: int) -> Inputs:
@@ -136,7 +173,9 @@ def _dpo_call(fn: Any, inputs: Inputs) -> Outputs:
     loss, chosen, rejected = as_tensors(tuple(result) if isinstance(result, tuple) else result,
                                         ("loss", "chosen_rewards", "rejected_rewards"), what)
     differentiable = isinstance(result[0], torch.Tensor) and result[0].requires_grad
-    return {"loss": loss, "chosen_rewards": chosen, "rejected_rewards": rejected, "differentiable": differentiable}
+    rewards_graph = any(r.requires_grad for r in result[1:])  # as_tensors checked they are tensors
+    return {"loss": loss, "chosen_rewards": chosen, "rejected_rewards": rejected, "differentiable": differentiable,
+            "rewards_graph": rewards_graph}
 
 
 def _dpo_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -158,6 +197,12 @@ def _dpo_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "beta multiplies the loss, not the margin: -logsigmoid(beta * margin)":
             -beta * F.logsigmoid(chosen - rejected).mean(),
         "beta is missing: -logsigmoid(beta * margin)": -F.logsigmoid(chosen - rejected).mean(),
+        "beta divides the log-ratios: it multiplies them, the implicit reward is beta * (log pi - log pi_ref)":
+            -F.logsigmoid((chosen - rejected) / beta).mean(),
+        "beta multiplies the chosen log-ratio only: it scales both, -logsigmoid(beta * (chosen log-ratio - "
+        "rejected log-ratio))": -F.logsigmoid(beta * chosen - rejected).mean(),
+        "beta multiplies the rejected log-ratio only: it scales both, -logsigmoid(beta * (chosen log-ratio - "
+        "rejected log-ratio))": -F.logsigmoid(chosen - beta * rejected).mean(),
         "the loss is summed over the pairs: average it with .mean()": -F.logsigmoid(margin).sum(),
     }
     check_close(loss.double(), expected["loss"].double(), "the loss", atol=1e-5, mistakes=mistakes)
@@ -169,6 +214,10 @@ def _dpo_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
             "the implicit reward is beta times the log-ratio, beta * (log pi - log pi_ref)": ratio,
             "the implicit reward is beta times the log-ratio of the policy to the *reference*": beta * (
                 pc if name == "chosen_rewards" else pr)})
+    if got["rewards_graph"]:
+        raise fail("the rewards require grad: return them detached (beta * log_ratio.detach(), or .detach() on "
+                   "the product). They are for reporting; a reward that carries the graph keeps the step's "
+                   "activations alive in every log that holds it, and a loss built from it would train on it")
 
 
 def _dpo_hidden(seed: int) -> Inputs:
@@ -184,17 +233,83 @@ def _step_inputs(b: int, t: int, side: str, beta: float, seed: int) -> Inputs:
     return {**batch, "beta": beta, "seed": seed}
 
 
-def _step_call(fn: Any, inputs: Inputs) -> Outputs:
+def _step_models(inputs: Inputs) -> tuple[GPT, GPT]:
+    """The policy at a working network's scale, with a stale gradient in every .grad (left by an earlier step:
+    zero_grad must clear it), and the reference: the policy with noise added, as if the policy had trained, so
+    that the margins are not 0 and a step that uses the policy as its reference goes elsewhere. The reference is
+    trainable on purpose: a step must not give it gradients."""
+    gen = tensor_rng(inputs["seed"])
+    with torch.device("meta"):  # shapes only: the weights are drawn from `gen`
+        skeleton = GPT(TINY)
+    weights = unit_scale_weights(skeleton, gen)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(inputs["seed"])
         policy = GPT(TINY)
-    reference = copy.deepcopy(policy)  # trainable on purpose: a step must not give it gradients
+    with torch.no_grad():
+        for p, w in zip(policy.parameters(), weights.values(), strict=True):
+            p.copy_(w)
+        reference = copy.deepcopy(policy)
+        for p, q in zip(policy.parameters(), reference.parameters(), strict=True):
+            q.add_(0.03 * torch.randn(q.shape, generator=gen))  # margins beta * m of about +-1
+            p.grad = torch.randn(p.shape, generator=gen)
+    return policy, reference
+
+
+def _record_calls(model: GPT) -> dict[str, int]:
+    """Count, from now on, the model's forward passes, those without an attention mask and those that built a
+    graph (logits that require grad); `model.forward(...)` called directly is counted too."""
+    counts = {"runs": 0, "unmasked": 0, "graphs": 0}
+    forward = model.forward
+
+    def recorded(idx: torch.Tensor, cache: Any = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        out = forward(idx, cache, attention_mask)
+        counts["runs"] += 1
+        counts["unmasked"] += attention_mask is None
+        counts["graphs"] += out.requires_grad
+        return out
+
+    model.forward = recorded
+    return counts
+
+
+def _step_call(fn: Any, inputs: Inputs) -> Outputs:
+    policy, reference = _step_models(inputs)
     before = flat_parameters(reference)
+    policy_calls, reference_calls = _record_calls(policy), _record_calls(reference)
     optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
     batch = tuple(inputs[k].clone() for k in ("ids", "mask", "labels"))
     fn(policy, reference, optimizer, batch, inputs["beta"])
     return {"policy": flat_parameters(policy), "reference_changed": not torch.equal(flat_parameters(reference), before),
-            "reference_grads": any(p.grad is not None for p in reference.parameters())}
+            "reference_grads": any(p.grad is not None for p in reference.parameters()),
+            "reference_runs": reference_calls["runs"], "reference_graphs": reference_calls["graphs"],
+            "unmasked_calls": policy_calls["unmasked"] + reference_calls["unmasked"]}
+
+
+def _by_hand_step(policy: GPT, reference: GPT, optimizer: torch.optim.Optimizer,
+                  batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], beta: float, *, zero_grad: bool = True,
+                  halves: str = "chunk") -> None:
+    """dpo_step by hand, with a switch per known mistake: the stale gradients kept; the rows split into chosen
+    and rejected the wrong way ("swapped": the rejected first; "interleaved": even rows and odd rows)."""
+    ids, mask, labels = batch
+    split = {"chunk": lambda x: x.chunk(2), "swapped": lambda x: x.chunk(2)[::-1],
+             "interleaved": lambda x: (x[0::2], x[1::2])}[halves]
+    policy_logps = sequence_logprobs(policy, ids, mask, labels)  # (2B,)
+    with torch.no_grad():
+        ref_logps = sequence_logprobs(reference, ids, mask, labels)  # (2B,)
+    loss = dpo_loss(*split(policy_logps), *split(ref_logps), beta).loss
+    if zero_grad:
+        optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+STEP_MISTAKES = {
+    "the gradients left in .grad by the last step were added to: call optimizer.zero_grad() before "
+    "loss.backward(), or every step adds the old gradients to the new ones": {"zero_grad": False},
+    "chosen and rejected are swapped: the batch holds the B chosen rows first, then the B rejected ones, so "
+    "chosen, rejected = logps.chunk(2)": {"halves": "swapped"},
+    "the rows are split into even and odd ones: the batch holds the B chosen rows first, then the B rejected "
+    "ones, so chosen, rejected = logps.chunk(2)": {"halves": "interleaved"},
+}
 
 
 def _step_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -204,7 +319,29 @@ def _step_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     if got["reference_grads"]:
         raise fail("the reference received gradients: compute its log-probabilities under torch.no_grad(), so that "
                    "it is a constant of the loss (and costs no memory for a backward pass)")
-    check_close(got["policy"], expected["policy"], "the policy's parameters after the step", atol=1e-5)
+    if got["reference_runs"] == 0:
+        raise fail("the reference model was never run: its log-probabilities come from `reference` (here it "
+                   "differs from the policy). With the policy in its place every margin is 0 and the loss does not "
+                   "hold the policy near the reference")
+    if got["reference_graphs"]:
+        raise fail("the reference's forward pass built a graph (its logits require grad), then dropped it: "
+                   ".detach() gives the same numbers, but only after every activation was kept for a backward "
+                   "pass that never comes. Run the reference under `with torch.no_grad():`")
+    if got["unmasked_calls"]:
+        raise fail(f"{got['unmasked_calls']} model call(s) had no attention mask: run the policy and the reference "
+                   "with model(ids, attention_mask=attention_mask), or the real tokens attend to the pads")
+    policy, _ = _step_models(inputs)
+    if torch.equal(got["policy"], flat_parameters(policy)):
+        raise fail("the policy's parameters did not change: call loss.backward() and then optimizer.step() (in "
+                   "that order, after optimizer.zero_grad(): step() uses the gradients that backward() computed)")
+    try:
+        check_close_lazily(got["policy"], expected["policy"], "the policy's parameters after the step",
+                           lambda: mistaken(_step_call, _by_hand_step, STEP_MISTAKES, inputs, "policy"))
+    except CheckFailed as failed:
+        if "largest error" not in str(failed):
+            raise
+        raise fail(f"{failed} dpo_step calls your sequence_logprobs and dpo_loss: if their tests fail, fix them "
+                   "first") from None
 
 
 # ---- adapters_disabled(model): a context manager; inside, every LoRALinear computes its base layer alone
@@ -214,47 +351,87 @@ class _Interrupted(Exception):
     pass
 
 
+LORA_TARGETS = ("qkv", "out", "fc_in")
+
+
 def _lora_inputs(b: int, t: int, seed: int) -> Inputs:
     return {"ids": torch.randint(0, TINY.vocab_size, (b, t), generator=tensor_rng(seed)), "seed": seed}
+
+
+def _lora_states(layers: list[LoRALinear]) -> torch.Tensor:
+    """(L, 2): each adapter's (enabled, scaling)."""
+    return torch.tensor([[float(layer.enabled), float(layer.scaling)] for layer in layers], dtype=torch.float64)
 
 
 def _lora_call(fn: Any, inputs: Inputs) -> Outputs:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(inputs["seed"])
-        model = add_lora(GPT(TINY), rank=2, alpha=4.0, targets=("qkv", "fc_in")).eval()
+        model = add_lora(GPT(TINY), rank=2, alpha=4.0, targets=LORA_TARGETS).eval()
+        layers = [getattr(m, name) for name in LORA_TARGETS for m in model.modules()
+                  if isinstance(getattr(m, name, None), LoRALinear)]  # (qkv, out, fc_in)
         with torch.no_grad():
-            for layer in model.modules():
-                if isinstance(layer, LoRALinear):
-                    layer.B.normal_(0, 0.5)  # as if trained
+            for layer in layers:
+                layer.B.normal_(0, 0.5)  # as if trained
+    layers[1].enabled = False  # switched off before the block: it must be off after it too
+    layers[2].scaling = 0.0  # an adapter scaled to nothing before the block: still 0 after it
     ids = inputs["ids"]
     what = "the model inside `with adapters_disabled(model):`"
     with torch.no_grad():
-        with fn(model):
+        with fn(model) as yielded:
             inside = as_tensor(model(ids), what)
+            inside_states = _lora_states(layers)
         after = as_tensor(model(ids), "the model after the with block")
+        after_states = _lora_states(layers)
         try:
             with fn(model):
                 raise _Interrupted
         except _Interrupted:
             pass
         after_error = as_tensor(model(ids), "the model after a with block left by an error")
-    return {"inside": inside, "after": after, "after_error": after_error}
+    return {"inside": inside, "after": after, "after_error": after_error, "inside_states": inside_states,
+            "after_states": after_states, "error_states": _lora_states(layers),
+            "yielded": "model" if yielded is model else "none" if yielded is None else type(yielded).__name__}
+
+
+def _check_restored(got: torch.Tensor, before: torch.Tensor, when: str, how: str) -> None:
+    """Each adapter's (enabled, scaling) after the block is what it was before it; `how` says how to restore."""
+    for (enabled, scaling), (was_enabled, was_scaling), target in zip(got.tolist(), before.tolist(), LORA_TARGETS,
+                                                                       strict=True):
+        if enabled < was_enabled:
+            raise fail(f"the adapters stay off {when}: the adapter on {target} is still disabled. {how}")
+        if enabled > was_enabled:
+            raise fail(f"{when}, the adapter on {target} is on, but it was already off before the block: restore "
+                       "each layer's own previous value (states = [layer.enabled for layer in layers], saved before "
+                       "switching them off), rather than setting every adapter to True")
+        if scaling != was_scaling:
+            raise fail(f"{when}, the adapter on {target} has scaling = {scaling:g}, but it was {was_scaling:g} "
+                       "before the block: leave .scaling alone (switch .enabled), or give each layer back its own "
+                       "value rather than a constant such as alpha / rank")
 
 
 def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     adapted, base = expected["after"], expected["inside"]
+    if torch.equal(got["inside_states"], expected["after_states"]):  # inside the block, as before it
+        if got["yielded"] not in ("model", "none"):
+            raise fail(f"inside the block the model's own adapters are still on: the block was given another "
+                       f"{got['yielded']} (a copy?). Switch off the adapters of the model itself, in place: a copy "
+                       "costs a second model, the very thing the reference-by-disabling avoids")
+        raise fail("no adapter was switched off inside the block: find every LoRALinear with model.modules(), "
+                   "which is recursive (model.children() sees only the model's direct children, and the adapters "
+                   "sit inside its blocks), and set .enabled = False on each")
     check_close(got["inside"], base, "the logits inside the with block", atol=1e-5, mistakes={
         "the adapters are still on inside the block: set every LoRALinear's .enabled to False": adapted})
-    check_close(got["after"], adapted, "the logits after the with block", atol=1e-5, mistakes={
-        "the adapters stay off after the block: set each layer's .enabled back when the block ends": base})
-    check_close(got["after_error"], adapted, "the logits after a with block left by an error", atol=1e-5, mistakes={
-        "the adapters stay off when the block is left by an error: restore them in a finally clause "
-        "(try: yield ... finally: ...)": base})
+    before = expected["after_states"]
+    _check_restored(got["after_states"], before, "after the block",
+                    "Set each layer's .enabled back to its own value when the block ends")
+    _check_restored(got["error_states"], before, "when the block is left by an error",
+                    "Restore them in a finally clause (try: yield ... finally: ...)")
+    check_close(got["after"], adapted, "the logits after the with block", atol=1e-5)
+    check_close(got["after_error"], adapted, "the logits after a with block left by an error", atol=1e-5)
 
 
 PIECES = declare(
-    Piece("13", "sequence_logprobs", sequence_logprobs, _logps_call, mistakes=_logps_mistakes,
-          label="the log-probabilities", shape="B", atol=1e-4, forbidden=FORBIDDEN,
+    Piece("13", "sequence_logprobs", sequence_logprobs, _logps_call, judge=_logps_judge, forbidden=FORBIDDEN,
           visible=[("visible", "sequence_logprobs of a right-padded batch (B, T, V) = (3, 7, 11)",
                     lambda seed: _logps_inputs(3, 7, 11, "right", seed)),
                    ("left", "sequence_logprobs of a left-padded batch (B, T, V) = (4, 6, 9)",
@@ -270,12 +447,14 @@ PIECES = declare(
                    lambda seed: _dpo_inputs(4, 2.0, 1000.0, seed)),
                   ("hidden_beta", "dpo_loss with beta = 0.001 or 50, one pair or several", _dpo_hidden)]),
     Piece("13", "dpo_step", dpo_step, _step_call, judge=_step_judge, forbidden=FORBIDDEN,
-          visible=[("visible", "dpo_step on 2 pairs (4 rows, right-padded), beta = 0.5, SGD with lr = 1",
-                    lambda seed: _step_inputs(2, 8, "right", 0.5, seed))],
+          visible=[("visible", "dpo_step on 2 pairs (4 rows, padded on the right and on the left in turn), beta = 0.5, "
+                    "SGD with lr = 1, a reference that is not the policy, stale gradients in the policy's .grad",
+                    lambda seed: _step_inputs(2, 8, "mixed", 0.5, seed))],
           hidden=[("hidden_left", "dpo_step on 3 left-padded pairs, beta = 2",
                    lambda seed: _step_inputs(3, 7, "left", 2.0, seed))]),
     Piece("13", "adapters_disabled", adapters_disabled, _lora_call, judge=_lora_judge, forbidden=FORBIDDEN,
-          visible=[("visible", "adapters_disabled on a one-layer GPT with LoRA on qkv and fc_in, ids (2, 6)",
+          visible=[("visible", "adapters_disabled on a one-layer GPT with LoRA on qkv, out and fc_in (out switched "
+                    "off and fc_in's scaling 0 before the block), ids (2, 6)",
                     lambda seed: _lora_inputs(2, 6, seed))],
           hidden=[("hidden_sizes", "adapters_disabled with other ids", lambda seed: _lora_inputs(3, 9, seed))]),
 )
