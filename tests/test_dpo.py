@@ -285,3 +285,23 @@ def test_a_killed_and_resumed_run_is_bit_for_bit_the_run_in_one_go(tmp_path):
         assert torch.equal(p, q), name
     with pytest.raises(ValueError, match="other settings"):
         train_dpo(_model(), frozen_copy(_model()), pairs[:-1], cfg, resume=path)
+
+
+def test_on_step_adds_its_measurements_to_each_record_and_changes_nothing_else():
+    pairs, cfg = _pairs(), DPOConfig(steps=6, batch_size=4, lr=1e-2, beta=0.5)
+    plain_model, hooked_model = _model(), _model()
+    plain = train_dpo(plain_model, frozen_copy(plain_model), pairs, cfg)
+    seen = []
+
+    def on_step(step: int) -> dict:
+        seen.append((step, hooked_model.training))
+        with torch.no_grad():  # a measurement that runs the policy, as a KL on its samples would
+            hooked_model(torch.tensor([[1, 2, 3]]))
+        return {"measured": step} if step % 3 == 0 else {}
+
+    hooked = train_dpo(hooked_model, frozen_copy(hooked_model), pairs, cfg, on_step=on_step)
+    assert seen == [(step, True) for step in range(1, 7)]
+    assert [record.pop("measured", None) for record in hooked] == [None, None, 3, None, None, 6]
+    assert hooked == plain
+    for p, q in zip(plain_model.parameters(), hooked_model.parameters(), strict=True):
+        assert torch.equal(p, q)

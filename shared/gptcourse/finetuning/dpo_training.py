@@ -81,12 +81,14 @@ def _pairs_fingerprint(pairs: Sequence[PreferencePair]) -> str:
 
 def train_dpo(policy: nn.Module, reference: Callable[..., torch.Tensor], pairs: Sequence[PreferencePair],
               cfg: DPOConfig, checkpoint: str | Path | None = None, checkpoint_every: int = 0,
-              resume: str | Path | None = None) -> list[dict]:
+              resume: str | Path | None = None, on_step: Callable[[int], dict] | None = None) -> list[dict]:
     """Train `policy` in place with DPO against `reference` (`frozen_copy` or `without_adapters`), AdamW on its
     trainable parameters, `cfg.batch_size` pairs drawn at random each step. Returns one record per step,
     {"step", "loss", "accuracy", "margin"} (margin: the mean of beta x the log-ratio margin).
 
-    checkpoint, checkpoint_every, resume: as `gptcourse.train`'s; a resumed run continues bit for bit."""
+    checkpoint, checkpoint_every, resume: as `gptcourse.train`'s; a resumed run continues bit for bit.
+    on_step: called after each step with its number (1, 2, ...); the dict it returns joins that step's record
+    (e.g. a KL measured on the policy's samples every few steps)."""
     if not pairs:
         raise ValueError("train_dpo needs at least one preference pair")
     trainable = [p for p in policy.parameters() if p.requires_grad]
@@ -111,6 +113,8 @@ def train_dpo(policy: nn.Module, reference: Callable[..., torch.Tensor], pairs: 
         result = dpo_step(policy, reference, optimizer, batch, cfg.beta, cfg.grad_clip)
         history.append({"step": step + 1, "loss": result.loss.item(), "accuracy": result.accuracy.item(),
                         "margin": (result.chosen_rewards - result.rejected_rewards).mean().item()})
+        if on_step is not None:
+            history[-1].update(on_step(step + 1))
         if checkpoint_every > 0 and (step + 1) % checkpoint_every == 0 and step + 1 < cfg.steps:
             save(step + 1)
     save(cfg.steps)
