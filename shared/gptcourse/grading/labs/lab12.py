@@ -3,11 +3,14 @@ block_q, block_k, on_tile=None)`, `flash_backward(q, k, v, out, lse, grad_out, c
 class `FlashAttention(torch.autograd.Function)`, called as `FlashAttention.apply(q, k, v, causal, block_q,
 block_k)`.
 
-q is (B, H, T, D); k and v are (B, H_kv, T, D) with H_kv dividing H (grouped-query attention, hidden cases only).
-The forward calls `on_tile(q0, k0)` for every tile of scores it computes: the tiles a causal mask empties must
-never be computed, and counting the calls shows it (the output alone cannot). The references are gptcourse's
-`online_softmax`, `flash_forward` and `flash_backward` (the forward behind an adapter that reports its tiles) and
-`flash_attention` for the class (`expected`: the student's class is called through `apply`).
+q is (B, H, T, D); k and v are (B, H_kv, T, D) with H_kv dividing H (grouped-query attention, visible too).
+What makes these pieces FlashAttention is invisible in their outputs, so the kernel measures it while the student's
+code runs (`_Work`, a dispatch mode): no tensor of (T, T) scores is made, the matrix products do no more
+multiply-adds than the tiles a causal mask leaves something in (2 products per tile forward, 5 backward), and the
+class keeps for the backward no more than q, k, v, the output and L, saved or on `ctx`. The forward also calls
+`on_tile(q0, k0)` for every tile it computes. The references are gptcourse's `online_softmax`, `flash_forward` and
+`flash_backward` (the forward behind an adapter that reports its tiles) and `flash_attention` for the class
+(`expected`: the student's class is called through `apply`).
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ import math
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from ...checks import check_close, check_shape, fail, fmt_shape
 from ...model.causal_attention import causal_mask
 from ...model.tiled_attention import computed_tiles, flash_attention, flash_backward, flash_forward, online_softmax
 from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
 from ..piece import Piece, Probe, declare
-from ..student import as_tensor, as_tensors
+from ..student import TensorsMade, as_tensor, as_tensors
 
 _TILED = ("gptcourse.online_softmax", "gptcourse.flash_forward", "gptcourse.flash_backward",
           "gptcourse.FlashAttention", "gptcourse.flash_attention", "gptcourse.computed_tiles",
@@ -34,6 +38,89 @@ _FORBIDDEN = _TILED + _ATTENTION
 
 def _sizes(b: int, h: int, h_kv: int, t: int, d: int) -> dict[str, int]:
     return {"B": b, "H": h, "H_kv": h_kv, "T": t, "D": d}
+
+
+# ---- what the student's code made and did, measured in the kernel
+
+
+_PRODUCTS = {"bmm": 0, "mm": 0, "mv": 0, "dot": 0, "baddbmm": 1, "addmm": 1}  # aten op -> its left factor
+
+
+class _Work(TensorsMade):
+    """TensorsMade that also adds up the multiply-adds of the matrix products (the tiles a loop computed, whatever
+    it reports to on_tile) and keeps the first tensor whose last two axes are (t, t) (the whole score matrix, or
+    a mask as large)."""
+
+    def __init__(self, t: int) -> None:
+        super().__init__()
+        self.t, self.multiply_adds, self.square, self.square_is_mask = t, 0, (), False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        left = _PRODUCTS.get(func.overloadpacket.__name__)
+        if left is not None:
+            self.multiply_adds += out.numel() * args[left].shape[-1]
+        for x in tree_leaves(out):
+            if not self.square and isinstance(x, torch.Tensor) and tuple(x.shape[-2:]) == (self.t, self.t):
+                self.square, self.square_is_mask = tuple(x.shape), not x.is_floating_point()
+        return out
+
+    def outputs(self) -> Outputs:
+        return {"multiply_adds": self.multiply_adds, "largest_made": max(map(math.prod, self.shapes), default=0),
+                "square": torch.tensor(self.square, dtype=torch.long), "square_is_mask": self.square_is_mask}
+
+
+def _tile_area(inputs: Inputs, reach: int = 0) -> int:
+    """The (query, key) pairs of the tiles a loop computes when it keeps a key tile while k0 < q1 + reach: reach 0
+    is right (causal: up to the block's last query), 1 stops one tile late, T computes every tile."""
+    t, block_q, block_k = inputs["q"].size(2), inputs["block_q"], inputs["block_k"]
+    if reach == 0:
+        return sum((q1 - q0) * (k1 - k0) for q0, q1, k0, k1 in computed_tiles(t, t, block_q, block_k,
+                                                                                inputs["causal"]))
+    return sum((min(q0 + block_q, t) - q0) * (min(k0 + block_k, t) - k0) for q0 in range(0, t, block_q)
+               for k0 in range(0, t, block_k) if k0 < min(q0 + block_q, t) + reach)
+
+
+def _check_memory(got: Outputs, inputs: Inputs, what: str) -> None:
+    """No tensor of the whole (T, T) scores, nor one as large: only tiles, and (T, D) per head."""
+    (b, h, t, d), block_q, block_k = inputs["q"].shape, inputs["block_q"], inputs["block_k"]
+    if t <= d or t <= min(block_q, block_k):
+        return  # here a tile or a (T, D) input is as large as (T, T): the sizes cannot tell
+    square = tuple(got["square"].tolist())
+    if square and got["square_is_mask"]:
+        raise fail(f"{what} made a mask of shape {fmt_shape(square)}: a mask over the whole (T, T) score matrix "
+                   "holds T^2 entries too. Build each straddling tile's mask from its positions, "
+                   "torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None]")
+    if square or int(got["largest_made"]) >= b * h * t * t:
+        made = f"a tensor of shape {fmt_shape(square)}" if square else \
+            f"a tensor of {int(got['largest_made'])} numbers, B H T T = {b * h * t * t}"
+        raise fail(f"{what} made {made}: the whole score matrix (or as much memory), which is what FlashAttention "
+                   "never holds. Compute each tile's scores from its own slices, q[:, :, q0:q1] @ k[:, :, "
+                   "k0:k1].transpose(-2, -1), not all of them at once and then slices of that: the largest tensor "
+                   f"may be one (block_q, block_k) tile, or (T, D), per head ({b * h * max(block_q * block_k, t * d)}"
+                   " numbers here)")
+
+
+def _check_work(got: Outputs, inputs: Inputs, what: str, products: int, names: str) -> None:
+    """The matrix products did no more multiply-adds than `products` products of D per (query, key) pair of the
+    tiles needed: a tile wholly above the diagonal, computed and masked, shows here."""
+    (b, h, _, d), causal = inputs["q"].shape, inputs["causal"]
+    per_pair = products * b * h * d
+    done, need = int(got["multiply_adds"]), per_pair * _tile_area(inputs)
+    if done <= need:
+        return
+    header = (f"{what}: its matrix products did {done} multiply-adds where the tiles it needs take {need} "
+              f"({products} products per tile, {names})")
+    t = inputs["q"].size(2)
+    if causal and done == per_pair * _tile_area(inputs, reach=t):
+        raise fail(f"{header}: it computed every tile, also those wholly above the diagonal, and masked them. "
+                   "Skip them: stop the key loop once k0 > q1 - 1, the block's last query (q1 = min(q0 + block_q, "
+                   "T)); only the tiles that straddle the diagonal need a mask")
+    if causal and done == per_pair * _tile_area(inputs, reach=1):
+        raise fail(f"{header}: the key loop stops one tile late, at k0 > q1: the tile that starts at k0 = q1 is "
+                   "wholly in the future (q1 - 1 is the block's last query). Stop once k0 > q1 - 1")
+    raise fail(f"{header}: it computes tiles (or products) it does not need" + (
+        "; with causal=True skip the tiles whose first key comes after the block's last query" if causal else ""))
 
 
 # ---- online_softmax(m, denom, o, scores, v) -> (m, denom, o)
@@ -116,10 +203,11 @@ def _describe(inputs: Inputs) -> str:
 
 
 def _forward_call(fn: Any, inputs: Inputs) -> Outputs:
-    q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    out = fn(q.clone(), k.clone(), v.clone(), inputs["causal"], inputs["block_q"], inputs["block_k"])
+    q, k, v = (inputs[key].clone() for key in ("q", "k", "v"))
+    with _Work(q.size(2)) as work:
+        out = fn(q, k, v, inputs["causal"], inputs["block_q"], inputs["block_k"])
     got = as_tensors(out, ("out", "lse"), f"flash_forward({_describe(inputs)})")
-    return {"out": got[0], "lse": got[1]}
+    return {"out": got[0], "lse": got[1], **work.outputs()}
 
 
 def _forward_with_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, block_q: int, block_k: int,
@@ -131,12 +219,17 @@ def _forward_with_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     return flash_forward(q, k, v, causal, block_q, block_k)
 
 
+def _kv_heads(x: torch.Tensor, h: int, tiled: bool = False) -> torch.Tensor:
+    """k or v (B, H_kv, T, D) -> (B, H, T, D): query head i reads kv head i // G; `tiled`, the mistake, i % H_kv."""
+    return x.repeat(1, h // x.size(1), 1, 1) if tiled else x.repeat_interleave(h // x.size(1), dim=1)
+
+
 def _slow_forward(inputs: Inputs, *, rescale: bool = True, divide_each: bool = False, scale: float | None = None,
-                  keys_through_q0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  keys_through_q0: bool = False, tiled_heads: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """A tiled forward with one of the usual mistakes switched on, for recognising them; right with no flag."""
     q, k, v, causal = inputs["q"], inputs["k"], inputs["v"], inputs["causal"]
-    (_, h, t, d), h_kv = q.shape, k.size(1)
-    k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)  # (B, H, T, D)
+    _, h, t, d = q.shape
+    k, v = _kv_heads(k, h, tiled_heads), _kv_heads(v, h, tiled_heads)  # (B, H, T, D)
     scale = 1 / math.sqrt(d) if scale is None else scale
     allowed = causal_mask(t) if causal else torch.ones(t, t, dtype=torch.bool)
     out, lse = torch.zeros_like(q), q.new_zeros(q.shape[:3])
@@ -161,6 +254,9 @@ def _slow_forward(inputs: Inputs, *, rescale: bool = True, divide_each: bool = F
     return out, lse
 
 
+TILED_HEADS = ("the kv heads were repeated with repeat (tiled: kv heads 0, 1, 0, 1, ...), not repeat_interleave "
+               "(0, 0, 1, 1, ...): query head i shares kv head i // G, G = H / H_kv, so k.repeat_interleave(G, "
+               "dim=1)")
 NO_RESCALE = ("the running output and denominator were not rescaled by exp(m_old - m_new) when a later tile raised "
               "the maximum: the earlier tiles keep weights relative to the old maximum")
 OFF_BY_ONE = ("the key tiles stop at k0 <= q0, the block's *first* query: with block_k smaller than block_q the "
@@ -178,6 +274,7 @@ def _forward_mistakes(inputs: Inputs) -> dict[str, dict[str, torch.Tensor]]:
         "the scores were divided by D, not sqrt(D): scale = 1 / math.sqrt(D)": _slow_forward(inputs, scale=1 / d),
         "the scores were not scaled: multiply q @ k^T by 1 / math.sqrt(D)": _slow_forward(inputs, scale=1.0),
         OFF_BY_ONE: _slow_forward(inputs, keys_through_q0=True),
+        TILED_HEADS: _slow_forward(inputs, tiled_heads=True),
     }
     divided_each = next(why for why in variants if "every tile" in why)  # its denominator ends at 1: L = m
     return {"out": {why: wrong[0] for why, wrong in variants.items()},
@@ -196,13 +293,14 @@ def _forward_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "L is the running max m alone: return m + log(denom), the log of the softmax's full denominator":
             running_max,
         "L is log(denom) alone: add the running max, L = m + log(denom)": expected["lse"] - running_max})
+    _check_memory(got, inputs, f"flash_forward({_describe(inputs)})")
+    _check_work(got, inputs, f"flash_forward({_describe(inputs)})", 2, "q k^T and p v")
 
 
 def _running_max(inputs: Inputs) -> torch.Tensor:
     q, k = inputs["q"], inputs["k"]
     t = q.size(2)
-    k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, T)
+    scores = q @ _kv_heads(k, q.size(1)).transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, T)
     if inputs["causal"]:
         scores = scores.masked_fill(~causal_mask(t), float("-inf"))
     return scores.amax(dim=-1)  # (B, H, T)
@@ -221,16 +319,23 @@ def _forward_hidden(seed: int) -> Inputs:
 
 
 def _tiles_call(fn: Any, inputs: Inputs) -> Outputs:
-    q, k, v, tiles = inputs["q"], inputs["k"], inputs["v"], []
+    (q, k, v), tiles = (inputs[key].clone() for key in ("q", "k", "v")), []
 
     def on_tile(q0: Any, k0: Any) -> None:
         tiles.append((int(q0), int(k0)))
 
-    fn(q.clone(), k.clone(), v.clone(), inputs["causal"], inputs["block_q"], inputs["block_k"], on_tile=on_tile)
-    return {"tiles": torch.tensor(tiles, dtype=torch.long).view(-1, 2)}
+    with _Work(q.size(2)) as work:
+        fn(q, k, v, inputs["causal"], inputs["block_q"], inputs["block_k"], on_tile=on_tile)
+    return {"tiles": torch.tensor(tiles, dtype=torch.long).view(-1, 2), **work.outputs()}
 
 
 def _tiles_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    _check_reported_tiles(got, expected, inputs)
+    _check_memory(got, inputs, f"flash_forward({_describe(inputs)})")
+    _check_work(got, inputs, f"flash_forward({_describe(inputs)})", 2, "q k^T and p v")
+
+
+def _check_reported_tiles(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     got_tiles, want = [tuple(x) for x in got["tiles"].tolist()], [tuple(x) for x in expected["tiles"].tolist()]
     if sorted(got_tiles) == sorted(want):
         return
@@ -270,26 +375,30 @@ def _backward_inputs(b: int, h: int, h_kv: int, t: int, d: int, block_q: int, bl
 
 def _backward_call(fn: Any, inputs: Inputs) -> Outputs:
     tensors = [inputs[key].clone() for key in ("q", "k", "v", "out", "lse", "grad_out")]
-    out = fn(*tensors, inputs["causal"], inputs["block_q"], inputs["block_k"])
+    with _Work(tensors[0].size(2)) as work:
+        out = fn(*tensors, inputs["causal"], inputs["block_q"], inputs["block_k"])
     got = as_tensors(out, ("dq", "dk", "dv"), f"flash_backward({_describe(inputs)}, out, lse, grad_out)")
-    return dict(zip(("dq", "dk", "dv"), got, strict=True))
+    return {**dict(zip(("dq", "dk", "dv"), got, strict=True)), **work.outputs()}
 
 
-def _explicit_grads(inputs: Inputs, *, delta: bool = True, scale_grads: bool = True) -> dict[str, torch.Tensor]:
-    """dq, dk, dv from the whole (T, T) probabilities, with a mistake switched off or on; right by default."""
-    q, k, v, grad_out = inputs["q"], inputs["k"], inputs["v"], inputs["grad_out"]
+def _explicit_grads(inputs: Inputs, *, delta: bool = True, scale_grads: bool = True,
+                    tiled_heads: bool = False) -> dict[str, torch.Tensor]:
+    """dq, dk, dv from the whole (T, T) probabilities recomputed from the given L, delta from the given output (as
+    a backward has them), with a mistake switched off or on; right by default."""
+    q, k, v, out, lse, grad_out = (inputs[key] for key in ("q", "k", "v", "out", "lse", "grad_out"))
     (b, h, t, d), h_kv = q.shape, k.size(1)
-    kr, vr = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)  # (B, H, T, D)
+    kr, vr = _kv_heads(k, h, tiled_heads), _kv_heads(v, h, tiled_heads)  # (B, H, T, D)
     scores = q @ kr.transpose(-2, -1) / math.sqrt(d)  # (B, H, T, T)
     if inputs["causal"]:
         scores = scores.masked_fill(~causal_mask(t), float("-inf"))
-    p = scores.softmax(dim=-1)
+    p = torch.exp(scores - lse[..., None])
     dp = grad_out @ vr.transpose(-2, -1)
-    ds = p * (dp - (dp * p).sum(dim=-1, keepdim=True)) if delta else p * dp
+    ds = p * (dp - (grad_out * out).sum(dim=-1, keepdim=True)) if delta else p * dp
     s = 1 / math.sqrt(d) if scale_grads else 1.0
-    group = (b, h_kv, h // h_kv, t, d)  # the G query heads of a kv head, summed
-    return {"dq": ds @ kr * s, "dk": (ds.transpose(-2, -1) @ q * s).view(group).sum(2),
-            "dv": (p.transpose(-2, -1) @ grad_out).view(group).sum(2)}
+    # the G query heads of a kv head, summed: heads j G .. j G + G - 1 (tiled: j, j + H_kv, ...)
+    group, axis = ((b, h // h_kv, h_kv, t, d), 1) if tiled_heads else ((b, h_kv, h // h_kv, t, d), 2)
+    return {"dq": ds @ kr * s, "dk": (ds.transpose(-2, -1) @ q * s).view(group).sum(axis),
+            "dv": (p.transpose(-2, -1) @ grad_out).view(group).sum(axis)}
 
 
 def _backward_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -298,12 +407,18 @@ def _backward_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         check_shape(got[key], shape, sizes, label + (" (kv heads: sum the gradients of the G query heads that "
                                                      "share each one)" if key != "dq" else ""))
     no_delta, unscaled = _explicit_grads(inputs, delta=False), _explicit_grads(inputs, scale_grads=False)
+    tiled = _explicit_grads(inputs, tiled_heads=True)
     for key in ("dv", "dq", "dk"):
         check_close(got[key], expected[key], key, mistakes={
             "the softmax's backward lacks its row term: dS = P * (dP - delta), delta = (dO * O).sum(-1) for each "
             "query row (delta_i = sum_j P_ij dP_ij)": no_delta[key],
             "dq and dk lack the scale: the scores were q k^T / sqrt(D), so dq = dS k / sqrt(D) and "
-            "dk = dS^T q / sqrt(D)": unscaled[key]})
+            "dk = dS^T q / sqrt(D)": unscaled[key],
+            TILED_HEADS + ", and dk, dv sum the G query heads of each kv head, .view(B, H_kv, G, T, D).sum(2)":
+                tiled[key]})
+    what = f"flash_backward({_describe(inputs)}, out, lse, grad_out)"
+    _check_memory(got, inputs, what)
+    _check_work(got, inputs, what, 5, "q k^T, p^T dO, dO v^T, dS k and dS^T q")
 
 
 def _backward_hidden(seed: int) -> Inputs:
@@ -316,26 +431,33 @@ def _backward_hidden(seed: int) -> Inputs:
 # ---- FlashAttention.apply(q, k, v, causal, block_q, block_k): outputs, gradients and what it saves
 
 
+def _ctx_tensors(value: Any, depth: int = 3) -> list[torch.Tensor]:
+    """The tensors in an attribute of ctx, also inside lists, tuples, sets and dicts."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple, set)) else ()
+    return [x for item in items for x in _ctx_tensors(item, depth - 1)] if depth else []
+
+
 def _function_call(cls: Any, inputs: Inputs) -> Outputs:
     q, k, v = (inputs[key].clone().requires_grad_() for key in ("q", "k", "v"))
-    saved: list[int] = []
-
-    def keep(x: torch.Tensor) -> torch.Tensor:
-        saved.append(x.numel())
-        return x
-
+    saved: list[torch.Tensor] = []
     apply = getattr(cls, "apply", None)
     if apply is None:
         raise fail("FlashAttention has no apply: subclass torch.autograd.Function, with static forward and backward")
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda x: x):
-        result = apply(q, k, v, inputs["causal"], inputs["block_q"], inputs["block_k"])
-    out = as_tensor(result, f"FlashAttention.apply({_describe(inputs)})")  # detached, for the payload
-    if not result.requires_grad:
-        raise fail("FlashAttention.apply returned an output without a gradient: call it through apply, and return "
-                   "the output of flash_forward from forward (not a detached copy made outside autograd)")
-    grads = torch.autograd.grad(result, (q, k, v), inputs["grad_out"])
-    return {"out": out, "dq": grads[0], "dk": grads[1], "dv": grads[2],
-            "largest_saved": torch.tensor(max(saved, default=0))}
+    with _Work(q.size(2)) as work:
+        with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
+            result = apply(q, k, v, inputs["causal"], inputs["block_q"], inputs["block_k"])
+        out = as_tensor(result, f"FlashAttention.apply({_describe(inputs)})")  # detached, for the payload
+        if not result.requires_grad:
+            raise fail("FlashAttention.apply returned an output without a gradient: call it through apply, and "
+                       "return the output of flash_forward from forward (not a detached copy made outside autograd)")
+        on_ctx = [x for value in vars(result.grad_fn).values() for x in _ctx_tensors(value)]
+        grads = torch.autograd.grad(result, (q, k, v), inputs["grad_out"])
+    kept = {(x.data_ptr(), tuple(x.shape), tuple(x.stride())): x.numel() for x in saved + on_ctx}  # each once
+    return {"out": out, "dq": grads[0], "dk": grads[1], "dv": grads[2], "kept": sum(kept.values()),
+            "largest_kept": max(kept.values(), default=0), "largest_on_ctx": max(map(torch.numel, on_ctx), default=0),
+            **work.outputs()}
 
 
 def _function_expected(inputs: Inputs) -> Outputs:
@@ -344,26 +466,39 @@ def _function_expected(inputs: Inputs) -> Outputs:
     q, k, v = (inputs[key].clone().requires_grad_() for key in ("q", "k", "v"))
     out = flash_attention(q, k, v, inputs["causal"], inputs["block_q"], inputs["block_k"])
     grads = torch.autograd.grad(out, (q, k, v), inputs["grad_out"])
-    b, h, t, d = q.shape
-    return {"out": out.detach(), "dq": grads[0], "dk": grads[1], "dv": grads[2],
-            "largest_saved": torch.tensor(b * h * t * d)}
+    return {"out": out.detach(), "dq": grads[0], "dk": grads[1], "dv": grads[2]}
 
 
 def _function_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    b, h, t, _ = inputs["q"].shape
-    if int(got["largest_saved"]) >= b * h * t * t > int(expected["largest_saved"]):
-        raise fail(f"forward saved a tensor of {int(got['largest_saved'])} numbers for the backward, B H T T = "
-                   f"{b * h * t * t}: the (T, T) probabilities (the softmax). Save L (B, H, T), the log-sum-exp "
-                   "that flash_forward returns, and let the backward recompute each tile's probabilities, "
-                   "exp(s - L): that is what keeps memory linear in T")
+    b, h, t, d = inputs["q"].shape
+    allowed = sum(inputs[key].numel() for key in ("q", "k", "v", "out", "lse"))
+    kept, largest, on_ctx = int(got["kept"]), int(got["largest_kept"]), int(got["largest_on_ctx"])
+    where = "on ctx, outside save_for_backward" if on_ctx == largest else "with save_for_backward"
+    if t > d and largest >= b * h * t * t:  # more than any input holds
+        raise fail(f"forward kept a tensor of {largest} numbers for the backward ({where}), B H T T = "
+                   f"{b * h * t * t}: the (T, T) probabilities (the softmax) or scores. Keep only L (B, H, T), the "
+                   "log-sum-exp that flash_forward returns, and let the backward recompute each tile's "
+                   "probabilities, exp(s - L): that is what keeps memory linear in T")
+    if kept > allowed:
+        raise fail(f"forward keeps {kept} numbers for the backward (saved, and on ctx: {on_ctx} in its largest "
+                   f"attribute tensor), more than q, k, v, the output and L hold together, {allowed}: save exactly "
+                   "those five with ctx.save_for_backward(q, k, v, out, lse), k and v as given (B, H_kv, T, D), and "
+                   "let the backward recompute everything else tile by tile")
+    _check_memory(got, inputs, f"FlashAttention.apply({_describe(inputs)}) and its backward")
     check_shape(got["out"], "B H T D", inputs["sizes"], "the output of FlashAttention.apply")
-    for key in ("out", "dq", "dk", "dv"):
-        check_close(got[key], expected[key], "the output" if key == "out" else f"{key} (from your backward)")
+    check_close(got["out"], expected["out"], "the output (your forward runs your flash_forward: if its tests pass, "
+                "check what forward returns)")
+    for key in ("dq", "dk", "dv"):
+        check_close(got[key], expected[key], f"{key} (your backward runs your flash_backward on what forward saved: "
+                    "if flash_forward's and flash_backward's tests pass, check that forward saves its own output and "
+                    "L, and that backward returns dq, dk, dv in that order)")
 
 
-# Visible cases: causal, T not a multiple of the blocks, and a max that moves from tile to tile (q scaled by 1.5).
-CAUSAL = (2, 3, 3, 10, 4, 4, 3, True)  # (B, H, H_kv, T, D, block_q, block_k, causal)
-UNEVEN = (1, 2, 2, 11, 3, 4, 3, True)
+# Visible cases: causal, grouped (2 query heads per kv head), T not a multiple of the blocks, a max that moves from
+# tile to tile (q scaled by 1.5), and D < T, so that a (T, T) tensor is larger than any other the code needs.
+CAUSAL = (2, 6, 3, 10, 5, 4, 3, True)  # (B, H, H_kv, T, D, block_q, block_k, causal): the diagonal inside tiles
+EDGES = (1, 2, 1, 10, 3, 4, 2, True)  # key tiles that start at q1 = 4 and 8, just past a block's last query
+UNEVEN = (1, 4, 2, 11, 3, 4, 3, True)
 PIECES = declare(
     Piece("12", "online_softmax", online_softmax, _merge_call, judge=_merge_judge, forbidden=_FORBIDDEN,
           visible=[("visible", "online_softmax: the state after 6 keys (B=2, 3 query rows, D=4) and a block of 5",
@@ -374,11 +509,12 @@ PIECES = declare(
                    lambda seed: _merge_inputs(1, 2, 0, 4, 3, seed)),
                   ("hidden_sizes", "online_softmax with other sizes", _merge_hidden)]),
     Piece("12", "flash_forward", _forward_with_tiles, _forward_call, judge=_forward_judge, forbidden=_FORBIDDEN,
-          visible=[("visible", "flash_forward, causal, q, k, v (2, 3, 10, 4), blocks of 4 queries and 3 keys",
+          visible=[("visible", "flash_forward, causal, q (2, 6, 10, 5), k, v (2, 3, 10, 5), blocks of 4 queries "
+                    "and 3 keys: the output, L, and the tensors and products it makes",
                     lambda seed: _attention_inputs(*CAUSAL, seed)),
-                   ("tiles", "flash_forward, causal, T=10, blocks of 4 queries and 3 keys: the tiles on_tile sees "
-                    "(9 of the 12)",
-                    lambda seed: _attention_inputs(*CAUSAL, seed), TILES)],
+                   ("tiles", "flash_forward, causal, T=10, blocks of 4 queries and 2 keys: the tiles on_tile sees "
+                    "(9 of the 15) and the products it computes",
+                    lambda seed: _attention_inputs(*EDGES, seed), TILES)],
           hidden=[("hidden_one", "flash_forward with T=1 and a batch of one",
                    lambda seed: _attention_inputs(1, 2, 2, 1, 4, 4, 4, True, seed)),
                   ("hidden_big_block", "flash_forward with blocks larger than T (one tile)",
@@ -391,7 +527,8 @@ PIECES = declare(
                   ("hidden_tiles", "the tiles on_tile sees, blocks of 3 and 2 (T=11)",
                    lambda seed: _attention_inputs(1, 1, 1, 11, 2, 3, 2, True, seed), TILES)]),
     Piece("12", "flash_backward", flash_backward, _backward_call, judge=_backward_judge, forbidden=_FORBIDDEN,
-          visible=[("visible", "flash_backward, causal, q, k, v (1, 2, 11, 3), blocks of 4 and 3",
+          visible=[("visible", "flash_backward, causal, q (1, 4, 11, 3), k, v (1, 2, 11, 3), blocks of 4 and 3: "
+                    "the gradients, and the tensors and products it makes",
                     lambda seed: _backward_inputs(*UNEVEN, seed))],
           hidden=[("hidden_one", "flash_backward with T=1", lambda seed: _backward_inputs(1, 1, 1, 1, 3, 2, 2, True,
                                                                                         seed)),
@@ -400,8 +537,8 @@ PIECES = declare(
                   ("hidden_sizes", "flash_backward with other sizes", _backward_hidden)]),
     Piece("12", "FlashAttention", None, _function_call, expected=_function_expected, judge=_function_judge,
           forbidden=_FORBIDDEN,
-          visible=[("visible", "FlashAttention.apply, causal, q, k, v (1, 2, 11, 3): output, gradients, what it "
-                    "saves", lambda seed: _backward_inputs(*UNEVEN, seed))],
+          visible=[("visible", "FlashAttention.apply, causal, q (1, 4, 11, 3), k, v (1, 2, 11, 3): output, "
+                    "gradients, what it keeps for the backward", lambda seed: _backward_inputs(*UNEVEN, seed))],
           hidden=[("hidden_gqa", "FlashAttention with grouped-query shapes (4 query heads, 2 kv heads), blocks of 4 "
                    "queries and 3 keys", lambda seed: _backward_inputs(2, 4, 2, 9, 3, 4, 3, True, seed)),
                   ("hidden_sizes", "FlashAttention with other sizes", _backward_hidden)]),
