@@ -3,8 +3,17 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+import nbformat
 import pytest
 from lab_roundtrip import RoundTrip, Validation, check_named_mistake
+from nbgrader_course import ROOT
+
+from gptcourse.checks import CheckFailed
+from gptcourse.grading import check
+from gptcourse.grading.cases import lab_cases
 
 LAB = "12_flash_attention"
 MERGE = '''
@@ -117,6 +126,7 @@ TILE_TESTS = {"test_flash_forward_tiles", "test_flash_forward_hidden"}
 FORWARD_TESTS = {"test_flash_forward", "test_flash_forward_tiles", "test_flash_forward_hidden"}
 BACKWARD_TESTS = {"test_flash_backward", "test_flash_backward_hidden"}
 FUNCTION_TESTS = {"test_FlashAttention", "test_FlashAttention_hidden"}
+ALL_FORWARD = FORWARD_TESTS | FUNCTION_TESTS  # the class runs the student's forward
 
 
 def forward(**wrong: str) -> dict[str, str]:
@@ -137,10 +147,10 @@ WRONG = {
     "merge-divides-early": ({"online_softmax": MERGE.format(**RIGHT_MERGE | {
         "o": "(rescale[..., None] * o + p @ v) / denom_new[..., None]"})}, MERGE_TESTS | OUTPUT_TESTS),
     # right outputs: the products counted in the kernel show the tiles above the diagonal computed and masked
-    "forward-masks-instead-of-skipping": (forward(skip="False"), FORWARD_TESTS),
+    "forward-masks-instead-of-skipping": (forward(skip="False"), ALL_FORWARD),
     # the same, reporting to on_tile only the tiles it should compute (issue 42)
     "forward-computes-every-tile-reports-some": (forward(skip="False", report="on_tile is not None and k0 < q1"),
-                                                 FORWARD_TESTS),
+                                                 ALL_FORWARD),
     # right outputs and tiles, from the whole (B, H, T, T) score matrix computed once and sliced (LAB12-1); the
     # class runs it too
     "forward-whole-score-matrix": (forward(setup="\n    whole = q @ k.transpose(-2, -1) * scale",
@@ -155,8 +165,8 @@ WRONG = {
     # kv heads tiled (LAB12-4): the visible case is grouped
     "forward-kv-heads-tiled": (forward(kv=TILED), OUTPUT_TESTS),
     "backward-no-delta": (backward(delta=""), BACKWARD_TESTS | FUNCTION_TESTS),
-    # right gradients, every tile computed and masked (LAB12-5)
-    "backward-visits-every-tile": (backward(skip="False"), BACKWARD_TESTS),
+    # right gradients, every tile computed and masked (LAB12-5); the class runs it, and counts its products too
+    "backward-visits-every-tile": (backward(skip="False"), BACKWARD_TESTS | FUNCTION_TESTS),
     "backward-kv-heads-tiled": (backward(kv=TILED.replace("k.size(1)", "h_kv").replace("v.size(1)", "h_kv"),
                                          group="b, h // h_kv, h_kv, t, d", axis="1"), BACKWARD_TESTS | FUNCTION_TESTS),
     "function-saves-softmax": ({"FlashAttention": SAVES_SOFTMAX}, FUNCTION_TESTS),
@@ -169,6 +179,37 @@ WRONG = {
                                         FUNCTION_TESTS),
 }
 
+# Wrong implementations written blind to these tests (issue 42), one file each in tests/lab12_students/: the cells
+# it writes ("# %% grade_id" sections), the piece, the mistake, where learners make it, and "# Names:", a regex that
+# the first message of its piece must match (written before the messages were seen) -> the cells it must fail
+STUDENTS = Path(__file__).parent / "lab12_students"
+BLIND = {
+    "bwd_autograd": BACKWARD_TESTS | FUNCTION_TESTS, "bwd_every_tile": BACKWARD_TESTS | FUNCTION_TESTS,
+    "bwd_full_matrix": BACKWARD_TESTS | FUNCTION_TESTS, "bwd_gqa_sum_wrong_order": BACKWARD_TESTS | FUNCTION_TESTS,
+    "bwd_no_mask": BACKWARD_TESTS | FUNCTION_TESTS, "bwd_scores_unscaled": BACKWARD_TESTS | FUNCTION_TESTS,
+    "fa_autograd_through_tiles": FUNCTION_TESTS, "fa_p_on_ctx_attr": FUNCTION_TESTS, "fa_save_p": FUNCTION_TESTS,
+    "fa_three_grads": FUNCTION_TESTS,
+    "fwd_every_tile": ALL_FORWARD, "fwd_full_matrix": ALL_FORWARD, "fwd_gqa_repeat": OUTPUT_TESTS,
+    "fwd_keys_untiled": FORWARD_TESTS, "fwd_lse_without_max": OUTPUT_TESTS,
+    "fwd_mask_only_diagonal_tile": OUTPUT_TESTS, "fwd_scale_twice": OUTPUT_TESTS,
+    "fwd_skip_by_first_query": ALL_FORWARD, "fwd_tail_block_dropped": ALL_FORWARD,
+    "os_alpha_inverted": MERGE_TESTS | OUTPUT_TESTS, "os_o_not_rescaled": MERGE_TESTS | OUTPUT_TESTS,
+    "os_unshifted_exp": {"test_online_softmax_max_moves"},
+    "os_wrong_max": {"test_online_softmax"} | OUTPUT_TESTS,
+}
+
+
+def blind_student(name: str) -> tuple[dict[str, str], str, str]:
+    """({grade_id: code}, the piece, the regex its message must match) of tests/lab12_students/NAME.py."""
+    text = (STUDENTS / f"{name}.py").read_text()
+    parts = re.split(r"^# %% (\S+)\n", text, flags=re.M)
+    piece = re.search(r"^# Piece: (\w+)", text, flags=re.M).group(1)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}, piece, re.search(
+        r"^# Names: (.*)$", text, flags=re.M).group(1)
+
+
+WRONG |= {f"blind-{name}": (blind_student(name)[0], fails) for name, fails in BLIND.items()}
+
 # student -> (a case their code fails, what its message says)
 SAYS = {
     "merge-no-rescale-o": ("12.online_softmax.max_moves", "the running output o was not rescaled"),
@@ -176,7 +217,7 @@ SAYS = {
     "merge-divides-early": ("12.online_softmax.visible", "o was divided by the denominator inside the merge"),
     "forward-masks-instead-of-skipping": ("12.flash_forward.tiles", "lie wholly above the diagonal"),
     "forward-computes-every-tile-reports-some": ("12.flash_forward.visible", "it computed every tile"),
-    "forward-whole-score-matrix": ("12.flash_forward.visible", "made a tensor of shape (2, 6, 10, 10): the whole "
+    "forward-whole-score-matrix": ("12.flash_forward.visible", "made a tensor of shape (12, 10, 10): the whole "
                                    "score matrix"),
     "forward-skip-off-by-one": ("12.flash_forward.visible", "the key tiles stop at k0 <= q0"),
     "forward-skip-one-late": ("12.flash_forward.tiles", "not q1 (an off-by-one)"),
@@ -206,3 +247,23 @@ class TestLab12(RoundTrip):
 @pytest.mark.parametrize("student", sorted(SAYS))
 def test_each_named_mistake_gets_its_message(student):
     check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
+
+
+@pytest.mark.parametrize("student", sorted(BLIND))
+def test_each_blind_mistake_is_named_by_its_piece(student):
+    """The first message of the student's piece (visible cases first) matches the file's "# Names:" regex."""
+    answers, piece, names = blind_student(student)
+    namespace: dict = {}
+    for cell in nbformat.read(ROOT / "solutions" / LAB / f"{LAB}.ipynb", as_version=4).cells:
+        grading = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and not grading.get("grade"):
+            exec(answers.get(grading["grade_id"], cell.source), namespace)
+    cases = sorted((case for case in lab_cases("12") if case.id.split(".")[1] == piece), key=lambda c: c.hidden)
+    for case in cases:
+        try:
+            check(case.id, namespace[piece])
+        except CheckFailed as failed:
+            message = " ".join(str(failed).split())
+            assert re.search(names, message, flags=re.I), message
+            return
+    pytest.fail(f"{student} passes every case of {piece}")

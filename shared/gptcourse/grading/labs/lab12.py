@@ -48,18 +48,21 @@ _PRODUCTS = {"bmm": 0, "mm": 0, "mv": 0, "dot": 0, "baddbmm": 1, "addmm": 1}  # 
 
 class _Work(TensorsMade):
     """TensorsMade that also adds up the multiply-adds of the matrix products (the tiles a loop computed, whatever
-    it reports to on_tile) and keeps the first tensor whose last two axes are (t, t) (the whole score matrix, or
-    a mask as large)."""
+    it reports to on_tile), keeps the largest matrix a product returned (a tile, or a row of scores against every
+    key) and the first tensor whose last two axes are (t, t) (the whole score matrix, or a mask as large)."""
 
     def __init__(self, t: int) -> None:
         super().__init__()
         self.t, self.multiply_adds, self.square, self.square_is_mask = t, 0, (), False
+        self.widest_product: tuple[int, ...] = (0, 0)  # the largest (rows, columns) a matrix product returned
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = super().__torch_dispatch__(func, types, args, kwargs)
         left = _PRODUCTS.get(func.overloadpacket.__name__)
         if left is not None:
             self.multiply_adds += out.numel() * args[left].shape[-1]
+            if out.dim() >= 2 and out.shape[-2] * out.shape[-1] > math.prod(self.widest_product):
+                self.widest_product = tuple(out.shape[-2:])
         for x in tree_leaves(out):
             if not self.square and isinstance(x, torch.Tensor) and tuple(x.shape[-2:]) == (self.t, self.t):
                 self.square, self.square_is_mask = tuple(x.shape), not x.is_floating_point()
@@ -67,7 +70,8 @@ class _Work(TensorsMade):
 
     def outputs(self) -> Outputs:
         return {"multiply_adds": self.multiply_adds, "largest_made": max(map(math.prod, self.shapes), default=0),
-                "square": torch.tensor(self.square, dtype=torch.long), "square_is_mask": self.square_is_mask}
+                "square": torch.tensor(self.square, dtype=torch.long), "square_is_mask": self.square_is_mask,
+                "widest_product": torch.tensor(self.widest_product, dtype=torch.long)}
 
 
 def _tile_area(inputs: Inputs, reach: int = 0) -> int:
@@ -101,7 +105,20 @@ def _check_memory(got: Outputs, inputs: Inputs, what: str) -> None:
                    " numbers here)")
 
 
-def _check_work(got: Outputs, inputs: Inputs, what: str, products: int, names: str) -> None:
+def _check_tile_products(got: Outputs, inputs: Inputs, what: str) -> None:
+    """No matrix product returns more than a tile of scores, (block_q, block_k), or one of (block, D)."""
+    _, _, t, d = inputs["q"].shape
+    block_q, block_k = min(inputs["block_q"], t), min(inputs["block_k"], t)
+    rows, columns = got["widest_product"].tolist()
+    if rows * columns > max(block_q * block_k, block_q * d, block_k * d):
+        raise fail(f"{what}: a matrix product returned a ({rows}, {columns}) block, more than one tile of scores "
+                   f"({block_q}, {block_k}) at a time: a block of queries against every key it sees, with an "
+                   "ordinary softmax? Tile the keys too, one (block_q, block_k) tile of scores at a time, and fold "
+                   "each into the running (m, denom, o) with online_softmax")
+
+
+def _check_work(got: Outputs, inputs: Inputs, what: str, products: int, names: str,
+                hint: str = "the output recomputed, or autograd run through plain attention?") -> None:
     """The matrix products did no more multiply-adds than `products` products of D per (query, key) pair of the
     tiles needed: a tile wholly above the diagonal, computed and masked, shows here."""
     (b, h, _, d), causal = inputs["q"].shape, inputs["causal"]
@@ -119,7 +136,7 @@ def _check_work(got: Outputs, inputs: Inputs, what: str, products: int, names: s
     if causal and done == per_pair * _tile_area(inputs, reach=1):
         raise fail(f"{header}: the key loop stops one tile late, at k0 > q1: the tile that starts at k0 = q1 is "
                    "wholly in the future (q1 - 1 is the block's last query). Stop once k0 > q1 - 1")
-    raise fail(f"{header}: it computes tiles (or products) it does not need" + (
+    raise fail(f"{header}: it computes tiles or products it does not need ({hint})" + (
         "; with causal=True skip the tiles whose first key comes after the block's last query" if causal else ""))
 
 
@@ -156,12 +173,21 @@ KEEP_DENOM = ("the denominator was not updated: add this block's exp(scores - m_
 DIVIDE_EARLY = ("o was divided by the denominator inside the merge: keep o unnormalised (a sum of exp(s - m) v) and "
                 "divide by the denominator once, after the last block")
 
+INVERTED = ("the rescale is upside down: the old sums are multiplied by exp(m - m_new), at most 1, since m_new >= m; "
+            "exp(m_new - m) inflates them instead")
+OWN_MAX = ("this block's exponentials were shifted by the block's own max, not by the new running max m_new: the "
+           "old sums are relative to m_new after the rescale, so p = exp(scores - m_new[..., None])")
+
 
 def _merge_parts(inputs: Inputs) -> dict[str, torch.Tensor]:
     m, denom, o, scores, v = (inputs[key] for key in ("m", "denom", "o", "scores", "v"))
     m_new = torch.maximum(m, scores.amax(dim=-1))
     rescale, p = torch.exp(m - m_new), torch.exp(scores - m_new[..., None])
-    return {"m_new": m_new, "rescale": rescale, "p": p, "pv": p @ v, "denom": denom, "o": o}
+    p_own = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # shifted by the block's own max: a mistake
+    inverted = torch.exp(m_new - m)  # the rescale upside down: a mistake
+    return {"m_new": m_new, "rescale": rescale, "p": p, "pv": p @ v, "denom": denom, "o": o,
+            "own_denom": rescale * denom + p_own.sum(dim=-1), "own_o": rescale[..., None] * o + p_own @ v,
+            "inverted_denom": inverted * denom + p.sum(dim=-1), "inverted_o": inverted[..., None] * o + p @ v}
 
 
 def _merge_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -172,10 +198,22 @@ def _merge_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "m is this block's maximum only: the running max is torch.maximum(m, scores.amax(dim=-1))":
             inputs["scores"].amax(dim=-1)})
     p, pv = parts["p"], parts["pv"]
+    for key in ("denom", "o"):
+        if not bool(torch.isfinite(got[key]).all()) and not bool(torch.isfinite(parts[f"inverted_{key}"]).all()):
+            raise fail(f"the returned {key} holds inf or NaN: {INVERTED} (" + (
+                "on the first block m = -inf, and exp(m_new - m) is inf)" if bool(torch.isinf(inputs["m"]).any())
+                else "it overflows when the maximum jumps)"))
+        if not bool(torch.isfinite(got[key]).all()) and float(inputs["scores"].max()) > 88:
+            raise fail(f"the returned {key} holds inf or NaN where it should not: exp() overflowed. This block's "
+                       f"scores reach {float(inputs['scores'].max()):.0f}, and exp of anything past 88 is inf in "
+                       "float32: exponentiate only differences that are at most 0, exp(scores - m_new) and "
+                       "exp(m - m_new), never a score or a max alone")
     check_close(got["denom"], expected["denom"], "the denominator", mistakes={
-        RESCALE_DENOM: parts["denom"] + p.sum(dim=-1), KEEP_DENOM: parts["denom"]})
+        RESCALE_DENOM: parts["denom"] + p.sum(dim=-1), KEEP_DENOM: parts["denom"], OWN_MAX: parts["own_denom"],
+        INVERTED: parts["inverted_denom"]})
     check_close(got["o"], expected["o"], "the running output o", mistakes={
-        RESCALE_O: parts["o"] + pv, DIVIDE_EARLY: expected["o"] / expected["denom"][..., None]})
+        RESCALE_O: parts["o"] + pv, DIVIDE_EARLY: expected["o"] / expected["denom"][..., None],
+        OWN_MAX: parts["own_o"], INVERTED: parts["inverted_o"]})
 
 
 def _merge_hidden(seed: int) -> Inputs:
@@ -225,23 +263,24 @@ def _kv_heads(x: torch.Tensor, h: int, tiled: bool = False) -> torch.Tensor:
 
 
 def _slow_forward(inputs: Inputs, *, rescale: bool = True, divide_each: bool = False, scale: float | None = None,
-                  keys_through_q0: bool = False, tiled_heads: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  keys_through_q0: bool = False, tiled_heads: bool = False, mask_only_k0_q0: bool = False,
+                  whole_blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """A tiled forward with one of the usual mistakes switched on, for recognising them; right with no flag."""
     q, k, v, causal = inputs["q"], inputs["k"], inputs["v"], inputs["causal"]
-    _, h, t, d = q.shape
+    (_, h, t, d), block_q, block_k = q.shape, inputs["block_q"], inputs["block_k"]
     k, v = _kv_heads(k, h, tiled_heads), _kv_heads(v, h, tiled_heads)  # (B, H, T, D)
     scale = 1 / math.sqrt(d) if scale is None else scale
     allowed = causal_mask(t) if causal else torch.ones(t, t, dtype=torch.bool)
-    out, lse = torch.zeros_like(q), q.new_zeros(q.shape[:3])
-    for q0 in range(0, t, inputs["block_q"]):
-        q1 = min(q0 + inputs["block_q"], t)
+    out, lse = torch.zeros_like(q), q.new_zeros(q.shape[:3])  # queries never visited stay 0
+    for q0 in range(0, t - block_q + 1 if whole_blocks else t, block_q):
+        q1 = min(q0 + block_q, t)
         m = q.new_full((*q.shape[:2], q1 - q0), float("-inf"))
         denom, o = torch.zeros_like(m), torch.zeros_like(q[:, :, q0:q1])
-        last = q0 + 1 if keys_through_q0 and causal else t
-        for k0 in range(0, last, inputs["block_k"]):
-            k1 = min(k0 + inputs["block_k"], t)
-            s = (q[:, :, q0:q1] @ k[:, :, k0:k1].transpose(-2, -1) * scale).masked_fill(
-                ~allowed[q0:q1, k0:k1], float("-inf"))
+        last = q0 + 1 if keys_through_q0 and causal else q1 if causal else t
+        for k0 in range(0, min(last, t - block_k + 1) if whole_blocks else last, block_k):
+            k1 = min(k0 + block_k, t)
+            tile_allowed = allowed[q0:q1, k0:k1] if not mask_only_k0_q0 or k0 == q0 else allowed.new_ones(())
+            s = (q[:, :, q0:q1] @ k[:, :, k0:k1].transpose(-2, -1) * scale).masked_fill(~tile_allowed, float("-inf"))
             m_new = torch.maximum(m, s.amax(dim=-1))
             factor = torch.exp(m - m_new) if rescale else torch.ones_like(m)
             p = torch.exp(s - m_new[..., None])
@@ -257,10 +296,14 @@ def _slow_forward(inputs: Inputs, *, rescale: bool = True, divide_each: bool = F
 TILED_HEADS = ("the kv heads were repeated with repeat (tiled: kv heads 0, 1, 0, 1, ...), not repeat_interleave "
                "(0, 0, 1, 1, ...): query head i shares kv head i // G, G = H / H_kv, so k.repeat_interleave(G, "
                "dim=1)")
+TAIL_DROPPED = ("the last, shorter block was left out: range(0, T - block + 1, block) visits whole blocks only. "
+                "When T is not a multiple of the block, loop over range(0, T, block) and end each block at "
+                "min(start + block, T)")
 NO_RESCALE = ("the running output and denominator were not rescaled by exp(m_old - m_new) when a later tile raised "
               "the maximum: the earlier tiles keep weights relative to the old maximum")
-OFF_BY_ONE = ("the key tiles stop at k0 <= q0, the block's *first* query: with block_k smaller than block_q the "
-              "later queries of the block never see their last keys. A key tile is needed while k0 <= q1 - 1, the "
+OFF_BY_ONE = ("the key tiles stop at k0 <= q0, the block's *first* query: with block_k smaller than block_q that "
+              "skips tiles that straddle the diagonal, whose keys the later queries of the block see. A key tile is "
+              "needed while k0 <= q1 - 1, the "
               "block's last query (q1 = min(q0 + block_q, T))")
 
 
@@ -271,14 +314,19 @@ def _forward_mistakes(inputs: Inputs) -> dict[str, dict[str, torch.Tensor]]:
         "the output was divided by the denominator after every tile: keep o unnormalised inside the loop and divide "
         "once, after the last key tile (dividing early and carrying on weights the tiles wrongly)":
             _slow_forward(inputs, divide_each=True),
-        "the scores were divided by D, not sqrt(D): scale = 1 / math.sqrt(D)": _slow_forward(inputs, scale=1 / d),
+        "the scores were divided by D, not sqrt(D) (or by sqrt(D) twice: q scaled and then its scores again): "
+        "scale the scores once, by 1 / math.sqrt(D)": _slow_forward(inputs, scale=1 / d),
         "the scores were not scaled: multiply q @ k^T by 1 / math.sqrt(D)": _slow_forward(inputs, scale=1.0),
         OFF_BY_ONE: _slow_forward(inputs, keys_through_q0=True),
         TILED_HEADS: _slow_forward(inputs, tiled_heads=True),
+        "only the tile with k0 == q0 was masked: with block_q != block_k other tiles straddle the diagonal too. Mask "
+        "every tile that holds a key after the block's first query (k1 - 1 > q0), -inf where key j > query i":
+            _slow_forward(inputs, mask_only_k0_q0=True),
+        TAIL_DROPPED: _slow_forward(inputs, whole_blocks=True),
     }
     divided_each = next(why for why in variants if "every tile" in why)  # its denominator ends at 1: L = m
     return {"out": {why: wrong[0] for why, wrong in variants.items()},
-            "lse": {why: wrong[1] for why, wrong in variants.items() if why != divided_each}}
+            "lse": {why: wrong[1] for why, wrong in variants.items() if why not in (divided_each, TAIL_DROPPED)}}
 
 
 def _forward_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -294,6 +342,7 @@ def _forward_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
             running_max,
         "L is log(denom) alone: add the running max, L = m + log(denom)": expected["lse"] - running_max})
     _check_memory(got, inputs, f"flash_forward({_describe(inputs)})")
+    _check_tile_products(got, inputs, f"flash_forward({_describe(inputs)})")
     _check_work(got, inputs, f"flash_forward({_describe(inputs)})", 2, "q k^T and p v")
 
 
@@ -332,6 +381,7 @@ def _tiles_call(fn: Any, inputs: Inputs) -> Outputs:
 def _tiles_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     _check_reported_tiles(got, expected, inputs)
     _check_memory(got, inputs, f"flash_forward({_describe(inputs)})")
+    _check_tile_products(got, inputs, f"flash_forward({_describe(inputs)})")
     _check_work(got, inputs, f"flash_forward({_describe(inputs)})", 2, "q k^T and p v")
 
 
@@ -352,6 +402,8 @@ def _check_reported_tiles(got: Outputs, expected: Outputs, inputs: Inputs) -> No
                    "block). Skip them, do not compute and mask them: stop the key loop once k0 > q1 - 1, the last "
                    "query of the block" + (", not q1 (an off-by-one)" if all(k0 <= min(q0 + block_q, t)
                                                                           for q0, k0 in extra) else ""))
+    if missing and all(q0 + block_q > t or k0 + inputs["block_k"] > t for q0, k0 in missing):
+        raise fail(f"{what}: the tiles {missing[:4]} (q0, k0) were skipped: {TAIL_DROPPED}")
     if missing:
         raise fail(f"{what}: the tiles {missing[:4]} (q0, k0) hold keys the queries may see, and were skipped; with "
                    f"causal={inputs['causal']} a tile is needed when k0 <= q1 - 1 (q1 = min(q0 + block_q, T))")
@@ -381,24 +433,53 @@ def _backward_call(fn: Any, inputs: Inputs) -> Outputs:
     return {**dict(zip(("dq", "dk", "dv"), got, strict=True)), **work.outputs()}
 
 
-def _explicit_grads(inputs: Inputs, *, delta: bool = True, scale_grads: bool = True,
-                    tiled_heads: bool = False) -> dict[str, torch.Tensor]:
+def _explicit_grads(inputs: Inputs, *, delta: bool = True, scale_grads: bool = True, scale_scores: bool = True,
+                    mask_inside: bool = True, expand: str = "interleave", reduce: str = "interleave"
+                    ) -> dict[str, torch.Tensor]:
     """dq, dk, dv from the whole (T, T) probabilities recomputed from the given L, delta from the given output (as
-    a backward has them), with a mistake switched off or on; right by default."""
+    a backward has them), with a mistake switched on; right by default. `mask_inside=False`: the tiles above the
+    diagonal skipped, the ones that straddle it not masked; `expand`, `reduce`: how the kv heads were repeated
+    for the query heads and their gradients summed back ("interleave", or "tile" as x.repeat does)."""
     q, k, v, out, lse, grad_out = (inputs[key] for key in ("q", "k", "v", "out", "lse", "grad_out"))
     (b, h, t, d), h_kv = q.shape, k.size(1)
-    kr, vr = _kv_heads(k, h, tiled_heads), _kv_heads(v, h, tiled_heads)  # (B, H, T, D)
-    scores = q @ kr.transpose(-2, -1) / math.sqrt(d)  # (B, H, T, T)
-    if inputs["causal"]:
-        scores = scores.masked_fill(~causal_mask(t), float("-inf"))
-    p = torch.exp(scores - lse[..., None])
+    kr, vr = _kv_heads(k, h, expand == "tile"), _kv_heads(v, h, expand == "tile")  # (B, H, T, D)
+    scores = q @ kr.transpose(-2, -1) / (math.sqrt(d) if scale_scores else 1.0)  # (B, H, T, T)
+    allowed = causal_mask(t) if inputs["causal"] else torch.ones(t, t, dtype=torch.bool)
+    if not mask_inside:
+        allowed = torch.zeros(t, t, dtype=torch.bool)
+        for q0, q1, k0, k1 in computed_tiles(t, t, inputs["block_q"], inputs["block_k"], inputs["causal"]):
+            allowed[q0:q1, k0:k1] = True
+    p = torch.exp(scores - lse[..., None]).masked_fill(~allowed, 0.0)
     dp = grad_out @ vr.transpose(-2, -1)
     ds = p * (dp - (grad_out * out).sum(dim=-1, keepdim=True)) if delta else p * dp
     s = 1 / math.sqrt(d) if scale_grads else 1.0
     # the G query heads of a kv head, summed: heads j G .. j G + G - 1 (tiled: j, j + H_kv, ...)
-    group, axis = ((b, h // h_kv, h_kv, t, d), 1) if tiled_heads else ((b, h_kv, h // h_kv, t, d), 2)
+    group, axis = ((b, h // h_kv, h_kv, t, d), 1) if reduce == "tile" else ((b, h_kv, h // h_kv, t, d), 2)
     return {"dq": ds @ kr * s, "dk": (ds.transpose(-2, -1) @ q * s).view(group).sum(axis),
             "dv": (p.transpose(-2, -1) @ grad_out).view(group).sum(axis)}
+
+
+def _backward_mistakes(inputs: Inputs) -> dict[str, dict[str, torch.Tensor]]:
+    """{why: the (dq, dk, dv) that mistake gives}."""
+    return {
+        "the softmax's backward lacks its row term: dS = P * (dP - delta), delta = (dO * O).sum(-1) for each query "
+        "row (delta_i = sum_j P_ij dP_ij)": _explicit_grads(inputs, delta=False),
+        "dq and dk lack the scale: the scores were q k^T / sqrt(D), so dq = dS k / sqrt(D) and dk = dS^T q / "
+        "sqrt(D)": _explicit_grads(inputs, scale_grads=False),
+        "the scores recomputed in the backward lack the forward's 1/sqrt(D): P = exp(q k^T / sqrt(D) - L), the "
+        "scores L was computed from": _explicit_grads(inputs, scale_scores=False),
+        "the recomputed probabilities were not masked inside the tiles that straddle the diagonal: P = exp(S - L) "
+        "must be 0 where key j > query i, as the forward masked it, or the future keys get gradient":
+            _explicit_grads(inputs, mask_inside=False),
+        TILED_HEADS + ", and dk, dv sum the G query heads of each kv head, .view(B, H_kv, G, T, D).sum(2)":
+            _explicit_grads(inputs, expand="tile", reduce="tile"),
+        "dk and dv were summed over the wrong query heads: after repeat_interleave kv head j serves query heads "
+        "j G .. j G + G - 1, so .view(B, H_kv, G, T, D).sum(2); .view(B, G, H_kv, T, D).sum(1) is repeat's layout":
+            _explicit_grads(inputs, reduce="tile"),
+        "the kv heads were expanded with repeat (tiled) and their gradients summed as repeat_interleave's groups, "
+        ".view(B, H_kv, G, T, D).sum(2): expand with k.repeat_interleave(G, dim=1) as well, so that query head i "
+        "uses kv head i // G in both": _explicit_grads(inputs, expand="tile"),
+    }
 
 
 def _backward_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -406,18 +487,12 @@ def _backward_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     for key, shape, label in (("dq", "B H T D", "dq"), ("dk", "B H_kv T D", "dk"), ("dv", "B H_kv T D", "dv")):
         check_shape(got[key], shape, sizes, label + (" (kv heads: sum the gradients of the G query heads that "
                                                      "share each one)" if key != "dq" else ""))
-    no_delta, unscaled = _explicit_grads(inputs, delta=False), _explicit_grads(inputs, scale_grads=False)
-    tiled = _explicit_grads(inputs, tiled_heads=True)
+    mistakes = _backward_mistakes(inputs)
     for key in ("dv", "dq", "dk"):
-        check_close(got[key], expected[key], key, mistakes={
-            "the softmax's backward lacks its row term: dS = P * (dP - delta), delta = (dO * O).sum(-1) for each "
-            "query row (delta_i = sum_j P_ij dP_ij)": no_delta[key],
-            "dq and dk lack the scale: the scores were q k^T / sqrt(D), so dq = dS k / sqrt(D) and "
-            "dk = dS^T q / sqrt(D)": unscaled[key],
-            TILED_HEADS + ", and dk, dv sum the G query heads of each kv head, .view(B, H_kv, G, T, D).sum(2)":
-                tiled[key]})
+        check_close(got[key], expected[key], key, mistakes={why: wrong[key] for why, wrong in mistakes.items()})
     what = f"flash_backward({_describe(inputs)}, out, lse, grad_out)"
     _check_memory(got, inputs, what)
+    _check_tile_products(got, inputs, what)
     _check_work(got, inputs, what, 5, "q k^T, p^T dO, dO v^T, dS k and dS^T q")
 
 
@@ -460,13 +535,15 @@ def _function_call(cls: Any, inputs: Inputs) -> Outputs:
             **work.outputs()}
 
 
+class _Reference:
+    """gptcourse.flash_attention as a class with the student's `apply(q, k, v, causal, block_q, block_k)`: the
+    package's FlashAttention.apply takes the scale, window and padding mask too, hence `expected`."""
+
+    apply = staticmethod(flash_attention)
+
+
 def _function_expected(inputs: Inputs) -> Outputs:
-    """gptcourse.flash_attention, whose FlashAttention.apply takes the scale, window and padding mask too: the
-    student's class is called with six arguments, hence `expected`."""
-    q, k, v = (inputs[key].clone().requires_grad_() for key in ("q", "k", "v"))
-    out = flash_attention(q, k, v, inputs["causal"], inputs["block_q"], inputs["block_k"])
-    grads = torch.autograd.grad(out, (q, k, v), inputs["grad_out"])
-    return {"out": out.detach(), "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+    return _function_call(_Reference, inputs)
 
 
 def _function_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -484,7 +561,11 @@ def _function_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    f"attribute tensor), more than q, k, v, the output and L hold together, {allowed}: save exactly "
                    "those five with ctx.save_for_backward(q, k, v, out, lse), k and v as given (B, H_kv, T, D), and "
                    "let the backward recompute everything else tile by tile")
-    _check_memory(got, inputs, f"FlashAttention.apply({_describe(inputs)}) and its backward")
+    what = f"FlashAttention.apply({_describe(inputs)}) and its backward"
+    _check_memory(got, inputs, what)
+    _check_work(got, inputs, what, 7, "2 in flash_forward, 5 in flash_backward", "does backward differentiate "
+                "through the forward with autograd, which recomputes it and keeps every tile's P in autograd's "
+                "graph, instead of calling flash_backward on what forward saved?")
     check_shape(got["out"], "B H T D", inputs["sizes"], "the output of FlashAttention.apply")
     check_close(got["out"], expected["out"], "the output (your forward runs your flash_forward: if its tests pass, "
                 "check what forward returns)")
@@ -503,8 +584,9 @@ PIECES = declare(
     Piece("12", "online_softmax", online_softmax, _merge_call, judge=_merge_judge, forbidden=_FORBIDDEN,
           visible=[("visible", "online_softmax: the state after 6 keys (B=2, 3 query rows, D=4) and a block of 5",
                     lambda seed: _merge_inputs(2, 3, 6, 5, 4, seed)),
-                   ("max_moves", "online_softmax with a block whose scores are larger (the maximum moves)",
-                    lambda seed: _merge_inputs(2, 3, 6, 5, 4, seed, jump=4.0))],
+                   ("max_moves", "online_softmax with a block whose scores are about 100 larger (the maximum "
+                    "moves, and exp of a score alone overflows)",
+                    lambda seed: _merge_inputs(2, 3, 6, 5, 4, seed, jump=100.0))],
           hidden=[("hidden_first", "online_softmax on the first block (m = -inf, denom = 0, o = 0)",
                    lambda seed: _merge_inputs(1, 2, 0, 4, 3, seed)),
                   ("hidden_sizes", "online_softmax with other sizes", _merge_hidden)]),
