@@ -208,7 +208,7 @@ def blind_student(name: str) -> tuple[dict[str, str], str, str]:
         r"^# Names: (.*)$", text, flags=re.M).group(1)
 
 
-WRONG |= {f"blind-{name}": (blind_student(name)[0], fails) for name, fails in BLIND.items()}
+WRONG |= {"blind-" + name.replace("_", "-"): (blind_student(name)[0], fails) for name, fails in BLIND.items()}  # ids: a-z0-9-
 
 # student -> (a case their code fails, what its message says)
 SAYS = {
