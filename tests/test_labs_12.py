@@ -208,7 +208,8 @@ def blind_student(name: str) -> tuple[dict[str, str], str, str]:
         r"^# Names: (.*)$", text, flags=re.M).group(1)
 
 
-WRONG |= {"blind-" + name.replace("_", "-"): (blind_student(name)[0], fails) for name, fails in BLIND.items()}  # ids: a-z0-9-
+# a student id is [a-z0-9-]: bwd_no_mask grades as blind-bwd-no-mask
+WRONG |= {"blind-" + name.replace("_", "-"): (blind_student(name)[0], fails) for name, fails in BLIND.items()}
 
 # student -> (a case their code fails, what its message says)
 SAYS = {
