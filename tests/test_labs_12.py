@@ -157,8 +157,9 @@ WRONG = {
                                            scores="whole[:, :, q0:q1, k0:k1]"), FORWARD_TESTS | FUNCTION_TESTS),
     # stops at the block's first query: with blocks of 4 queries and 3 keys, the last keys of a block are missed
     "forward-skip-off-by-one": (forward(skip="k0 > q0"), OUTPUT_TESTS | TILE_TESTS),
-    # one tile late (LAB12-3): right outputs; the visible tiles case has key tiles starting at q1
-    "forward-skip-one-late": (forward(skip="k0 > q1"), TILE_TESTS),
+    # one tile late (LAB12-3): right outputs; the visible tiles case, and the class's hidden_gqa, have key tiles
+    # starting at q1
+    "forward-skip-one-late": (forward(skip="k0 > q1"), TILE_TESTS | {"test_FlashAttention_hidden"}),
     "forward-scale-by-d": (forward(scale="1 / d"), OUTPUT_TESTS),
     # the output is right; the backward, fed the max as L, recomputes wrong probabilities
     "forward-lse-is-max": (forward(lse="m"), OUTPUT_TESTS),

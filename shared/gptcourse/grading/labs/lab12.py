@@ -622,6 +622,7 @@ PIECES = declare(
           visible=[("visible", "FlashAttention.apply, causal, q (1, 4, 11, 3), k, v (1, 2, 11, 3): output, "
                     "gradients, what it keeps for the backward", lambda seed: _backward_inputs(*UNEVEN, seed))],
           hidden=[("hidden_gqa", "FlashAttention with grouped-query shapes (4 query heads, 2 kv heads), blocks of 4 "
-                   "queries and 3 keys", lambda seed: _backward_inputs(2, 4, 2, 9, 3, 4, 3, True, seed)),
+                   "queries and 2 keys (key tiles start at q1 = 4 and 8)",
+                   lambda seed: _backward_inputs(2, 4, 2, 9, 3, 4, 2, True, seed)),
                   ("hidden_sizes", "FlashAttention with other sizes", _backward_hidden)]),
 )
