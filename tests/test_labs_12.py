@@ -3,8 +3,17 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+import nbformat
 import pytest
 from lab_roundtrip import RoundTrip, Validation, check_named_mistake
+from nbgrader_course import ROOT
+
+from gptcourse.checks import CheckFailed
+from gptcourse.grading import check
+from gptcourse.grading.cases import lab_cases
 
 LAB = "12_flash_attention"
 MERGE = '''
@@ -19,8 +28,8 @@ RIGHT_MERGE = {"denom": "rescale * denom + p.sum(dim=-1)", "o": "rescale[..., No
 FORWARD = '''
 def flash_forward(q, k, v, causal, block_q, block_k, on_tile=None):
     b, h, t, d = q.shape
-    k, v = k.repeat_interleave(h // k.size(1), dim=1), v.repeat_interleave(h // v.size(1), dim=1)
-    scale = {scale}
+    k, v = {kv}
+    scale = {scale}{setup}
     out, lse = torch.empty_like(q), q.new_empty(b, h, t)
     for q0 in range(0, t, block_q):
         q1 = min(q0 + block_q, t)
@@ -30,9 +39,9 @@ def flash_forward(q, k, v, causal, block_q, block_k, on_tile=None):
             if causal and {skip}:
                 break
             k1 = min(k0 + block_k, t)
-            if on_tile is not None:
+            if {report}:
                 on_tile(q0, k0)
-            scores = q[:, :, q0:q1] @ k[:, :, k0:k1].transpose(-2, -1) * scale
+            scores = {scores}
             if causal:
                 future = torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None]
                 scores = scores.masked_fill(future, float("-inf"))
@@ -41,47 +50,52 @@ def flash_forward(q, k, v, causal, block_q, block_k, on_tile=None):
         lse[:, :, q0:q1] = {lse}
     return out, lse
 '''
-RIGHT_FORWARD = {"scale": "1 / math.sqrt(d)", "skip": "k0 > q1 - 1", "lse": "m + denom.log()"}
-BACKWARD_NO_DELTA = '''
+INTERLEAVED = "k.repeat_interleave(h // k.size(1), dim=1), v.repeat_interleave(h // v.size(1), dim=1)"
+TILED = "k.repeat(1, h // k.size(1), 1, 1), v.repeat(1, h // v.size(1), 1, 1)"
+RIGHT_FORWARD = {"kv": INTERLEAVED, "scale": "1 / math.sqrt(d)", "setup": "", "skip": "k0 > q1 - 1",
+                 "report": "on_tile is not None", "scores": "q[:, :, q0:q1] @ k[:, :, k0:k1].transpose(-2, -1) * scale",
+                 "lse": "m + denom.log()"}
+BACKWARD = '''
 def flash_backward(q, k, v, out, lse, grad_out, causal, block_q, block_k):
     b, h, t, d = q.shape
     h_kv = k.size(1)
-    k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
+    k, v = {kv}
     scale = 1 / math.sqrt(d)
+    delta = (grad_out * out).sum(dim=-1, keepdim=True)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for q0 in range(0, t, block_q):
         q1 = min(q0 + block_q, t)
-        for k0 in range(0, q1, block_k):
-            k1 = min(k0 + block_k, t) if causal else t
+        for k0 in range(0, t, block_k):
+            if causal and {skip}:
+                break
+            k1 = min(k0 + block_k, t)
             qt, kt, vt, dot = q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1], grad_out[:, :, q0:q1]
             p = torch.exp(qt @ kt.transpose(-2, -1) * scale - lse[:, :, q0:q1, None])
             if causal:
                 p = p.masked_fill(torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None], 0.0)
             dv[:, :, k0:k1] += p.transpose(-2, -1) @ dot
-            ds = p * (dot @ vt.transpose(-2, -1))
+            ds = p * (dot @ vt.transpose(-2, -1){delta})
             dq[:, :, q0:q1] += ds @ kt * scale
             dk[:, :, k0:k1] += ds.transpose(-2, -1) @ qt * scale
-    group = (b, h_kv, h // h_kv, t, d)
-    return dq, dk.view(group).sum(2), dv.view(group).sum(2)
+    return dq, dk.view({group}).sum({axis}), dv.view({group}).sum({axis})
 '''
-SAVES_SOFTMAX = '''
+RIGHT_BACKWARD = {"kv": INTERLEAVED.replace("k.size(1)", "h_kv").replace("v.size(1)", "h_kv"), "skip": "k0 > q1 - 1",
+                  "delta": " - delta[:, :, q0:q1]", "group": "b, h_kv, h // h_kv, t, d", "axis": "2"}
+FUNCTION = '''
 class FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, block_q, block_k):
         out, lse = flash_forward(q, k, v, causal, block_q, block_k)
         h = q.size(1)
         kr = k.repeat_interleave(h // k.size(1), dim=1)
-        scores = q @ kr.transpose(-2, -1) / math.sqrt(q.size(-1))
-        probs = torch.exp(scores - lse[..., None])
-        if causal:
-            probs = probs.tril()
-        ctx.save_for_backward(q, k, v, out, probs)
+        {keep}
         ctx.options = (causal, block_q, block_k)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, probs = ctx.saved_tensors
+        q, k, v, out{more} = ctx.saved_tensors
+        probs = {probs}
         b, h, t, d = q.shape
         h_kv = k.size(1)
         kr, vr = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
@@ -93,9 +107,36 @@ class FlashAttention(torch.autograd.Function):
         dv = (probs.transpose(-2, -1) @ grad_out).view(group).sum(2)
         return dq, dk, dv, None, None, None
 '''
+WHOLE_PROBS = '''probs = torch.exp(q @ kr.transpose(-2, -1) / math.sqrt(q.size(-1)) - lse[..., None])
+        if causal:
+            probs = probs.tril()'''
+# the probabilities a block of queries at a time, (B, H, block_q, T): no (T, T) tensor, but all of them kept
+ROWS_PROBS = '''ctx.rows = []
+        for q0 in range(0, q.size(2), block_q):
+            s = q[:, :, q0:q0 + block_q] @ kr.transpose(-2, -1) / math.sqrt(q.size(-1))
+            if causal:
+                s = s.masked_fill(torch.arange(s.size(-1)) > torch.arange(q0, q0 + s.size(2))[:, None], -math.inf)
+            ctx.rows.append(torch.exp(s - lse[:, :, q0:q0 + block_q, None]))
+        ctx.save_for_backward(q, k, v, out)'''
+SAVES_SOFTMAX = FUNCTION.format(keep=WHOLE_PROBS + "\n        ctx.save_for_backward(q, k, v, out, probs)",
+                                more=", probs", probs="probs")
 MERGE_TESTS = {"test_online_softmax", "test_online_softmax_max_moves", "test_online_softmax_hidden"}
 OUTPUT_TESTS = {"test_flash_forward", "test_flash_forward_hidden", "test_FlashAttention", "test_FlashAttention_hidden"}
 TILE_TESTS = {"test_flash_forward_tiles", "test_flash_forward_hidden"}
+FORWARD_TESTS = {"test_flash_forward", "test_flash_forward_tiles", "test_flash_forward_hidden"}
+BACKWARD_TESTS = {"test_flash_backward", "test_flash_backward_hidden"}
+FUNCTION_TESTS = {"test_FlashAttention", "test_FlashAttention_hidden"}
+ALL_FORWARD = FORWARD_TESTS | FUNCTION_TESTS  # the class runs the student's forward
+
+
+def forward(**wrong: str) -> dict[str, str]:
+    return {"flash_forward": FORWARD.format(**RIGHT_FORWARD | wrong)}
+
+
+def backward(**wrong: str) -> dict[str, str]:
+    return {"flash_backward": BACKWARD.format(**RIGHT_BACKWARD | wrong)}
+
+
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail); the student's online_softmax
 # feeds their flash_forward, which feeds their FlashAttention, so a wrong merge fails those too
 WRONG = {
@@ -105,21 +146,71 @@ WRONG = {
                                 MERGE_TESTS | OUTPUT_TESTS),
     "merge-divides-early": ({"online_softmax": MERGE.format(**RIGHT_MERGE | {
         "o": "(rescale[..., None] * o + p @ v) / denom_new[..., None]"})}, MERGE_TESTS | OUTPUT_TESTS),
-    # right outputs: only the tiles on_tile sees show the tiles above the diagonal computed and masked
-    "forward-masks-instead-of-skipping": ({"flash_forward": FORWARD.format(**RIGHT_FORWARD | {"skip": "False"})},
-                                          TILE_TESTS),
+    # right outputs: the products counted in the kernel show the tiles above the diagonal computed and masked
+    "forward-masks-instead-of-skipping": (forward(skip="False"), ALL_FORWARD),
+    # the same, reporting to on_tile only the tiles it should compute (issue 42)
+    "forward-computes-every-tile-reports-some": (forward(skip="False", report="on_tile is not None and k0 < q1"),
+                                                 ALL_FORWARD),
+    # right outputs and tiles, from the whole (B, H, T, T) score matrix computed once and sliced (LAB12-1); the
+    # class runs it too
+    "forward-whole-score-matrix": (forward(setup="\n    whole = q @ k.transpose(-2, -1) * scale",
+                                           scores="whole[:, :, q0:q1, k0:k1]"), FORWARD_TESTS | FUNCTION_TESTS),
     # stops at the block's first query: with blocks of 4 queries and 3 keys, the last keys of a block are missed
-    "forward-skip-off-by-one": ({"flash_forward": FORWARD.format(**RIGHT_FORWARD | {"skip": "k0 > q0"})},
-                                OUTPUT_TESTS | TILE_TESTS),
-    "forward-scale-by-d": ({"flash_forward": FORWARD.format(**RIGHT_FORWARD | {"scale": "1 / d"})}, OUTPUT_TESTS),
+    "forward-skip-off-by-one": (forward(skip="k0 > q0"), OUTPUT_TESTS | TILE_TESTS),
+    # one tile late (LAB12-3): right outputs; the visible tiles case, and the class's hidden_gqa, have key tiles
+    # starting at q1
+    "forward-skip-one-late": (forward(skip="k0 > q1"), TILE_TESTS | {"test_FlashAttention_hidden"}),
+    "forward-scale-by-d": (forward(scale="1 / d"), OUTPUT_TESTS),
     # the output is right; the backward, fed the max as L, recomputes wrong probabilities
-    "forward-lse-is-max": ({"flash_forward": FORWARD.format(**RIGHT_FORWARD | {"lse": "m"})}, OUTPUT_TESTS),
-    "backward-no-delta": ({"flash_backward": BACKWARD_NO_DELTA},
-                          {"test_flash_backward", "test_flash_backward_hidden", "test_FlashAttention",
-                           "test_FlashAttention_hidden"}),
-    "function-saves-softmax": ({"FlashAttention": SAVES_SOFTMAX},
-                               {"test_FlashAttention", "test_FlashAttention_hidden"}),
+    "forward-lse-is-max": (forward(lse="m"), OUTPUT_TESTS),
+    # kv heads tiled (LAB12-4): the visible case is grouped
+    "forward-kv-heads-tiled": (forward(kv=TILED), OUTPUT_TESTS),
+    "backward-no-delta": (backward(delta=""), BACKWARD_TESTS | FUNCTION_TESTS),
+    # right gradients, every tile computed and masked (LAB12-5); the class runs it, and counts its products too
+    "backward-visits-every-tile": (backward(skip="False"), BACKWARD_TESTS | FUNCTION_TESTS),
+    "backward-kv-heads-tiled": (backward(kv=TILED.replace("k.size(1)", "h_kv").replace("v.size(1)", "h_kv"),
+                                         group="b, h // h_kv, h_kv, t, d", axis="1"), BACKWARD_TESTS | FUNCTION_TESTS),
+    "function-saves-softmax": ({"FlashAttention": SAVES_SOFTMAX}, FUNCTION_TESTS),
+    # P kept on ctx outside save_for_backward (LAB12-2), whole or a block of query rows at a time
+    "function-keeps-probs-on-ctx": ({"FlashAttention": FUNCTION.format(
+        keep=WHOLE_PROBS + "\n        ctx.probs = probs\n        ctx.save_for_backward(q, k, v, out)", more="",
+        probs="ctx.probs")}, FUNCTION_TESTS),
+    "function-keeps-prob-rows-on-ctx": ({"FlashAttention": FUNCTION.format(keep=ROWS_PROBS, more="",
+                                                                           probs="torch.cat(ctx.rows, dim=2)")},
+                                        FUNCTION_TESTS),
 }
+
+# Wrong implementations written blind to these tests (issue 42), one file each in tests/lab12_students/: the cells
+# it writes ("# %% grade_id" sections), the piece, the mistake, where learners make it, and "# Names:", a regex that
+# the first message of its piece must match (written before the messages were seen) -> the cells it must fail
+STUDENTS = Path(__file__).parent / "lab12_students"
+BLIND = {
+    "bwd_autograd": BACKWARD_TESTS | FUNCTION_TESTS, "bwd_every_tile": BACKWARD_TESTS | FUNCTION_TESTS,
+    "bwd_full_matrix": BACKWARD_TESTS | FUNCTION_TESTS, "bwd_gqa_sum_wrong_order": BACKWARD_TESTS | FUNCTION_TESTS,
+    "bwd_no_mask": BACKWARD_TESTS | FUNCTION_TESTS, "bwd_scores_unscaled": BACKWARD_TESTS | FUNCTION_TESTS,
+    "fa_autograd_through_tiles": FUNCTION_TESTS, "fa_p_on_ctx_attr": FUNCTION_TESTS, "fa_save_p": FUNCTION_TESTS,
+    "fa_three_grads": FUNCTION_TESTS,
+    "fwd_every_tile": ALL_FORWARD, "fwd_full_matrix": ALL_FORWARD, "fwd_gqa_repeat": OUTPUT_TESTS,
+    "fwd_keys_untiled": FORWARD_TESTS, "fwd_lse_without_max": OUTPUT_TESTS,
+    "fwd_mask_only_diagonal_tile": OUTPUT_TESTS, "fwd_scale_twice": OUTPUT_TESTS,
+    "fwd_skip_by_first_query": ALL_FORWARD, "fwd_tail_block_dropped": ALL_FORWARD,
+    "os_alpha_inverted": MERGE_TESTS | OUTPUT_TESTS, "os_o_not_rescaled": MERGE_TESTS | OUTPUT_TESTS,
+    "os_unshifted_exp": {"test_online_softmax_max_moves"},
+    "os_wrong_max": {"test_online_softmax"} | OUTPUT_TESTS,
+}
+
+
+def blind_student(name: str) -> tuple[dict[str, str], str, str]:
+    """({grade_id: code}, the piece, the regex its message must match) of tests/lab12_students/NAME.py."""
+    text = (STUDENTS / f"{name}.py").read_text()
+    parts = re.split(r"^# %% (\S+)\n", text, flags=re.M)
+    piece = re.search(r"^# Piece: (\w+)", text, flags=re.M).group(1)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}, piece, re.search(
+        r"^# Names: (.*)$", text, flags=re.M).group(1)
+
+
+# a student id is [a-z0-9-]: bwd_no_mask grades as blind-bwd-no-mask
+WRONG |= {"blind-" + name.replace("_", "-"): (blind_student(name)[0], fails) for name, fails in BLIND.items()}
 
 # student -> (a case their code fails, what its message says)
 SAYS = {
@@ -127,11 +218,21 @@ SAYS = {
     "merge-denom-not-updated": ("12.online_softmax.visible", "the denominator was not updated"),
     "merge-divides-early": ("12.online_softmax.visible", "o was divided by the denominator inside the merge"),
     "forward-masks-instead-of-skipping": ("12.flash_forward.tiles", "lie wholly above the diagonal"),
+    "forward-computes-every-tile-reports-some": ("12.flash_forward.visible", "it computed every tile"),
+    "forward-whole-score-matrix": ("12.flash_forward.visible", "made a tensor of shape (12, 10, 10): the whole "
+                                   "score matrix"),
     "forward-skip-off-by-one": ("12.flash_forward.visible", "the key tiles stop at k0 <= q0"),
+    "forward-skip-one-late": ("12.flash_forward.tiles", "not q1 (an off-by-one)"),
     "forward-scale-by-d": ("12.flash_forward.visible", "the scores were divided by D, not sqrt(D)"),
     "forward-lse-is-max": ("12.flash_forward.visible", "L is the running max m alone"),
+    "forward-kv-heads-tiled": ("12.flash_forward.visible", "the kv heads were repeated with repeat"),
     "backward-no-delta": ("12.flash_backward.visible", "the softmax's backward lacks its row term"),
-    "function-saves-softmax": ("12.FlashAttention.visible", "the (T, T) probabilities (the softmax)"),
+    "backward-visits-every-tile": ("12.flash_backward.visible", "it computed every tile"),
+    "backward-kv-heads-tiled": ("12.flash_backward.visible", "the kv heads were repeated with repeat"),
+    "function-saves-softmax": ("12.FlashAttention.visible", "(with save_for_backward), B H T T = 484: the (T, T) "
+                               "probabilities"),
+    "function-keeps-probs-on-ctx": ("12.FlashAttention.visible", "(on ctx, outside save_for_backward), B H T T"),
+    "function-keeps-prob-rows-on-ctx": ("12.FlashAttention.visible", "more than q, k, v, the output and L"),
 }
 
 
@@ -148,3 +249,23 @@ class TestLab12(RoundTrip):
 @pytest.mark.parametrize("student", sorted(SAYS))
 def test_each_named_mistake_gets_its_message(student):
     check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
+
+
+@pytest.mark.parametrize("student", sorted(BLIND))
+def test_each_blind_mistake_is_named_by_its_piece(student):
+    """The first message of the student's piece (visible cases first) matches the file's "# Names:" regex."""
+    answers, piece, names = blind_student(student)
+    namespace: dict = {}
+    for cell in nbformat.read(ROOT / "solutions" / LAB / f"{LAB}.ipynb", as_version=4).cells:
+        grading = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and not grading.get("grade"):
+            exec(answers.get(grading["grade_id"], cell.source), namespace)
+    cases = sorted((case for case in lab_cases("12") if case.id.split(".")[1] == piece), key=lambda c: c.hidden)
+    for case in cases:
+        try:
+            check(case.id, namespace[piece])
+        except CheckFailed as failed:
+            message = " ".join(str(failed).split())
+            assert re.search(names, message, flags=re.I), message
+            return
+    pytest.fail(f"{student} passes every case of {piece}")

@@ -1,0 +1,34 @@
+# ruff: noqa (a lab notebook's cells, written blind to its tests: math and torch come from its setup cell)
+# Piece: flash_backward. Kind: honest slip.
+# Mistake: the recomputed probabilities are not masked on the diagonal tiles (the future tiles are skipped, but inside
+#   a straddling tile P = e^{S - L} leaks weight onto future keys).
+# Where: flash-attention issues on wrong causal gradients in hand-written backward kernels (mask applied in fwd only).
+# Names: mask.{0,120}(backward|recomput|P\b)|(backward|recomput|P\b).{0,120}mask|future key
+# Partly: \bmask|future
+# %% flash_backward
+def flash_backward(q, k, v, out, lse, grad_out, causal, block_q, block_k):
+    """dq (B, H, T, D), dk, dv (B, H_kv, T, D), tile by tile, recomputing each tile's probabilities from L."""
+    B, H, T, D = q.shape
+    H_kv = k.shape[1]
+    G = H // H_kv
+    k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)   # (B, H, T, D)
+    delta = (grad_out * out).sum(-1)                                       # (B, H, T)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    scale = 1 / math.sqrt(D)
+    for q0 in range(0, T, block_q):
+        q1 = min(q0 + block_q, T)
+        for k0 in range(0, T, block_k):
+            k1 = min(k0 + block_k, T)
+            if causal and k0 > q1 - 1:
+                break
+            s = q[:, :, q0:q1] @ k[:, :, k0:k1].transpose(-2, -1) * scale    # (B, H, tq, tk)
+            p = torch.exp(s - lse[:, :, q0:q1, None])
+            do = grad_out[:, :, q0:q1]
+            dv[:, :, k0:k1] += p.transpose(-2, -1) @ do
+            dp = do @ v[:, :, k0:k1].transpose(-2, -1)
+            ds = p * (dp - delta[:, :, q0:q1, None])
+            dq[:, :, q0:q1] += ds @ k[:, :, k0:k1] * scale
+            dk[:, :, k0:k1] += ds.transpose(-2, -1) @ q[:, :, q0:q1] * scale
+    dk = dk.view(B, H_kv, G, T, D).sum(2)
+    dv = dv.view(B, H_kv, G, T, D).sum(2)
+    return dq, dk, dv
