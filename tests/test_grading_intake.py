@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import os
+import pwd
 import stat
 import subprocess
 import sys
@@ -309,6 +310,10 @@ def _leaks(*folders: Path) -> list[str]:
     return found
 
 
+OTHER_ACCOUNT = next(account.pw_name for account in pwd.getpwall()  # an account these tests do not run as
+                     if account.pw_uid != os.getuid() and intake.STUDENT_ID.fullmatch(account.pw_name))
+
+
 def _inbound(exchange: Path, name: str) -> Path:
     folder = exchange / "gptcourse" / "inbound" / name
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -350,6 +355,15 @@ def graded(tmp_path_factory):
         nbformat.write(course.solved(LAB), folder / f"{LAB}.ipynb")
     os.symlink(course.root / "solutions" / LAB, _inbound(exchange, f"linked+{LAB}+{stamp}"))
     _inbound(exchange, f"garbled+{LAB}+not-a-time").mkdir()
+    # an honest notebook beside a timestamp.txt that is markup and a formula (nbgrader parses it at autograde)
+    stamped = _inbound(exchange, f"stamped+{LAB}+{stamp}")
+    stamped.mkdir()
+    nbformat.write(course.solved(LAB), stamped / f"{LAB}.ipynb")
+    (stamped / "timestamp.txt").write_text("<img src=x onerror=alert(2)>\n=1+1")
+    # a later folder under the name of an account of this machine, not owned by it (on a Hub: another student's)
+    claimed = _inbound(exchange, f"{OTHER_ACCOUNT}+{LAB}+2026-01-02 10:00:00.000000 UTC")
+    claimed.mkdir()
+    nbformat.write(course.notebook("labs", LAB), claimed / f"{LAB}.ipynb")
     collected = course.nbgrader("collect", LAB, "--update", env=env)
 
     # gptcourse autograde (one machine), over submissions placed by hand
@@ -379,8 +393,8 @@ def test_every_honest_notebook_is_graded_and_a_linked_one_scores_zero(graded):
     course, _, _ = graded
     scores = {student: sum(by_cell.values()) for student, by_cell in course.scores(LAB).items()
               if intake.student_id_problem(student) is None}
-    assert {s: scores.get(s) for s in ("victim", "exchange", "batch-links", "plain-links")} == dict.fromkeys(
-        ("victim", "exchange", "batch-links", "plain-links"), POINTS)
+    honest = ("victim", "exchange", "stamped", "batch-links", "plain-links")
+    assert {s: scores.get(s) for s in honest} == dict.fromkeys(honest, POINTS)
     linked = ("batch-solution-link", "plain-solution-link", "plain-other-link")
     assert {s: scores.get(s) for s in linked} == dict.fromkeys(linked, 0)
 
@@ -404,6 +418,8 @@ def test_each_refusal_is_a_report_line(graded):
             assert f"- not graded: {name} (a symbolic link, to '" in report, (student, name, report)
         assert "- not graded: pipe.txt (a FIFO, not a file)" in report
         assert "- not graded: hard.txt (a hard link to a file outside the submission)" in report
+    report = (course.root / "grading" / "reports" / LAB / "stamped.txt").read_text()
+    assert "- not graded: timestamp.txt (not a time as nbgrader submit writes it" in report
     report = (course.root / "grading" / "reports" / LAB / "plain-solution-link.txt").read_text()
     assert f"- not graded: {LAB}.ipynb (a symbolic link, to '{course.root}/solutions/{LAB}/{LAB}.ipynb'" in report
 
@@ -421,6 +437,9 @@ def test_ids_that_are_not_allowed_are_refused_by_name_and_the_rest_collected(gra
                   "allowed", f"not STUDENT+LAB+TIMESTAMP (nbgrader submit's), in the exchange's =1+1+{LAB}+",
                   f"not STUDENT+LAB+TIMESTAMP (nbgrader submit's), in the exchange's garbled+{LAB}+not-a-time"):
         assert [line for line in errors if shown in line], (shown, errors)
+    claimed = f"it claims to be {OTHER_ACCOUNT}'s but is owned by {pwd.getpwuid(os.getuid()).pw_name}"
+    assert [line for line in errors if claimed in line], (claimed, errors)
+    assert not (course.root / "grading" / "submitted" / OTHER_ACCOUNT).exists()
     assert "is not a folder that can be read without following a link" in "".join(
         intake.read_record(course.root, LAB, "linked"))
     assert "Batch_Bad_Id" in out["batch"] and "refused" in out["batch"]
@@ -458,3 +477,21 @@ def test_zip_collect_is_bounded_and_refuses_ids_before_making_paths(graded, tmp_
         for path in (submitted / student / LAB).iterdir():
             assert stat.S_IMODE(path.stat().st_mode) & 0o7111 == 0, path
 
+
+
+def test_a_timestamp_that_is_not_a_time_is_refused(tmp_path):
+    (tmp_path / "lab.ipynb").write_text("{}")
+    for text in ("<img src=x onerror=alert(2)>\n=1+1", "2026-13-45 99:99:99 UTC", "x" * 500):
+        (tmp_path / "timestamp.txt").write_text(text)
+        assert [(r.path, r.reason.split(" (")[0]) for r in intake.inspect(tmp_path).refused] == [
+            ("timestamp.txt", "not a time as nbgrader submit writes it")], text
+    for text in ("2026-12-03 19:41:00.123456 UTC\n", "2026-12-03 19:41:00 +0100"):
+        (tmp_path / "timestamp.txt").write_text(text)
+        assert not intake.inspect(tmp_path).refused, text
+
+
+def test_a_folder_is_its_students_only_if_their_account_owns_it(tmp_path):
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert intake.owner_problem(tmp_path, me) is None
+    assert intake.owner_problem(tmp_path, "no-such-account-here") is None  # no accounts: nbgrader's warning only
+    assert intake.owner_problem(tmp_path, OTHER_ACCOUNT) == f"it claims to be {OTHER_ACCOUNT}'s but is owned by {me}"

@@ -31,6 +31,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import pwd
 import re
 import shutil
 import stat
@@ -45,6 +46,7 @@ from nbgrader.exchange.abc.exchange import ExchangeError
 from nbgrader.exchange.default.collect import ExchangeCollect
 from nbgrader.plugins.zipcollect import FileNameCollectorPlugin
 from nbgrader.preprocessors import NbGraderPreprocessor
+from nbgrader.utils import parse_utc
 
 from .report import add_line
 
@@ -52,6 +54,8 @@ STUDENT_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")  # also the Hub's student ac
 EXTENSIONS = frozenset({".ipynb", ".py", ".txt", ".md", ".csv", ".json", ".png", ".jpg", ".jpeg", ".gif", ".svg",
                         ".pdf"})
 LOG = logging.getLogger(__name__)
+TIMESTAMP_FILE = "timestamp.txt"  # written by nbgrader submit, read by collect and autograde
+TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,6})?( [A-Z]{1,5}| [+-]\d{4})?")
 REFUSED = os.path.join("grading", "refused")  # relative to the course root: <lab>/<student>/ and <student>.txt
 _NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 _KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
@@ -130,6 +134,41 @@ def _kind(mode: int) -> str:
     return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
+def _timestamp_problem(name: str, dir_fd: int) -> str | None:
+    """Why the submission's timestamp.txt (which nbgrader parses at collect and at autograde, and which a
+    student writes) is not a time as `nbgrader submit` writes it; None if it is one."""
+    fd = os.open(name, _NOFOLLOW, dir_fd=dir_fd)
+    try:
+        text = os.read(fd, 200).decode("ascii", errors="replace").strip()
+    finally:
+        os.close(fd)
+    if TIMESTAMP.fullmatch(text):
+        try:
+            parse_utc(text)
+            return None
+        except (ValueError, OverflowError):
+            pass
+    return "not a time as nbgrader submit writes it (like 2026-12-03 19:41:00.123456 UTC)"
+
+
+def owner_problem(path: str | Path, student: str) -> str | None:
+    """Why an inbound folder claiming to be `student`'s is not theirs: where `student` has an account on this
+    machine (a Hub, a shared exchange), the folder must be owned by it, or another student could hand work in
+    under that name and replace theirs; None otherwise (nbgrader's own check only warns)."""
+    try:
+        account = pwd.getpwnam(student).pw_uid
+    except KeyError:
+        return None  # no such account: the exchange is not one with an account per student
+    owner = os.lstat(path).st_uid
+    if owner == account:
+        return None
+    try:
+        name = pwd.getpwuid(owner).pw_name
+    except KeyError:
+        name = f"uid {owner}"
+    return f"it claims to be {student}'s but is owned by {shown(name)}"
+
+
 def inspect(folder: Path, limits: Limits = LIMITS) -> Inspection:
     """What of `folder` is admitted and what is refused, walked without following links (OSError if `folder`
     itself is a link or not a folder: ELOOP/ENOTDIR)."""
@@ -176,6 +215,8 @@ def inspect(folder: Path, limits: Limits = LIMITS) -> Inspection:
                                                     " MB in all"))
             elif len(result.accepted) >= limits.files:
                 result.refused.append(Refusal(path, f"more than {limits.files} files"))
+            elif path == TIMESTAMP_FILE and (problem := _timestamp_problem(name, fd)) is not None:
+                result.refused.append(Refusal(path, problem))
             else:
                 total += st.st_size
                 result.accepted.append(Accepted(path, st.st_dev, st.st_ino, st.st_size))
@@ -380,19 +421,25 @@ class IntakeCollect(ExchangeCollect):
     def _path_to_record(self, path: str) -> dict:
         """nbgrader's record of an inbound folder (STUDENT+LAB+TIMESTAMP[+RANDOM]); one whose name does not parse
         is kept as a student of its own that `init_src` refuses, instead of stopping the whole collection."""
+        name = os.path.basename(path)
         try:
-            return super()._path_to_record(path)
+            record = super()._path_to_record(path)
         except (ExchangeError, ValueError, OverflowError):
-            name = os.path.basename(path)
-            return {"username": "\0" + name, "filename": name, "unparsed": True,  # a group of its own
-                    "timestamp": datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)}
+            record, problem = None, "its name is not STUDENT+LAB+TIMESTAMP (nbgrader submit's)"
+        else:
+            problem = (student_id_problem(record["username"])
+                       or (owner_problem(path, record["username"]) if self.check_owner else None))
+        if problem is None:
+            return record
+        # a group of its own, so that it never stands for (or in front of) the student it names
+        return {"username": "\0" + name, "filename": name, "problem": problem,
+                "timestamp": datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)}
 
     def init_src(self) -> None:
         super().init_src()
         kept = []
         for record in self.src_records:
-            problem = student_id_problem(record["username"]) if not record.get("unparsed") else \
-                "its name is not STUDENT+LAB+TIMESTAMP (nbgrader submit's)"
+            problem = record.get("problem")
             if problem is None:
                 kept.append(record)
             else:
