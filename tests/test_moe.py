@@ -188,3 +188,14 @@ def test_router_z_loss_equal_to_switch_transformers():
 def test_bad_input_says_what_was_expected(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_the_dense_check_catches_a_dense_computation():
+    """The check above must be able to fail: a (tokens x experts x d_ff) hidden layer, as a dense MoE makes."""
+    moe = MoE(C, F, E, K)
+    w_in = torch.stack([expert.w_in.weight for expert in moe.experts])  # (E, 2F, C)
+    mode = _LargestTensor()
+    with torch.no_grad(), mode:
+        gate, value = torch.einsum("nc,efc->nef", torch.randn(24, C), w_in).chunk(2, dim=-1)  # each (N, E, F)
+        torch.nn.functional.silu(gate) * value
+    assert mode.largest >= 24 * E * F
