@@ -48,6 +48,8 @@ WHERE: dict[str, tuple[str, ...]] = {  # module (under gptcourse) -> the public 
     "model.config": ("GPTConfig", "PRESETS", "preset"),
     "model.gpt": ("GPT",),
     "model.heads": ("RewardModel", "SequenceClassifier", "ValueHead", "last_real_token"),
+    "model.load_balancing": ("load_balancing_loss", "router_z_loss"),
+    "model.mixture_of_experts": ("MoE", "top_k_routing"),
     "model.mlp": ("MLP", "SwiGLU"),
     "model.norms": ("LayerNorm", "RMSNorm"),
     "model.params": ("block_breakdown", "count_parameters", "parameter_breakdown"),

@@ -1,0 +1,75 @@
+"""A mixture-of-experts feed-forward layer: a router picks `top_k` of `n_experts` SwiGLU MLPs for each token.
+
+Parameters grow with `n_experts`, compute per token only with `top_k`: each expert runs on the tokens routed to
+it, gathered by index (`index_select`) and scattered back weighted (`index_add_`), never on all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .mlp import SwiGLU
+
+Routing = Literal["softmax_then_topk", "topk_then_softmax"]
+
+
+def top_k_routing(router_logits: torch.Tensor, top_k: int, order: Routing = "softmax_then_topk",
+                  renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's `top_k` experts and their weights, from router logits (N, E): both (N, top_k), best first.
+
+    "softmax_then_topk" (Mixtral in transformers, Qwen-MoE, DeepSeek) keeps the top-k probabilities of all E;
+    `renormalize` rescales them to sum to 1 (Mixtral does, Qwen-MoE's `norm_topk_prob=False` does not).
+    "topk_then_softmax" (Mistral's reference Mixtral code) takes a softmax over the k chosen logits only, which is
+    the same as softmax-then-top-k renormalised: exp(l_i) / sum over the chosen j of exp(l_j) either way.
+    """
+    n_experts = router_logits.shape[-1]
+    if not 1 <= top_k <= n_experts:
+        raise ValueError(f"top_k must be between 1 and n_experts = {n_experts}, got {top_k}")
+    if order == "softmax_then_topk":
+        probs = F.softmax(router_logits.float(), dim=-1)  # (N, E)
+        weights, experts = probs.topk(top_k, dim=-1)  # each (N, top_k)
+        if renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, experts
+    if order == "topk_then_softmax":
+        logits, experts = router_logits.float().topk(top_k, dim=-1)  # each (N, top_k)
+        return F.softmax(logits, dim=-1), experts
+    raise ValueError(f"unknown routing order {order!r}; expected 'softmax_then_topk' or 'topk_then_softmax'")
+
+
+class MoE(nn.Module):
+    """A sparse MLP: y = sum over the token's top-k experts e of w_e SwiGLU_e(x) (+ a shared SwiGLU(x)).
+
+    `forward` returns the output (B, T, C) and the router logits (B T, E), which the load-balancing loss needs.
+    `shared_d_ff` > 0 adds DeepSeek's shared expert, which every token goes through with weight 1.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int, order: Routing = "softmax_then_topk",
+                 renormalize: bool = True, shared_d_ff: int = 0) -> None:
+        super().__init__()
+        if not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k must be between 1 and n_experts = {n_experts}, got {top_k}")
+        self.top_k, self.order, self.renormalize = top_k, order, renormalize
+        self.router = nn.Linear(d_model, n_experts, bias=False)
+        self.experts = nn.ModuleList(SwiGLU(d_model, d_ff) for _ in range(n_experts))
+        self.shared_expert = SwiGLU(d_model, shared_d_ff) if shared_d_ff > 0 else None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, T, C = x.shape
+        tokens = x.reshape(B * T, C)  # (N, C), N = B T
+        router_logits = self.router(tokens)  # (N, E)
+        weights, chosen = top_k_routing(router_logits, self.top_k, self.order, self.renormalize)  # (N, top_k)
+        out = torch.zeros_like(tokens)  # (N, C)
+        for e, expert in enumerate(self.experts):
+            token, slot = (chosen == e).nonzero(as_tuple=True)  # each (N_e,): which tokens, in which top-k slot
+            if token.numel() == 0:
+                continue
+            y = expert(tokens.index_select(0, token))  # (N_e, C): this expert's tokens only
+            out.index_add_(0, token, y * weights[token, slot, None].to(y.dtype))  # (N_e, C) added to their rows
+        if self.shared_expert is not None:
+            out = out + self.shared_expert(tokens)  # (N, C)
+        return out.reshape(B, T, C), router_logits  # (B, T, C), (N, E)
