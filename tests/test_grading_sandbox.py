@@ -11,10 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -467,3 +470,56 @@ def test_the_opt_out_grades_without_the_sandbox(tmp_path):
     run = course.nbgrader("autograde", LAB, env=without_bwrap())
     assert "grading WITHOUT the sandbox" in run.stdout
     assert course.scores(LAB) == {"student": course.expected_scores(LAB)}
+
+
+# Run as an ordinary account: a box (bwrap making the user namespaces itself), one kernel in it, one cell.
+ORDINARY_KERNEL = '''
+import os, sys
+from jupyter_client import BlockingKernelClient
+from jupyter_client.connect import write_connection_file
+from gptcourse.grading.sandbox import Sandbox
+
+box = Sandbox().start_box([], log=sys.stderr.buffer)
+try:  # the kernel's sockets in the folder the box shares, as the grader's (no TCP: the box has its own network)
+    connection, _ = write_connection_file(os.path.join(box.ipc_dir, "kernel.json"), transport="ipc",
+                                          ip=os.path.join(box.ipc_dir, "kernel"))
+    box.client.spawn(["-f", connection], cwd=box.scratch, env={})
+    client = BlockingKernelClient(connection_file=connection)
+    client.load_connection_file()
+    client.start_channels()
+    client.wait_for_ready(timeout=60)  # where the Hub's autograde failed: "Kernel died before replying"
+    printed = []
+    reply = client.execute_interactive("import os; print('kernel uid', os.getuid())", timeout=60,
+                                       output_hook=lambda msg: printed.append(msg["content"].get("text", "")))
+    print("kernel status", reply["content"]["status"], *printed)
+finally:
+    box.close()
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0 or shutil.which("runuser") is None,
+                    reason="needs root on Linux to run the grader as another, ordinary account")
+def test_a_kernel_starts_in_the_box_of_an_ordinary_user(tmp_path_factory):
+    """An instructor's server on JupyterHub grades as that instructor's ordinary account, where bwrap makes the
+    box's user namespace and each kernel maps its own in `sandbox._own_namespaces`; every other test grades as
+    root. Here `nobody` starts a box and a kernel that must answer and run a cell."""
+    from accounts import class_interpreter, readable_by_all
+
+    problem = sandbox_problem()
+    if problem is not None:
+        pytest.skip(f"the grading sandbox cannot start here: {problem}")
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    path = [str(PACKAGE.parent), *site]
+    if not all(readable_by_all(Path(p)) for p in path):
+        pytest.skip(f"the test's packages ({path}) are not readable by every account")
+    folder = Path(tempfile.mkdtemp(prefix="gptcourse-ordinary-"))  # not under pytest's root-only folder
+    try:
+        folder.chmod(0o755)
+        python = class_interpreter(folder)
+        proc = subprocess.run(["runuser", "-u", "nobody", "--", "env", f"PYTHONPATH={os.pathsep.join(path)}",
+                               python, "-c", ORDINARY_KERNEL], cwd=folder, capture_output=True, text=True,
+                              timeout=300)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert proc.returncode == 0 and "kernel status ok" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"kernel uid {pwd.getpwnam('nobody').pw_uid}" in proc.stdout

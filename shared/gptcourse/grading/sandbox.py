@@ -502,6 +502,10 @@ def _own_namespaces(handshake: tuple[int, int] | None) -> None:
     if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWUSER | _CLONE_NEWIPC) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER | CLONE_NEWIPC) failed")
     if handshake is None:
+        # A fork of the undumpable zygote is undumpable too: its /proc/self files then belong to root, and it
+        # could not write its own maps (EACCES). Dumpable, as it ends anyway; from here it is alone in its user
+        # namespace, where the box's other kernels (each in its own) hold no capability: none can trace it.
+        _prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
         for name, value in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1\n"), ("gid_map", f"{gid} {gid} 1\n")):
             with open(f"/proc/self/{name}", "w") as mapping:
                 mapping.write(value)
