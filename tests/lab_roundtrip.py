@@ -26,16 +26,22 @@ def files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def check_named_mistake(lab: str, answers: dict[str, str], test_id: str, says: str) -> None:
-    """The solution's cells of `lab` with `answers` ({grade_id: source}) in place fail case `test_id` with a
-    message containing `says`."""
+def solved_namespace(lab: str, answers: dict[str, str]) -> dict:
+    """The namespace of the solution's non-test cells of `lab`, run in order with `answers` ({grade_id: source})
+    in place of those cells."""
     namespace: dict = {}
     for cell in nbformat.read(ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4).cells:
         grading = cell.metadata.get("nbgrader", {})
         if cell.cell_type == "code" and not grading.get("grade"):
             exec(answers.get(grading["grade_id"], cell.source), namespace)
+    return namespace
+
+
+def check_named_mistake(lab: str, answers: dict[str, str], test_id: str, says: str) -> None:
+    """The solution's cells of `lab` with `answers` in place fail case `test_id` with a message containing
+    `says`."""
     with pytest.raises(CheckFailed) as failed:
-        check(test_id, namespace[test_id.split(".")[1]])
+        check(test_id, solved_namespace(lab, answers)[test_id.split(".")[1]])
     assert says in " ".join(str(failed.value).split())  # the message is wrapped for the notebook
 
 

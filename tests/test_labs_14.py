@@ -4,7 +4,9 @@ mistake loses exactly the points of the tests it should fail."""
 from __future__ import annotations
 
 import pytest
-from lab_roundtrip import RoundTrip, Validation, check_named_mistake
+from lab_roundtrip import RoundTrip, Validation, check_named_mistake, solved_namespace
+
+from gptcourse.grading import check
 
 LAB = "14_evaluating_language_models"
 LOGLIKELIHOOD = '''
@@ -115,3 +117,21 @@ class TestLab14(RoundTrip):
 @pytest.mark.parametrize("student", sorted(SAYS))
 def test_each_named_mistake_gets_its_message(student):
     check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
+
+
+# Right answers computed in float32 (torch's default float; the lab asks for "a float tensor"): a float32 rounding
+# (about 1e-7 of the value) is not a mistake. A blind reader's float32 answers failed with "got -11.345, expected
+# -11.345" before the tolerances allowed it.
+CHOICES_FLOAT32 = {"choice_scores": CHOICES.format(**RIGHT_CHOICES).replace(
+    "    if normalize", "    logprobs = logprobs.float()\n    if normalize")}
+FLOAT32 = {
+    "14.choice_scores.visible": CHOICES_FLOAT32,
+    "14.choice_scores.bytes": CHOICES_FLOAT32,
+    "14.paired_bootstrap.visible": {"paired_bootstrap": BOOTSTRAP.format(**RIGHT_BOOTSTRAP).replace(
+        "    n = a.numel()", "    a, b = a.float(), b.float()\n    n = a.numel()")},
+}
+
+
+@pytest.mark.parametrize("test_id", sorted(FLOAT32))
+def test_a_right_answer_in_float32_passes(test_id):
+    check(test_id, solved_namespace(LAB, FLOAT32[test_id])[test_id.split(".")[1]])
