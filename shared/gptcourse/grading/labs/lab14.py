@@ -141,9 +141,11 @@ def _ll_hidden(r: random.Random, seed: int) -> Inputs:
 NORMALIZE = (None, "chars", "bytes")
 
 
-def _length(choice: str, normalize: str | None, delimiter: str = "", as_chars: bool = False) -> int:
+def _length(choice: str, normalize: str | None, delimiter: str = "", unit: str | None = None) -> int:
+    """The length `normalize` divides by (1 for None), or, with `unit`, counted in other units (a mistake)."""
     text = delimiter + choice
-    return 1 if normalize is None else len(text) if normalize == "chars" or as_chars else len(text.encode("utf-8"))
+    counts = {"chars": len(text), "bytes": len(text.encode("utf-8")), "words": len(text.split())}
+    return 1 if normalize is None else counts[unit or normalize]
 
 
 def _scores(logprobs: torch.Tensor, choices: list[str], normalize: str | None, **mistake: Any) -> torch.Tensor:
@@ -177,7 +179,10 @@ def _choice_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             _scores(logprobs, choices, normalize, delimiter=" "),
         "the bytes were counted as characters: len(choice) counts characters; a choice's UTF-8 bytes are "
         "len(choice.encode('utf-8')), more than its characters when it holds non-ASCII letters":
-            _scores(logprobs, choices, normalize, as_chars=True),
+            _scores(logprobs, choices, normalize, unit="chars"),
+        "the characters were counted as bytes: acc_norm divides by len(choice), the characters; "
+        "len(choice.encode('utf-8')) is more than that when a choice holds non-ASCII letters":
+            _scores(logprobs, choices, normalize, unit="bytes"),
     }
     if normalize is not None:
         mistakes["the scores were multiplied by the lengths: divide the log-likelihood by the length"] = \
@@ -262,6 +267,7 @@ def _boot_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         quantiles = torch.quantile(draws, torch.tensor([low, high], dtype=draws.dtype)).tolist()
         return torch.tensor([gap, *quantiles], dtype=torch.float64)
 
+    ranked = paired.sort().values
     se = float((a - b).std(correction=1)) / math.sqrt(n)
     return {
         "a and b were resampled apart (two draws of items): the bootstrap is paired, one draw of item indices "
@@ -270,6 +276,10 @@ def _boot_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             bounds(paired, 0.05, 0.95),
         "the interval is the 0% and 95% quantiles: leave 2.5% out at each end, torch.quantile(differences, "
         "[0.025, 0.975])": bounds(paired, 0.0, 0.95),
+        "the quantiles are the sorted differences at index int(0.025 * resamples) and int(0.975 * resamples): "
+        "torch.quantile interpolates linearly between the two sorted values around position q * (resamples - 1)":
+            torch.tensor([gap, float(ranked[int(0.025 * resamples)]),
+                          float(ranked[min(int(0.975 * resamples), resamples - 1)])], dtype=torch.float64),
         "this is the normal interval, difference +- 1.96 standard errors: the lab asks for the bootstrap's "
         "quantiles": torch.tensor([gap, gap - 1.96 * se, gap + 1.96 * se], dtype=torch.float64),
         "every resample holds each item once (a permutation, sampling without replacement), so every "
@@ -318,12 +328,16 @@ def _grams(tokens: list[str], n: int, unique: bool = False, drop_last: bool = Fa
     return list(dict.fromkeys(grams)) if unique else grams
 
 
-def _overlap(train: str, items: list[str], n: int, split: Any = words, **flags: Any) -> torch.Tensor:
-    seen = set(_grams(split(train), n))
+def _overlap(train: str, items: list[str], n: int, split: Any = words, substring: bool = False,
+             **flags: Any) -> torch.Tensor:
+    """The fraction of each item's n-grams in `train`; with `substring`, an n-gram is looked for as a string in the
+    joined training words (a mistake)."""
+    seen, joined = set(_grams(split(train), n)), " ".join(split(train))
     out = []
     for item in items:
         grams = _grams(split(item), n, **flags)
-        out.append(sum(g in seen for g in grams) / len(grams) if grams else 0.0)
+        found = [" ".join(g) in joined if substring else g in seen for g in grams]
+        out.append(sum(found) / len(grams) if grams else 0.0)
     return torch.tensor(out, dtype=torch.float64)
 
 
@@ -340,6 +354,9 @@ def _overlap_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "so the fraction is of its n-grams": _overlap(train, items, n, unique=True),
         "the item's last n-gram is missing: a list of L words has L - n + 1 n-grams, range(len(words) - n + 1)":
             _overlap(train, items, n, drop_last=True),
+        "the n-grams were looked for as substrings of the joined training text, so 'he age of wisdom' is found "
+        "inside 'the age of wisdom': compare tuples of whole words, a set of the training text's n-grams":
+            _overlap(train, items, n, substring=True),
         "each item got 1 or 0, whether any n-gram is found: the fraction of its n-grams found is asked":
             (_overlap(train, items, n) > 0).double(),
     }
@@ -385,8 +402,9 @@ PIECES = declare(
                   ("hidden_sizes", "loglikelihood with other sizes, greedy or not", _ll_hidden)]),
     Piece("14", "choice_scores", None, _choice_call, expected=_choice_expected, mistakes=_choice_mistakes,
           label="the choice scores", shape="C", atol=1e-6, rtol=1e-6, forbidden=FORBIDDEN,
-          visible=[("visible", "choice_scores normalised by characters (acc_norm), one choice a prefix of another",
-                    lambda seed: _choice_inputs(["7", "17", "170", "71"], "chars", seed)),
+          visible=[("visible", "choice_scores normalised by characters (acc_norm), one choice a prefix of another, "
+                    "one with '½' (one character, two bytes)",
+                    lambda seed: _choice_inputs(["7", "17", "170", "71", "7½"], "chars", seed)),
                    ("bytes", "choice_scores normalised by UTF-8 bytes (acc_bytes), choices with accents",
                     lambda seed: _choice_inputs(["café", "cafe", "naïve", "über"], "bytes", seed))],
           hidden=[("hidden_none", "choice_scores with normalize=None (acc: the sums unchanged)",
@@ -407,19 +425,21 @@ PIECES = declare(
                   ("hidden_sizes", "pass_at_k for other n, c, k", lambda seed: _pass_table(seed, 40))]),
     Piece("14", "paired_bootstrap", None, _boot_call, expected=_boot_expected, judge=_boot_judge,
           forbidden=FORBIDDEN,
-          visible=[("visible", "paired_bootstrap of two models on 60 shared items, 500 resamples",
-                    lambda seed: _boot_inputs(60, 0.7, 0.6, 500, seed))],
+          visible=[("visible", "paired_bootstrap of two models on 60 shared items, 1000 resamples (the 97.5% "
+                    "quantile between two distinct sorted differences)",
+                    lambda seed: _boot_inputs(60, 0.7, 0.6, 1000, seed))],
           hidden=[("hidden_same", "paired_bootstrap of a model against itself (the interval is [0, 0])",
                    lambda seed: (lambda i: i | {"b": i["a"].clone()})(_boot_inputs(40, 0.6, 0.6, 300, seed))),
                   ("hidden_sizes", "paired_bootstrap with other sizes", _boot_hidden)]),
     Piece("14", "ngram_overlap", ngram_overlap, _overlap_call, label="the overlap of each item",
           mistakes=_overlap_mistakes, atol=1e-9, rtol=0, forbidden=FORBIDDEN,
           visible=[("visible", "ngram_overlap with n=4: an item copied with other capitals and punctuation, one "
-                    "half copied, one clean",
+                    "half copied, one clean, one whose first words are found only inside others ('he' in 'the')",
                     lambda seed: _overlap_inputs(["IT WAS THE AGE OF WISDOM; it was the age of foolishness!",
                                                   "it was the worst of times, it was the worst of times, said "
                                                   "nobody at all",
-                                                  "a sentence written for this lab alone"], 4))],
+                                                  "a sentence written for this lab alone",
+                                                  "he age of wisdom was hers"], 4))],
           hidden=[("hidden_short", "ngram_overlap with items shorter than n (no n-grams: 0.0)",
                    lambda seed: _overlap_inputs(["it was the", "best", "times times times times"], 4)),
                   ("hidden_sizes", "ngram_overlap with other texts, items and n (repeated words, Unicode)",
