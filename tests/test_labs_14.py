@@ -91,7 +91,7 @@ SAYS = {
     "ll-counts-context": ("14.loglikelihood.visible", "the context's tokens are counted too"),
     "ll-no-shift": ("14.loglikelihood.visible", "each token was scored with the logits at its own position"),
     "ll-mean": ("14.loglikelihood.visible", "the log-probabilities are averaged"),
-    "ll-greedy-last-token": ("14.loglikelihood.visible", "the greedy flag checks only the continuation's last token"),
+    "ll-greedy-last-token": ("14.loglikelihood.visible", "the flag checks only some tokens (the last one"),
     "choices-delimiter-counted": ("14.choice_scores.visible", "the delimiter is counted in the length"),
     "choices-bytes-as-chars": ("14.choice_scores.bytes", "the bytes were counted as characters"),
     "pass-with-replacement": ("14.pass_at_k.visible", "this is 1 - (1 - c/n)^k"),

@@ -91,18 +91,19 @@ def _ll_expected(inputs: Inputs) -> Outputs:
 
 
 def _scored(table: torch.Tensor, context: list[int], continuation: list[int], *, shift: bool = True,
-            with_context: bool = False, mean: bool = False, probabilities: bool = False) -> tuple[float, bool, bool]:
-    """(log-probability, greedy, last token argmax) of the continuation, right or with one of the usual mistakes:
-    the logits at t - 1 predict token t (`shift`); only the continuation's tokens count (`with_context`)."""
+            with_context: bool = False, drop_first: bool = False, mean: bool = False, probabilities: bool = False,
+            raw: bool = False) -> tuple[float, torch.Tensor]:
+    """(log-probability, whether each scored token is the argmax) of the continuation, right or with one of the
+    usual mistakes: the logits at t - 1 predict token t (`shift`); only the continuation's tokens count
+    (`with_context`), all of them (`drop_first`); log_softmax normalises the logits (`raw`)."""
     tokens = context + continuation
     logits = table[torch.tensor(tokens)]  # (T, V): the logits at t, computed from the token at t
-    start = 1 if with_context else len(context)
+    start = 1 if with_context else len(context) + drop_first
     rows = logits[start - 1 : len(tokens) - 1] if shift else logits[start:]  # the rows that predict tokens[start:]
     target = torch.tensor(tokens[start:])
-    picked = (F.softmax(rows, -1) if probabilities else F.log_softmax(rows, -1)).gather(-1, target[:, None])
-    argmax = rows.argmax(-1)
-    return (float(picked.mean() if mean else picked.sum()), bool(torch.equal(argmax, target)),
-            bool(argmax[-1] == target[-1]))
+    scores = rows if raw else F.softmax(rows, -1) if probabilities else F.log_softmax(rows, -1)
+    picked = scores.gather(-1, target[:, None])
+    return float(picked.mean() if mean else picked.sum()), rows.argmax(-1) == target
 
 
 LL_MISTAKES = {
@@ -113,6 +114,10 @@ LL_MISTAKES = {
     "the log-probabilities are averaged: a continuation's log-probability is the sum of its tokens' (the mean is a "
     "normalisation, done later, per choice)": {"mean": True},
     "the probabilities are summed, not their logs: use log_softmax": {"probabilities": True},
+    "the continuation's first token is not scored: it is predicted by the logits at the context's last position, "
+    "len(context) - 1, and every token of the continuation counts": {"drop_first": True},
+    "the raw logits were summed, not log-probabilities: normalise them with log_softmax first (a log-probability "
+    "is at most 0)": {"raw": True},
 }
 
 
@@ -123,10 +128,13 @@ def _ll_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(got["logprob"], expected["logprob"], "the log-probability of the continuation", atol=1e-4,
                 mistakes=variants)
     if bool(got["greedy"]) != bool(expected["greedy"]):
-        _, _, last = _scored(table, context, continuation)
-        if bool(got["greedy"]) == last:
-            raise fail("the greedy flag checks only the continuation's last token: greedy means argmax decoding "
-                       "writes every token of the continuation, (logits.argmax(-1) == continuation).all()")
+        _, matches = _scored(table, context, continuation)
+        if bool(got["greedy"]) and bool(matches.any()):
+            missed = (~matches).nonzero().flatten().tolist()
+            raise fail(f"the greedy flag is True, but the argmax is not the continuation's token at position(s) "
+                       f"{missed}: the flag checks only some tokens (the last one, or any() of them); greedy means "
+                       "argmax decoding writes every token of the continuation, (logits.argmax(-1) == "
+                       "continuation).all()")
         raise fail(f"the greedy flag is {bool(got['greedy'])}, expected {bool(expected['greedy'])}: it is True when "
                    "the argmax of the logits at every position that predicts a continuation token is that token")
 
@@ -180,6 +188,8 @@ def _choice_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "the bytes were counted as characters: len(choice) counts characters; a choice's UTF-8 bytes are "
         "len(choice.encode('utf-8')), more than its characters when it holds non-ASCII letters":
             _scores(logprobs, choices, normalize, unit="chars"),
+        "the lengths are the number of words, len(choice.split()): acc_norm divides by the characters, "
+        "len(choice), and acc_bytes by the UTF-8 bytes": _scores(logprobs, choices, normalize, unit="words"),
         "the characters were counted as bytes: acc_norm divides by len(choice), the characters; "
         "len(choice.encode('utf-8')) is more than that when a choice holds non-ASCII letters":
             _scores(logprobs, choices, normalize, unit="bytes"),
@@ -221,6 +231,11 @@ def _pass_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             each(lambda n, c, k: c / n),
         "this is C(n - c, k) / C(n, k), the chance that *no* sample of k is correct: pass@k is 1 minus it":
             each(lambda n, c, k: math.comb(n - c, k) / math.comb(n, k)),
+        "the product runs from i = n - c, one factor too many: 1 - C(n - c, k) / C(n, k) is 1 - prod(1 - k / i) "
+        "for i in range(n - c + 1, n + 1)":
+            each(lambda n, c, k: 1.0 if n - c < k else 1 - math.prod(1 - k / i for i in range(n - c, n + 1))),
+        "this is min(1, k * c / n), the k tries' chances added up (a union bound, too high once k > 1): pass@k is "
+        "1 - C(n - c, k) / C(n, k)": each(lambda n, c, k: min(1.0, k * c / n)),
     }
 
 
@@ -347,9 +362,13 @@ def _overlap_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "the text was split on spaces only, so 'times,' is another word than 'times': compare words "
         "lowercased, without punctuation, re.findall(r'\\w+', text.lower())":
             _overlap(train, items, n, lambda text: text.lower().split()),
+        "the text was split on spaces, its capitals and punctuation kept ('Times,' is another word than 'times'): "
+        "compare words lowercased, without punctuation, re.findall(r'\\w+', text.lower())":
+            _overlap(train, items, n, str.split),
         "the words were not lowercased: GPT-3's rule compares them lowercased, so a copy with other capitals is "
         "still found": _overlap(train, items, n, _cased_words),
-        "the n-grams are of characters: they are runs of n *words*": _overlap(train, items, n, list),
+        "the n-grams are of characters: they are runs of n *words*, re.findall(r'\\w+', text.lower())":
+            _overlap(train, items, n, lambda text: list(text.lower())),
         "each item's n-grams were counted once each (a set): count every n-gram of the item, repeats included, "
         "so the fraction is of its n-grams": _overlap(train, items, n, unique=True),
         "the item's last n-gram is missing: a list of L words has L - n + 1 n-grams, range(len(words) - n + 1)":
@@ -403,8 +422,8 @@ PIECES = declare(
     Piece("14", "choice_scores", None, _choice_call, expected=_choice_expected, mistakes=_choice_mistakes,
           label="the choice scores", shape="C", atol=1e-6, rtol=1e-6, forbidden=FORBIDDEN,
           visible=[("visible", "choice_scores normalised by characters (acc_norm), one choice a prefix of another, "
-                    "one with '½' (one character, two bytes)",
-                    lambda seed: _choice_inputs(["7", "17", "170", "71", "7½"], "chars", seed)),
+                    "one of two words with '½' (one character, two bytes)",
+                    lambda seed: _choice_inputs(["7", "17", "170", "71", "7½ m"], "chars", seed)),
                    ("bytes", "choice_scores normalised by UTF-8 bytes (acc_bytes), choices with accents",
                     lambda seed: _choice_inputs(["café", "cafe", "naïve", "über"], "bytes", seed))],
           hidden=[("hidden_none", "choice_scores with normalize=None (acc: the sums unchanged)",
