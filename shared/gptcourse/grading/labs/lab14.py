@@ -203,8 +203,11 @@ def _choice_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
 
 @sized
 def _choice_hidden(r: random.Random, seed: int) -> Inputs:
-    pool = ["Paris", "Lyon", "Zürich", "Genève", "São Paulo", "東京", "a", "ab", "abc", "naïve", "Ελλάδα", "42"]
-    return _choice_inputs(r.sample(pool, r.randint(2, 6)), r.choice(["chars", "bytes"]), seed, tie=r.random() < 0.3)
+    """Choices by characters (hidden_unicode divides by bytes), "São Paulo" among them: non-ASCII, two words."""
+    pool = ["Paris", "Lyon", "Zürich", "Genève", "東京", "a", "ab", "abc", "naïve", "Ελλάδα", "42"]
+    choices = r.sample(pool, r.randint(1, 5))
+    choices.insert(r.randint(0, len(choices)), "São Paulo")
+    return _choice_inputs(choices, "chars", seed, tie=r.random() < 0.3)
 
 
 # ---- pass_at_k(n, c, k) for a table of (n, c, k)
@@ -430,7 +433,7 @@ PIECES = declare(
                    lambda seed: _choice_inputs(["a", "bb", "ccc"], None, seed)),
                   ("hidden_unicode", "choice_scores by UTF-8 bytes of Greek, Japanese and accented choices, a tie",
                    lambda seed: _choice_inputs(["Ελλάδα", "東京", "Zürich", "Lyon"], "bytes", seed, tie=True)),
-                  ("hidden_sizes", "choice_scores with other choices (Unicode, ties) and normalisations",
+                  ("hidden_sizes", "choice_scores by characters with other choices (Unicode, ties)",
                    _choice_hidden)]),
     Piece("14", "pass_at_k", pass_at_k, _pass_call, label="pass@k", atol=1e-9, rtol=1e-9, mistakes=_pass_mistakes,
           forbidden=FORBIDDEN,
