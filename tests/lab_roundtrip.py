@@ -10,6 +10,7 @@ release and every mistake; lab-specific tests are methods of the subclass and ca
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from nbgrader_course import ROOT, Course
 
 from gptcourse.checks import CheckFailed
 from gptcourse.grading import check
+from gptcourse.grading.cases import get_case
 
 
 def files(folder: Path) -> dict[str, bytes]:
@@ -37,12 +39,40 @@ def solved_namespace(lab: str, answers: dict[str, str]) -> dict:
     return namespace
 
 
+def diagnosis(lab: str, answers: dict[str, str], test_id: str) -> str:
+    """The message with which the solution's cells of `lab`, `answers` in place, fail case `test_id`, after the
+    case's description (which is the same for every student), unwrapped."""
+    with pytest.raises(CheckFailed) as failed:
+        check(test_id, solved_namespace(lab, answers)[test_id.split(".")[1]])
+    message, what = " ".join(str(failed.value).split()), " ".join(get_case(test_id).what.split())
+    assert what in message
+    return message.split(what, 1)[1]
+
+
 def check_named_mistake(lab: str, answers: dict[str, str], test_id: str, says: str) -> None:
     """The solution's cells of `lab` with `answers` in place fail case `test_id` with a message containing
     `says`."""
-    with pytest.raises(CheckFailed) as failed:
-        check(test_id, solved_namespace(lab, answers)[test_id.split(".")[1]])
-    assert says in " ".join(str(failed.value).split())  # the message is wrapped for the notebook
+    assert says in diagnosis(lab, answers, test_id)
+
+
+def blind_students(path: Path) -> dict[str, dict[str, str]]:
+    """{student: {grade_id: code}} from a file of "# ==== STUDENT (file)" parts, each of "# %% GRADE_ID" cells."""
+    return {student: {c[j]: c[j + 1] for j in range(1, len(c), 2)}
+            for student, (_, c) in _blind_parts(path).items()}
+
+
+def blind_names(path: Path) -> dict[str, str]:
+    """{student: its "# Names: REGEX" line}: what a message that names the student's mistake matches."""
+    return {student: names for student, (names, _) in _blind_parts(path).items()}
+
+
+def _blind_parts(path: Path) -> dict[str, tuple[str, list[str]]]:
+    parts = re.split(r"^# ==== (\S+).*\n", path.read_text(), flags=re.MULTILINE)
+    found = {}
+    for student, text in zip(parts[1::2], parts[2::2], strict=True):
+        names = re.search(r"^# Names: (.*)$", text, flags=re.MULTILINE)
+        found[student] = (names.group(1) if names else "", re.split(r"^# %% (\S+)\n", text, flags=re.MULTILINE))
+    return found
 
 
 @dataclass(frozen=True)
@@ -81,8 +111,10 @@ class RoundTrip:
 
     def test_each_mistake_loses_exactly_its_tests(self, course: Course, scores: dict) -> None:
         assert len(self.WRONG) >= 3
-        got = {student: scores[student] for student in self.WRONG}
-        assert got == {student: course.expected_scores(self.LAB, fails) for student, (_, fails) in self.WRONG.items()}
+        expected = {student: course.expected_scores(self.LAB, fails) for student, (_, fails) in self.WRONG.items()}
+        wrong = {student: sorted(cell for cell, points in scores[student].items() if points != want[cell])
+                 for student, want in expected.items() if scores[student] != want}
+        assert not wrong, f"these students' scores differ from WRONG's in these cells: {wrong}"
 
     def test_validate_reports_success_and_the_failing_test(self, course: Course) -> None:
         v = self.VALIDATE

@@ -3,11 +3,10 @@ mistake of DPO loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
-from lab_roundtrip import RoundTrip, Validation, check_named_mistake
+from lab_roundtrip import RoundTrip, Validation, blind_students, check_named_mistake
 
 LAB = "13_preference_optimization"
 LOGPS = '''
@@ -49,13 +48,6 @@ def adapters_disabled(model):
         for layer in layers:
             layer.scaling = layer.alpha / layer.rank
 '''
-
-
-def blind_students(path: Path) -> dict[str, dict[str, str]]:
-    """{student: {grade_id: code}} from a file of "# ==== STUDENT (file)" parts, each of "# %% GRADE_ID" cells."""
-    parts = re.split(r"^# ==== (\S+) .*\n", path.read_text(), flags=re.MULTILINE)
-    cells = {parts[i]: re.split(r"^# %% (\S+)\n", parts[i + 1], flags=re.MULTILINE) for i in range(1, len(parts), 2)}
-    return {student: {c[j]: c[j + 1] for j in range(1, len(c), 2)} for student, c in cells.items()}
 
 
 LOGPS_TESTS = {"test_sequence_logprobs", "test_sequence_logprobs_left", "test_sequence_logprobs_hidden"}

@@ -3,8 +3,19 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
-from lab_roundtrip import RoundTrip, Validation, check_named_mistake, solved_namespace
+from lab_roundtrip import (
+    RoundTrip,
+    Validation,
+    blind_names,
+    blind_students,
+    check_named_mistake,
+    diagnosis,
+    solved_namespace,
+)
 
 from gptcourse.grading import check
 
@@ -57,8 +68,32 @@ CHOICE_TESTS = {"test_choice_scores", "test_choice_scores_bytes", "test_choice_s
 PASS_TESTS = {"test_pass_at_k", "test_pass_at_k_hidden"}
 BOOT_TESTS = {"test_paired_bootstrap", "test_paired_bootstrap_hidden"}
 OVERLAP_TESTS = {"test_ngram_overlap", "test_ngram_overlap_hidden"}
+# Written blind to the tests (issue 44), as written: student -> the test cells it must fail. Before issue 44
+# cs-chars-by-bytes, pb-sorted-index and ng-substring-shortcut passed every visible cell (the chars case was ASCII,
+# the bootstrap's quantiles fell on tied differences, no item matched across a word boundary), and no message named
+# ll-drops-first-token, ll-raw-logits, ll-greedy-any, cs-word-count, pak-product-off-by-one, pak-k-over-n-shortcut,
+# ng-characters or ng-split-no-normalise.
+BLIND_FILE = Path(__file__).with_name("lab14_blind.cells")
+BLIND = blind_students(BLIND_FILE)
+BLIND_FAILS = {
+    **dict.fromkeys(("ll-full-input-last-rows", "ll-drops-first-token", "ll-sums-context-too", "ll-raw-logits",
+                     "ll-mean-not-sum"), LL_TESTS),
+    **dict.fromkeys(("ll-greedy-any", "ll-greedy-last-only"), LL_TESTS - {"test_loglikelihood_greedy"}),
+    "cs-bytes-by-chars": CHOICE_TESTS - {"test_choice_scores"},
+    **dict.fromkeys(("cs-chars-by-bytes", "cs-word-count"), CHOICE_TESTS - {"test_choice_scores_bytes"}),
+    **dict.fromkeys(("cs-leading-space", "cs-multiplies"), CHOICE_TESTS),
+    **dict.fromkeys(("pak-biased", "pak-product-off-by-one", "pak-comb-swapped", "pak-k-over-n-shortcut"),
+                    PASS_TESTS),
+    **dict.fromkeys(("pb-independent", "pb-90-percent", "pb-normal-shortcut"), BOOT_TESTS),
+    **dict.fromkeys(("ng-characters", "ng-split-no-normalise", "ng-unique-grams", "ng-range-off-by-one",
+                     "ng-flag-not-fraction"), OVERLAP_TESTS),
+    # only the visible case catches these two: the hidden bootstraps' quantiles fall on tied differences, and no
+    # hidden item's n-gram is found across a word boundary of its training text
+    "pb-sorted-index": {"test_paired_bootstrap"},
+    "ng-substring-shortcut": {"test_ngram_overlap"},
+}
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
-WRONG = {
+WRONG = {student: (BLIND[student], fails) for student, fails in BLIND_FAILS.items()} | {
     "ll-counts-context": ({"loglikelihood": LOGLIKELIHOOD.format(**RIGHT_LL | {
         "rows": ":", "target": "(context + continuation)[1:]"})}, LL_TESTS),
     # the whole sequence fed and its last rows read: each token scored from its own position
@@ -91,7 +126,7 @@ SAYS = {
     "ll-counts-context": ("14.loglikelihood.visible", "the context's tokens are counted too"),
     "ll-no-shift": ("14.loglikelihood.visible", "each token was scored with the logits at its own position"),
     "ll-mean": ("14.loglikelihood.visible", "the log-probabilities are averaged"),
-    "ll-greedy-last-token": ("14.loglikelihood.visible", "the greedy flag checks only the continuation's last token"),
+    "ll-greedy-last-token": ("14.loglikelihood.visible", "the flag checks only some tokens (the last one"),
     "choices-delimiter-counted": ("14.choice_scores.visible", "the delimiter is counted in the length"),
     "choices-bytes-as-chars": ("14.choice_scores.bytes", "the bytes were counted as characters"),
     "pass-with-replacement": ("14.pass_at_k.visible", "this is 1 - (1 - c/n)^k"),
@@ -117,6 +152,22 @@ class TestLab14(RoundTrip):
 @pytest.mark.parametrize("student", sorted(SAYS))
 def test_each_named_mistake_gets_its_message(student):
     check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
+
+
+NAMES = blind_names(BLIND_FILE)
+# the visible case each visible test cell checks
+VISIBLE_CASES = {"test_loglikelihood": "14.loglikelihood.visible",
+                 "test_loglikelihood_greedy": "14.loglikelihood.greedy",
+                 "test_choice_scores": "14.choice_scores.visible", "test_choice_scores_bytes": "14.choice_scores.bytes",
+                 "test_pass_at_k": "14.pass_at_k.visible", "test_paired_bootstrap": "14.paired_bootstrap.visible",
+                 "test_ngram_overlap": "14.ngram_overlap.visible"}
+
+
+@pytest.mark.parametrize(("student", "test_id"), [(student, VISIBLE_CASES[cell]) for student in sorted(BLIND_FAILS)
+                                                  for cell in sorted(BLIND_FAILS[student] & VISIBLE_CASES.keys())])
+def test_each_blind_student_is_named_by_each_visible_case_it_fails(student, test_id):
+    said = diagnosis(LAB, BLIND[student], test_id)
+    assert re.search(NAMES[student], said), f"{student} on {test_id}: {said!r} does not match {NAMES[student]!r}"
 
 
 # Right answers computed in float32 (torch's default float; the lab asks for "a float tensor"): a float32 rounding

@@ -91,18 +91,19 @@ def _ll_expected(inputs: Inputs) -> Outputs:
 
 
 def _scored(table: torch.Tensor, context: list[int], continuation: list[int], *, shift: bool = True,
-            with_context: bool = False, mean: bool = False, probabilities: bool = False) -> tuple[float, bool, bool]:
-    """(log-probability, greedy, last token argmax) of the continuation, right or with one of the usual mistakes:
-    the logits at t - 1 predict token t (`shift`); only the continuation's tokens count (`with_context`)."""
+            with_context: bool = False, drop_first: bool = False, mean: bool = False, probabilities: bool = False,
+            raw: bool = False) -> tuple[float, torch.Tensor]:
+    """(log-probability, whether each scored token is the argmax) of the continuation, right or with one of the
+    usual mistakes: the logits at t - 1 predict token t (`shift`); only the continuation's tokens count
+    (`with_context`), all of them (`drop_first`); log_softmax normalises the logits (`raw`)."""
     tokens = context + continuation
     logits = table[torch.tensor(tokens)]  # (T, V): the logits at t, computed from the token at t
-    start = 1 if with_context else len(context)
+    start = 1 if with_context else len(context) + drop_first
     rows = logits[start - 1 : len(tokens) - 1] if shift else logits[start:]  # the rows that predict tokens[start:]
     target = torch.tensor(tokens[start:])
-    picked = (F.softmax(rows, -1) if probabilities else F.log_softmax(rows, -1)).gather(-1, target[:, None])
-    argmax = rows.argmax(-1)
-    return (float(picked.mean() if mean else picked.sum()), bool(torch.equal(argmax, target)),
-            bool(argmax[-1] == target[-1]))
+    scores = rows if raw else F.softmax(rows, -1) if probabilities else F.log_softmax(rows, -1)
+    picked = scores.gather(-1, target[:, None])
+    return float(picked.mean() if mean else picked.sum()), rows.argmax(-1) == target
 
 
 LL_MISTAKES = {
@@ -113,6 +114,10 @@ LL_MISTAKES = {
     "the log-probabilities are averaged: a continuation's log-probability is the sum of its tokens' (the mean is a "
     "normalisation, done later, per choice)": {"mean": True},
     "the probabilities are summed, not their logs: use log_softmax": {"probabilities": True},
+    "the continuation's first token is not scored: it is predicted by the logits at the context's last position, "
+    "len(context) - 1, and every token of the continuation counts": {"drop_first": True},
+    "the raw logits were summed, not log-probabilities: normalise them with log_softmax first (a log-probability "
+    "is at most 0)": {"raw": True},
 }
 
 
@@ -123,10 +128,13 @@ def _ll_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(got["logprob"], expected["logprob"], "the log-probability of the continuation", atol=1e-4,
                 mistakes=variants)
     if bool(got["greedy"]) != bool(expected["greedy"]):
-        _, _, last = _scored(table, context, continuation)
-        if bool(got["greedy"]) == last:
-            raise fail("the greedy flag checks only the continuation's last token: greedy means argmax decoding "
-                       "writes every token of the continuation, (logits.argmax(-1) == continuation).all()")
+        _, matches = _scored(table, context, continuation)
+        if bool(got["greedy"]) and bool(matches.any()):
+            missed = (~matches).nonzero().flatten().tolist()
+            raise fail(f"the greedy flag is True, but the argmax is not the continuation's token at position(s) "
+                       f"{missed}: the flag checks only some tokens (the last one, or any() of them); greedy means "
+                       "argmax decoding writes every token of the continuation, (logits.argmax(-1) == "
+                       "continuation).all()")
         raise fail(f"the greedy flag is {bool(got['greedy'])}, expected {bool(expected['greedy'])}: it is True when "
                    "the argmax of the logits at every position that predicts a continuation token is that token")
 
@@ -141,9 +149,11 @@ def _ll_hidden(r: random.Random, seed: int) -> Inputs:
 NORMALIZE = (None, "chars", "bytes")
 
 
-def _length(choice: str, normalize: str | None, delimiter: str = "", as_chars: bool = False) -> int:
+def _length(choice: str, normalize: str | None, delimiter: str = "", unit: str | None = None) -> int:
+    """The length `normalize` divides by (1 for None), or, with `unit`, counted in other units (a mistake)."""
     text = delimiter + choice
-    return 1 if normalize is None else len(text) if normalize == "chars" or as_chars else len(text.encode("utf-8"))
+    counts = {"chars": len(text), "bytes": len(text.encode("utf-8")), "words": len(text.split())}
+    return 1 if normalize is None else counts[unit or normalize]
 
 
 def _scores(logprobs: torch.Tensor, choices: list[str], normalize: str | None, **mistake: Any) -> torch.Tensor:
@@ -177,7 +187,12 @@ def _choice_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             _scores(logprobs, choices, normalize, delimiter=" "),
         "the bytes were counted as characters: len(choice) counts characters; a choice's UTF-8 bytes are "
         "len(choice.encode('utf-8')), more than its characters when it holds non-ASCII letters":
-            _scores(logprobs, choices, normalize, as_chars=True),
+            _scores(logprobs, choices, normalize, unit="chars"),
+        "the lengths are the number of words, len(choice.split()): acc_norm divides by the characters, "
+        "len(choice), and acc_bytes by the UTF-8 bytes": _scores(logprobs, choices, normalize, unit="words"),
+        "the characters were counted as bytes: acc_norm divides by len(choice), the characters; "
+        "len(choice.encode('utf-8')) is more than that when a choice holds non-ASCII letters":
+            _scores(logprobs, choices, normalize, unit="bytes"),
     }
     if normalize is not None:
         mistakes["the scores were multiplied by the lengths: divide the log-likelihood by the length"] = \
@@ -188,8 +203,11 @@ def _choice_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
 
 @sized
 def _choice_hidden(r: random.Random, seed: int) -> Inputs:
-    pool = ["Paris", "Lyon", "Zürich", "Genève", "São Paulo", "東京", "a", "ab", "abc", "naïve", "Ελλάδα", "42"]
-    return _choice_inputs(r.sample(pool, r.randint(2, 6)), r.choice(["chars", "bytes"]), seed, tie=r.random() < 0.3)
+    """Choices by characters (hidden_unicode divides by bytes), "São Paulo" among them: non-ASCII, two words."""
+    pool = ["Paris", "Lyon", "Zürich", "Genève", "東京", "a", "ab", "abc", "naïve", "Ελλάδα", "42"]
+    choices = r.sample(pool, r.randint(1, 5))
+    choices.insert(r.randint(0, len(choices)), "São Paulo")
+    return _choice_inputs(choices, "chars", seed, tie=r.random() < 0.3)
 
 
 # ---- pass_at_k(n, c, k) for a table of (n, c, k)
@@ -216,6 +234,11 @@ def _pass_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             each(lambda n, c, k: c / n),
         "this is C(n - c, k) / C(n, k), the chance that *no* sample of k is correct: pass@k is 1 minus it":
             each(lambda n, c, k: math.comb(n - c, k) / math.comb(n, k)),
+        "the product runs from i = n - c, one factor too many: 1 - C(n - c, k) / C(n, k) is 1 - prod(1 - k / i) "
+        "for i in range(n - c + 1, n + 1)":
+            each(lambda n, c, k: 1.0 if n - c < k else 1 - math.prod(1 - k / i for i in range(n - c, n + 1))),
+        "this is min(1, k * c / n), the k tries' chances added up (a union bound, too high once k > 1): pass@k is "
+        "1 - C(n - c, k) / C(n, k)": each(lambda n, c, k: min(1.0, k * c / n)),
     }
 
 
@@ -262,6 +285,7 @@ def _boot_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         quantiles = torch.quantile(draws, torch.tensor([low, high], dtype=draws.dtype)).tolist()
         return torch.tensor([gap, *quantiles], dtype=torch.float64)
 
+    ranked = paired.sort().values
     se = float((a - b).std(correction=1)) / math.sqrt(n)
     return {
         "a and b were resampled apart (two draws of items): the bootstrap is paired, one draw of item indices "
@@ -270,6 +294,10 @@ def _boot_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             bounds(paired, 0.05, 0.95),
         "the interval is the 0% and 95% quantiles: leave 2.5% out at each end, torch.quantile(differences, "
         "[0.025, 0.975])": bounds(paired, 0.0, 0.95),
+        "the quantiles are the sorted differences at index int(0.025 * resamples) and int(0.975 * resamples): "
+        "torch.quantile interpolates linearly between the two sorted values around position q * (resamples - 1)":
+            torch.tensor([gap, float(ranked[int(0.025 * resamples)]),
+                          float(ranked[min(int(0.975 * resamples), resamples - 1)])], dtype=torch.float64),
         "this is the normal interval, difference +- 1.96 standard errors: the lab asks for the bootstrap's "
         "quantiles": torch.tensor([gap, gap - 1.96 * se, gap + 1.96 * se], dtype=torch.float64),
         "every resample holds each item once (a permutation, sampling without replacement), so every "
@@ -318,12 +346,16 @@ def _grams(tokens: list[str], n: int, unique: bool = False, drop_last: bool = Fa
     return list(dict.fromkeys(grams)) if unique else grams
 
 
-def _overlap(train: str, items: list[str], n: int, split: Any = words, **flags: Any) -> torch.Tensor:
-    seen = set(_grams(split(train), n))
+def _overlap(train: str, items: list[str], n: int, split: Any = words, substring: bool = False,
+             **flags: Any) -> torch.Tensor:
+    """The fraction of each item's n-grams in `train`; with `substring`, an n-gram is looked for as a string in the
+    joined training words (a mistake)."""
+    seen, joined = set(_grams(split(train), n)), " ".join(split(train))
     out = []
     for item in items:
         grams = _grams(split(item), n, **flags)
-        out.append(sum(g in seen for g in grams) / len(grams) if grams else 0.0)
+        found = [" ".join(g) in joined if substring else g in seen for g in grams]
+        out.append(sum(found) / len(grams) if grams else 0.0)
     return torch.tensor(out, dtype=torch.float64)
 
 
@@ -333,13 +365,20 @@ def _overlap_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "the text was split on spaces only, so 'times,' is another word than 'times': compare words "
         "lowercased, without punctuation, re.findall(r'\\w+', text.lower())":
             _overlap(train, items, n, lambda text: text.lower().split()),
+        "the text was split on spaces, its capitals and punctuation kept ('Times,' is another word than 'times'): "
+        "compare words lowercased, without punctuation, re.findall(r'\\w+', text.lower())":
+            _overlap(train, items, n, str.split),
         "the words were not lowercased: GPT-3's rule compares them lowercased, so a copy with other capitals is "
         "still found": _overlap(train, items, n, _cased_words),
-        "the n-grams are of characters: they are runs of n *words*": _overlap(train, items, n, list),
+        "the n-grams are of characters: they are runs of n *words*, re.findall(r'\\w+', text.lower())":
+            _overlap(train, items, n, lambda text: list(text.lower())),
         "each item's n-grams were counted once each (a set): count every n-gram of the item, repeats included, "
         "so the fraction is of its n-grams": _overlap(train, items, n, unique=True),
         "the item's last n-gram is missing: a list of L words has L - n + 1 n-grams, range(len(words) - n + 1)":
             _overlap(train, items, n, drop_last=True),
+        "the n-grams were looked for as substrings of the joined training text, so 'he age of wisdom' is found "
+        "inside 'the age of wisdom': compare tuples of whole words, a set of the training text's n-grams":
+            _overlap(train, items, n, substring=True),
         "each item got 1 or 0, whether any n-gram is found: the fraction of its n-grams found is asked":
             (_overlap(train, items, n) > 0).double(),
     }
@@ -385,15 +424,16 @@ PIECES = declare(
                   ("hidden_sizes", "loglikelihood with other sizes, greedy or not", _ll_hidden)]),
     Piece("14", "choice_scores", None, _choice_call, expected=_choice_expected, mistakes=_choice_mistakes,
           label="the choice scores", shape="C", atol=1e-6, rtol=1e-6, forbidden=FORBIDDEN,
-          visible=[("visible", "choice_scores normalised by characters (acc_norm), one choice a prefix of another",
-                    lambda seed: _choice_inputs(["7", "17", "170", "71"], "chars", seed)),
+          visible=[("visible", "choice_scores normalised by characters (acc_norm), one choice a prefix of another, "
+                    "one of two words with '½' (one character, two bytes)",
+                    lambda seed: _choice_inputs(["7", "17", "170", "71", "7½ m"], "chars", seed)),
                    ("bytes", "choice_scores normalised by UTF-8 bytes (acc_bytes), choices with accents",
                     lambda seed: _choice_inputs(["café", "cafe", "naïve", "über"], "bytes", seed))],
           hidden=[("hidden_none", "choice_scores with normalize=None (acc: the sums unchanged)",
                    lambda seed: _choice_inputs(["a", "bb", "ccc"], None, seed)),
                   ("hidden_unicode", "choice_scores by UTF-8 bytes of Greek, Japanese and accented choices, a tie",
                    lambda seed: _choice_inputs(["Ελλάδα", "東京", "Zürich", "Lyon"], "bytes", seed, tie=True)),
-                  ("hidden_sizes", "choice_scores with other choices (Unicode, ties) and normalisations",
+                  ("hidden_sizes", "choice_scores by characters with other choices (Unicode, ties)",
                    _choice_hidden)]),
     Piece("14", "pass_at_k", pass_at_k, _pass_call, label="pass@k", atol=1e-9, rtol=1e-9, mistakes=_pass_mistakes,
           forbidden=FORBIDDEN,
@@ -407,19 +447,21 @@ PIECES = declare(
                   ("hidden_sizes", "pass_at_k for other n, c, k", lambda seed: _pass_table(seed, 40))]),
     Piece("14", "paired_bootstrap", None, _boot_call, expected=_boot_expected, judge=_boot_judge,
           forbidden=FORBIDDEN,
-          visible=[("visible", "paired_bootstrap of two models on 60 shared items, 500 resamples",
-                    lambda seed: _boot_inputs(60, 0.7, 0.6, 500, seed))],
+          visible=[("visible", "paired_bootstrap of two models on 60 shared items, 1000 resamples (the 97.5% "
+                    "quantile between two distinct sorted differences)",
+                    lambda seed: _boot_inputs(60, 0.7, 0.6, 1000, seed))],
           hidden=[("hidden_same", "paired_bootstrap of a model against itself (the interval is [0, 0])",
                    lambda seed: (lambda i: i | {"b": i["a"].clone()})(_boot_inputs(40, 0.6, 0.6, 300, seed))),
                   ("hidden_sizes", "paired_bootstrap with other sizes", _boot_hidden)]),
     Piece("14", "ngram_overlap", ngram_overlap, _overlap_call, label="the overlap of each item",
           mistakes=_overlap_mistakes, atol=1e-9, rtol=0, forbidden=FORBIDDEN,
           visible=[("visible", "ngram_overlap with n=4: an item copied with other capitals and punctuation, one "
-                    "half copied, one clean",
+                    "half copied, one clean, one whose first words are found only inside others ('he' in 'the')",
                     lambda seed: _overlap_inputs(["IT WAS THE AGE OF WISDOM; it was the age of foolishness!",
                                                   "it was the worst of times, it was the worst of times, said "
                                                   "nobody at all",
-                                                  "a sentence written for this lab alone"], 4))],
+                                                  "a sentence written for this lab alone",
+                                                  "he age of wisdom was hers"], 4))],
           hidden=[("hidden_short", "ngram_overlap with items shorter than n (no n-grams: 0.0)",
                    lambda seed: _overlap_inputs(["it was the", "best", "times times times times"], 4)),
                   ("hidden_sizes", "ngram_overlap with other texts, items and n (repeated words, Unicode)",
