@@ -30,6 +30,9 @@ from ..cases import Inputs, Outputs, sized, tensor_rng
 from ..piece import Piece, declare
 from ..student import as_number, as_tensor
 
+# a right answer computed in float32 (torch's default) is off by about 1e-7 of its value (choice scores of -12 at
+# most, bootstrap differences of at most 1); every mistake is further away than this
+FLOAT32_ROUNDING = 1e-6
 FORBIDDEN = ("gptcourse.loglikelihood", "gptcourse.score_choices", "gptcourse.multiple_choice_accuracy",
              "gptcourse.pass_at_k", "gptcourse.paired_bootstrap", "gptcourse.bootstrap_interval",
              "gptcourse.ngram_overlap", "gptcourse.evaluation.continuations", "gptcourse.evaluation.multiple_choice",
@@ -306,11 +309,6 @@ def _boot_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     }
 
 
-# a right answer computed in float32 (torch's default) is off by about 1e-7 of a difference of at most 1; the
-# mistakes are at least a quantile step (1/N of a difference) away
-FLOAT32_ROUNDING = 1e-6
-
-
 def _boot_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     got_b, want = got["bounds"], expected["bounds"]
     if abs(float(got_b[0] - want[0])) > FLOAT32_ROUNDING:
@@ -350,7 +348,8 @@ def _overlap(train: str, items: list[str], n: int, split: Any = words, substring
              **flags: Any) -> torch.Tensor:
     """The fraction of each item's n-grams in `train`; with `substring`, an n-gram is looked for as a string in the
     joined training words (a mistake)."""
-    seen, joined = set(_grams(split(train), n)), " ".join(split(train))
+    train_words = split(train)
+    seen, joined = set(_grams(train_words, n)), " ".join(train_words) if substring else ""
     out = []
     for item in items:
         grams = _grams(split(item), n, **flags)
@@ -423,7 +422,7 @@ PIECES = declare(
                    "on (the greedy flag False)", lambda seed: _ll_inputs(13, 2, 5, seed, greedy_from=2)),
                   ("hidden_sizes", "loglikelihood with other sizes, greedy or not", _ll_hidden)]),
     Piece("14", "choice_scores", None, _choice_call, expected=_choice_expected, mistakes=_choice_mistakes,
-          label="the choice scores", shape="C", atol=1e-6, rtol=1e-6, forbidden=FORBIDDEN,
+          label="the choice scores", shape="C", atol=FLOAT32_ROUNDING, rtol=FLOAT32_ROUNDING, forbidden=FORBIDDEN,
           visible=[("visible", "choice_scores normalised by characters (acc_norm), one choice a prefix of another, "
                     "one of two words with '½' (one character, two bytes)",
                     lambda seed: _choice_inputs(["7", "17", "170", "71", "7½ m"], "chars", seed)),
