@@ -63,19 +63,11 @@ class _Bigram:
         return self.table[ids]  # (B, T, V)
 
 
-# the marks of a continuation's tokens (`_ll_inputs`): the logits that predict each make it
-ARGMAX_MARKS = {
-    "+": "the token argmax decoding writes",
-    "*": "that token, with two others 0.1 below it (its probability under one half)",
-    "-": "another token",
-    "~": "another token 5e-4 below the argmax (a near tie)",
-    "!": "another token 200 below the argmax (its probability underflows to 0 in float32)",
-}
-
-
 def _ll_inputs(v: int, context: int, continuation: int | str, seed: int) -> Inputs:
-    """A bigram table (V, V) and a request: a continuation of `continuation` random tokens, or of one token per mark
-    of ARGMAX_MARKS, the table's rows changed to make it so."""
+    """A bigram table (V, V) and a request: a continuation of `continuation` random tokens, or one token per mark,
+    the table's rows changed to make it so: "+" the token argmax decoding writes, "*" that token with two others 0.1
+    below it (its probability under one half), "-" another token, "~" another 5e-4 below the argmax (a near tie),
+    "!" another 200 below the argmax (its probability underflows to 0 in float32)."""
     gen = tensor_rng(seed)
     table = torch.randn(v, v, generator=gen) * 2
     ctx = torch.randint(0, v, (context,), generator=gen).tolist()
