@@ -45,7 +45,12 @@ def diagnosis(lab: str, answers: dict[str, str], test_id: str) -> str:
     case's description (which is the same for every student), unwrapped."""
     with pytest.raises(CheckFailed) as failed:
         check(test_id, solved_namespace(lab, answers)[test_id.split(".")[1]])
-    message, what = " ".join(str(failed.value).split()), " ".join(get_case(test_id).what.split())
+    return after_description(str(failed.value), test_id)
+
+
+def after_description(message: str, test_id: str) -> str:
+    """A failure message of case `test_id`, unwrapped, after the case's description."""
+    message, what = " ".join(message.split()), " ".join(get_case(test_id).what.split())
     assert what in message
     return message.split(what, 1)[1]
 

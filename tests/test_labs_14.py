@@ -10,6 +10,7 @@ import pytest
 from lab_roundtrip import (
     RoundTrip,
     Validation,
+    after_description,
     blind_names,
     blind_students,
     check_named_mistake,
@@ -210,8 +211,8 @@ def test_round2_names_its_students():
 def test_each_round2_student_fails_exactly_its_cells_each_visible_one_naming_it(student):
     failed = failing_cells(LAB, ROUND2[student])
     assert set(failed) == ROUND2_FAILS[student], f"{student} fails {sorted(failed)}"
-    for cell in sorted(failed.keys() & VISIBLE_CASES.keys()):
-        said = diagnosis(LAB, ROUND2[student], VISIBLE_CASES[cell])
+    for cell in sorted(failed.keys() & VISIBLE_CASES.keys()):  # a visible cell checks one case
+        said = after_description(failed[cell], VISIBLE_CASES[cell])
         assert re.search(ROUND2_NAMES[student], said), f"{student} on {cell}: {said!r} does not match " \
                                                         f"{ROUND2_NAMES[student]!r}"
 
