@@ -5,7 +5,8 @@ A lab module subclasses `RoundTrip` as `class TestLabNN(RoundTrip)` and sets LAB
 and VALIDATE (a mistake, how many cells `nbgrader validate` must report, and what the report must say). The
 release it generates must be the committed labs/LAB; one autograde batch grades the solution, the untouched
 release and every mistake; lab-specific tests are methods of the subclass and can use the same `scores`.
-`check_named_mistake` checks, in-process, that a mistake's message names it (the round trip checks its scores).
+`check_named_mistake` checks, in-process, that a mistake's message names it (the round trip checks its scores);
+`failing_cells` says, in-process, which test cells a student fails (for students kept out of the slow round trip).
 """
 
 from __future__ import annotations
@@ -44,9 +45,28 @@ def diagnosis(lab: str, answers: dict[str, str], test_id: str) -> str:
     case's description (which is the same for every student), unwrapped."""
     with pytest.raises(CheckFailed) as failed:
         check(test_id, solved_namespace(lab, answers)[test_id.split(".")[1]])
-    message, what = " ".join(str(failed.value).split()), " ".join(get_case(test_id).what.split())
+    return after_description(str(failed.value), test_id)
+
+
+def after_description(message: str, test_id: str) -> str:
+    """A failure message of case `test_id`, unwrapped, after the case's description."""
+    message, what = " ".join(message.split()), " ".join(get_case(test_id).what.split())
     assert what in message
     return message.split(what, 1)[1]
+
+
+def failing_cells(lab: str, answers: dict[str, str]) -> dict[str, str]:
+    """{grade_id: message} of the test cells of `lab`'s solution (hidden tests included) that fail, in-process, with
+    `answers` in place of its solution cells: each cell's source run as the notebook runs it, in order."""
+    namespace, failed = solved_namespace(lab, answers), {}
+    for cell in nbformat.read(ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4).cells:
+        grading = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and grading.get("grade"):
+            try:
+                exec(cell.source, namespace)
+            except CheckFailed as failure:
+                failed[grading["grade_id"]] = str(failure)
+    return failed
 
 
 def check_named_mistake(lab: str, answers: dict[str, str], test_id: str, says: str) -> None:

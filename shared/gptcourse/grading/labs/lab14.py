@@ -16,19 +16,20 @@ from __future__ import annotations
 import math
 import random
 import re
+import unicodedata
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
-from ...checks import check_close, fail
+from ...checks import check_close, check_known_mistakes, fail, fmt_shape
 from ...evaluation.contamination import ngram_overlap, words
 from ...evaluation.continuations import loglikelihood
 from ...evaluation.error_bars import paired_bootstrap
 from ...evaluation.unbiased_pass import pass_at_k
 from ..cases import Inputs, Outputs, sized, tensor_rng
 from ..piece import Piece, declare
-from ..student import as_number, as_tensor
+from ..student import as_number, as_tensor, describe_error
 
 # a right answer computed in float32 (torch's default) is off by about 1e-7 of its value (choice scores of -12 at
 # most, bootstrap differences of at most 1); every mistake is further away than this
@@ -45,30 +46,44 @@ FORBIDDEN = ("gptcourse.loglikelihood", "gptcourse.score_choices", "gptcourse.mu
 
 class _Bigram:
     """A stand-in language model: the logits at each position are row `ids[t]` of a table (V, V), whatever came
-    before. `config.context_length` is there for code that reads it."""
+    before. Like a GPT it takes integer token ids (B, T) and nothing else; `config.context_length` is there for code
+    that reads it."""
 
     def __init__(self, table: torch.Tensor) -> None:
         self.table = table
         self.config = type("Config", (), {"context_length": 64, "vocab_size": table.size(0)})()
 
     def __call__(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
+            given = (f"ids of shape {fmt_shape(ids.shape)}, {ids.dtype}" if isinstance(ids, torch.Tensor)
+                     else f"a {type(ids).__name__}")
+            raise fail(f"the model was called with {given}: like a GPT (B, T = ids.shape in its forward) it takes "
+                       "integer token ids with a batch dimension, (1, T) for one request, torch.tensor([context + "
+                       "continuation[:-1]]), and gives logits (1, T, V)")
         return self.table[ids]  # (B, T, V)
 
 
-def _ll_inputs(v: int, context: int, continuation: int, seed: int, greedy_from: int | None = None) -> Inputs:
-    """A bigram table (V, V) and a request; with `greedy_from`, the continuation's tokens from that index on are
-    those argmax decoding writes (0: all of them, so the greedy flag is True)."""
+def _ll_inputs(v: int, context: int, continuation: int | str, seed: int) -> Inputs:
+    """A bigram table (V, V) and a request: a continuation of `continuation` random tokens, or one token per mark,
+    the table's rows changed to make it so: "+" the token argmax decoding writes, "*" that token with two others 0.1
+    below it (its probability under one half), "-" another token, "~" another 5e-4 below the argmax (a near tie),
+    "!" another 200 below the argmax (its probability underflows to 0 in float32)."""
     gen = tensor_rng(seed)
     table = torch.randn(v, v, generator=gen) * 2
     ctx = torch.randint(0, v, (context,), generator=gen).tolist()
-    cont = torch.randint(0, v, (continuation,), generator=gen).tolist()
-    if greedy_from is not None:
-        for i in range(continuation):
-            best = int(table[(ctx + cont[:i])[-1]].argmax())  # what argmax decoding writes here
-            if i >= greedy_from:
-                cont[i] = best
-            elif cont[i] == best:
-                cont[i] = (best + 1) % v  # not the argmax: the flag is False
+    marks = continuation if isinstance(continuation, str) else "?" * continuation  # "?": left as drawn
+    cont = torch.randint(0, v, (len(marks),), generator=gen).tolist()
+    for i, mark in enumerate(marks):
+        row = table[(ctx + cont[:i])[-1]]  # (V,), a view: the logits that predict cont[i]
+        best = int(row.argmax())
+        if mark in "+*":
+            cont[i] = best
+        elif mark != "?" and cont[i] == best:
+            cont[i] = (best + 1) % v  # not the argmax
+        if mark == "*":
+            row[[(best + 1) % v, (best + 2) % v]] = row[best] - 0.1
+        elif mark in "~!":
+            row[cont[i]] = row[best] - (5e-4 if mark == "~" else 200)
     return {"table": table, "context": ctx, "continuation": cont}
 
 
@@ -93,69 +108,142 @@ def _ll_expected(inputs: Inputs) -> Outputs:
     return {"logprob": logprobs[0].double(), "greedy": greedy[0]}
 
 
-def _scored(table: torch.Tensor, context: list[int], continuation: list[int], *, shift: bool = True,
-            with_context: bool = False, drop_first: bool = False, mean: bool = False, probabilities: bool = False,
-            raw: bool = False) -> tuple[float, torch.Tensor]:
-    """(log-probability, whether each scored token is the argmax) of the continuation, right or with one of the
-    usual mistakes: the logits at t - 1 predict token t (`shift`); only the continuation's tokens count
-    (`with_context`), all of them (`drop_first`); log_softmax normalises the logits (`raw`)."""
+# how the logits (T, V) become the scores summed (`_scored`): right, then the usual mistakes
+NORMALISED = {
+    "log_softmax": lambda logits: F.log_softmax(logits, dim=-1),
+    "probabilities": lambda logits: F.softmax(logits, dim=-1),
+    "logits": lambda logits: logits,
+    "log of softmax": lambda logits: F.softmax(logits, dim=-1).log(),
+    "over positions": lambda logits: F.log_softmax(logits, dim=0),
+}
+
+
+def _scored(table: torch.Tensor, context: list[int], continuation: list[int], *, shift: int = 1,
+            with_context: bool = False, drop_first: bool = False, mean: bool = False,
+            normalised: str = "log_softmax") -> float:
+    """The log-probability of the continuation, right or with one of the usual mistakes: each token read from the
+    logits `shift` positions before it (1; 0 is the whole sequence fed), only the continuation's tokens scored
+    (`with_context`: the context's too), all of them (`drop_first`), summed, the logits NORMALISED[`normalised`].
+    NaN where the rows a shift asks for do not exist."""
     tokens = context + continuation
-    logits = table[torch.tensor(tokens)]  # (T, V): the logits at t, computed from the token at t
+    fed = tokens if shift == 0 else tokens[:-1]  # what the model reads
+    scores = NORMALISED[normalised](table[torch.tensor(fed)])  # (T, V): the logits at t come from the token at t
     start = 1 if with_context else len(context) + drop_first
-    rows = logits[start - 1 : len(tokens) - 1] if shift else logits[start:]  # the rows that predict tokens[start:]
     target = torch.tensor(tokens[start:])
-    scores = rows if raw else F.softmax(rows, -1) if probabilities else F.log_softmax(rows, -1)
-    picked = scores.gather(-1, target[:, None])
-    return float(picked.mean() if mean else picked.sum()), rows.argmax(-1) == target
+    if start < shift:
+        return math.nan
+    picked = scores[start - shift : start - shift + len(target)].gather(-1, target[:, None])  # (m, 1)
+    return float(picked.mean() if mean else picked.sum())
+
+
+def _greedy(table: torch.Tensor, context: list[int], continuation: list[int], *, which: str = "all",
+            slack: float = 0.0, majority: bool = False) -> bool:
+    """Whether argmax decoding from the context writes the continuation, right or with one of the usual mistakes:
+    only some of its tokens checked (`which`: "first", "last", "any"), a token within `slack` of its row's largest
+    logit taken for the argmax, a probability above one half asked of each token (`majority`)."""
+    rows = table[torch.tensor(context + continuation[:-1])][len(context) - 1 :]  # (m, V): the rows that predict it
+    target = torch.tensor(continuation)  # (m,)
+    picked = rows.gather(-1, target[:, None])[:, 0]  # (m,)
+    if majority:
+        hits = F.softmax(rows, dim=-1).gather(-1, target[:, None])[:, 0] > 0.5
+    else:
+        hits = picked >= rows.max(dim=-1).values - slack if slack else rows.argmax(dim=-1) == target
+    return bool({"all": hits.all(), "any": hits.any(), "first": hits[0], "last": hits[-1]}[which])
 
 
 LL_MISTAKES = {
     "the context's tokens are counted too: only the continuation's tokens are scored, log p(continuation | "
     "context)": {"with_context": True},
     "each token was scored with the logits at its own position: the logits at position t predict the token at "
-    "t + 1, so the continuation's tokens are read from the positions just before them": {"shift": False},
+    "t + 1, so feed context + continuation[:-1] and read the continuation's tokens from the positions just before "
+    "them": {"shift": 0},
+    "each token was scored with the logits two positions before it, one position early (logits[-m - 1:-1]): with "
+    "context + continuation[:-1] fed, the rows that predict the continuation are its last len(continuation), "
+    "logits[-len(continuation):]": {"shift": 2},
     "the log-probabilities are averaged: a continuation's log-probability is the sum of its tokens' (the mean is a "
     "normalisation, done later, per choice)": {"mean": True},
-    "the probabilities are summed, not their logs: use log_softmax": {"probabilities": True},
+    "the probabilities are summed, not their logs: use log_softmax": {"normalised": "probabilities"},
     "the continuation's first token is not scored: it is predicted by the logits at the context's last position, "
     "len(context) - 1, and every token of the continuation counts": {"drop_first": True},
     "the raw logits were summed, not log-probabilities: normalise them with log_softmax first (a log-probability "
-    "is at most 0)": {"raw": True},
+    "is at most 0)": {"normalised": "logits"},
+    "log_softmax ran over the positions (dim=1 of the logits (1, T, V)), not over the vocabulary: each position's "
+    "logits are normalised on their own, F.log_softmax(logits, dim=-1)": {"normalised": "over positions"},
+    "log(softmax(logits)) is -inf where a token's probability underflows to 0 in float32 (exp(-200) does): "
+    "F.log_softmax computes logits - logsumexp(logits), which stays finite": {"normalised": "log of softmax"},
 }
 
 
 def _ll_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     table, context, continuation = inputs["table"], inputs["context"], inputs["continuation"]
-    variants = {why: torch.tensor(_scored(table, context, continuation, **flags)[0], dtype=torch.float64)
+    label, logprob, want = "the log-probability of the continuation", got["logprob"], expected["logprob"]
+    variants = {why: torch.tensor(_scored(table, context, continuation, **flags), dtype=torch.float64)
                 for why, flags in LL_MISTAKES.items()}
-    check_close(got["logprob"], expected["logprob"], "the log-probability of the continuation", atol=1e-4,
-                mistakes=variants)
+    check_known_mistakes(logprob, want, variants, label, atol=1e-4, rtol=1e-4)
+    error = abs(float(logprob - want))
+    if 1e-4 * (1 + abs(float(want))) < error < 1e-2 * max(1.0, abs(float(want))):
+        raise fail(f"{label}: off by {error:.2g} (got {float(logprob):.5g}, expected {float(want):.5g}), as small as "
+                   "the rounding of a 16-bit float: were the logits cast to float16 or bfloat16 (about 3 and 2 "
+                   "significant digits; float32 keeps 7)? Compute log_softmax in float32, the model's dtype")
+    check_close(logprob, want, label, atol=1e-4, rtol=1e-4, mistakes=variants)
     if bool(got["greedy"]) != bool(expected["greedy"]):
-        _, matches = _scored(table, context, continuation)
-        if bool(got["greedy"]) and bool(matches.any()):
-            missed = (~matches).nonzero().flatten().tolist()
-            raise fail(f"the greedy flag is True, but the argmax is not the continuation's token at position(s) "
-                       f"{missed}: the flag checks only some tokens (the last one, or any() of them); greedy means "
-                       "argmax decoding writes every token of the continuation, (logits.argmax(-1) == "
-                       "continuation).all()")
-        raise fail(f"the greedy flag is {bool(got['greedy'])}, expected {bool(expected['greedy'])}: it is True when "
-                   "the argmax of the logits at every position that predicts a continuation token is that token")
+        raise fail(_greedy_mistake(table, context, continuation, bool(got["greedy"])))
+
+
+def _greedy_mistake(table: torch.Tensor, context: list[int], continuation: list[int], flag: bool) -> str:
+    """What is wrong with a greedy flag `flag` that is not the right one: the usual mistakes that give it."""
+    rows = table[torch.tensor(context + continuation[:-1])][len(context) - 1 :]  # (m, V)
+    target = torch.tensor(continuation)
+    gaps = (rows.max(dim=-1).values - rows.gather(-1, target[:, None])[:, 0]).tolist()  # 0 where it is the argmax
+    missed = [i for i, gap in enumerate(gaps) if rows[i].argmax() != target[i]]
+    rule = ("greedy means argmax decoding writes every token of the continuation, (logits.argmax(-1) == "
+            "continuation).all()")
+    if not flag:
+        probabilities = F.softmax(rows, dim=-1).gather(-1, target[:, None])[:, 0]
+        if not _greedy(table, context, continuation, majority=True):
+            return (f"the greedy flag is False, expected True: each token of the continuation is the argmax, but at "
+                    f"position(s) {(probabilities <= 0.5).nonzero().flatten().tolist()} with a probability of only "
+                    f"{float(probabilities.min()):.2f}, and a flag that asks for more than one half says False "
+                    f"(the most likely token need not hold most of the mass): {rule}")
+        return f"the greedy flag is False, expected True: {rule}"
+    some = [label for which, label in (("first", "only the first token"), ("last", "only the last token"),
+                                       ("any", "any() of them")) if _greedy(table, context, continuation, which=which)]
+    causes = [f"the flag checks {', '.join(some[:-1])} or {some[-1]}" if len(some) > 1
+              else f"the flag checks {some[0]}"] if some else []
+    if _greedy(table, context, continuation, slack=0.01):
+        causes.append(f"a near tie was taken for the argmax: those tokens are {max(gaps[i] for i in missed):.2g} "
+                      "below the largest logit, and a tolerance (max - logit < 1e-3, isclose) calls that the "
+                      "argmax; argmax decoding takes the largest exactly")
+    return (f"the greedy flag is True, but the argmax is not the continuation's token at position(s) {missed}: "
+            + "; ".join(causes or ["it is True only when each of them is"]) + f"; {rule}")
 
 
 @sized
 def _ll_hidden(r: random.Random, seed: int) -> Inputs:
-    return _ll_inputs(r.randint(5, 30), r.randint(2, 8), r.randint(2, 6), seed, greedy_from=r.choice([None, 0, 1]))
+    """Other sizes; the continuation the argmax path, or the argmax but for its first token, or random tokens none
+    of which is the argmax (so the flag says the same for checking only the first token)."""
+    m = r.randint(2, 6)
+    return _ll_inputs(r.randint(5, 30), r.randint(2, 8), r.choice(["+" * m, "-" + "+" * (m - 1), "-" * m]), seed)
 
 
 # ---- choice_scores(logprobs (C,), choices, normalize) -> scores (C,)
 
 NORMALIZE = (None, "chars", "bytes")
+# the Unicode normal forms that change the lab's choices, and how (a mistake: the characters are counted as given)
+UNICODE_FORMS = {
+    "NFD": "decomposes an accented letter into the letter and a combining accent",
+    "NFKD": "decomposes an accented letter into the letter and a combining accent, and '½' into '1⁄2'",
+    "NFKC": "turns '½' into '1⁄2'",
+}
 
 
-def _length(choice: str, normalize: str | None, delimiter: str = "", unit: str | None = None) -> int:
-    """The length `normalize` divides by (1 for None), or, with `unit`, counted in other units (a mistake)."""
-    text = delimiter + choice
-    counts = {"chars": len(text), "bytes": len(text.encode("utf-8")), "words": len(text.split())}
+def _length(choice: str, normalize: str | None, delimiter: str = "", unit: str | None = None,
+            form: str | None = None) -> int:
+    """The length `normalize` divides by (1 for None), or, with one of the usual mistakes, of the choice after a
+    `delimiter`, in another `unit`, or of its Unicode normal `form`."""
+    text = delimiter + (unicodedata.normalize(form, choice) if form else choice)
+    counts = {"chars": len(text), "bytes": len(text.encode("utf-8")), "words": len(text.split()),
+              "two bytes at most": sum(1 if ord(ch) < 128 else 2 for ch in text)}
     return 1 if normalize is None else counts[unit or normalize]
 
 
@@ -172,7 +260,13 @@ def _choice_inputs(choices: list[str], normalize: str | None, seed: int, tie: bo
 
 def _choice_call(fn: Any, inputs: Inputs) -> Outputs:
     what = f"choice_scores(logprobs, {inputs['choices']!r:.60}, normalize={inputs['normalize']!r})"
-    got = as_tensor(fn(inputs["logprobs"].clone(), list(inputs["choices"]), inputs["normalize"]), what)
+    logprobs = inputs["logprobs"].clone()
+    got = as_tensor(fn(logprobs, list(inputs["choices"]), inputs["normalize"]), what)
+    if not torch.equal(logprobs, inputs["logprobs"]):
+        was, now = ([round(x, 3) for x in t.tolist()] for t in (inputs["logprobs"], logprobs))
+        raise fail(f"{what} changed the caller's logprobs in place, from {was} to {now}: the caller's "
+                   "log-likelihoods are lost (a second normalisation would divide them twice); divide into a new "
+                   "tensor, logprobs / lengths, not logprobs /= lengths")
     return {"scores": got.double()}
 
 
@@ -196,7 +290,17 @@ def _choice_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "the characters were counted as bytes: acc_norm divides by len(choice), the characters; "
         "len(choice.encode('utf-8')) is more than that when a choice holds non-ASCII letters":
             _scores(logprobs, choices, normalize, unit="bytes"),
+        "the bytes were counted as 1 per ASCII character and 2 per other one: UTF-8 takes 2 bytes up to U+07FF "
+        "(accents, Greek), 3 beyond it ('東' is 3) and 4 past U+FFFF (emoji); count them, len(choice.encode('utf-8'))":
+            _scores(logprobs, choices, normalize, unit="two bytes at most"),
+        "the scores went through a softmax over the choices (they are probabilities, summing to 1): a choice's "
+        "score is its log-likelihood divided by its length, and the harness takes the argmax of those":
+            torch.softmax(_scores(logprobs, choices, normalize), dim=0),
     }
+    for form, change in UNICODE_FORMS.items():
+        mistakes[f"the characters were counted after unicodedata.normalize({form!r}), which {change}: count the "
+                 "choice's characters as they are given, len(choice)"] = \
+            _scores(logprobs, choices, normalize, form=form)
     if normalize is not None:
         mistakes["the scores were multiplied by the lengths: divide the log-likelihood by the length"] = \
             logprobs * torch.tensor([_length(c, normalize) for c in choices], dtype=logprobs.dtype)
@@ -216,12 +320,32 @@ def _choice_hidden(r: random.Random, seed: int) -> Inputs:
 # ---- pass_at_k(n, c, k) for a table of (n, c, k)
 
 
+PASS_TOLERANCE = 1e-9  # pass@k is a ratio of exact integers: a float64 answer is off by about 1e-16
+
+
 def _pass_call(fn: Any, inputs: Inputs) -> Outputs:
     values = []
     for n, c, k in inputs["table"]:
-        value = as_number(fn(n, c, k), f"pass_at_k(n={n}, c={c}, k={k})", "a float in [0, 1]")
-        values.append(float(value))
+        what = f"pass_at_k(n={n}, c={c}, k={k})"
+        try:
+            value = fn(n, c, k)
+        except NotImplementedError:
+            raise
+        except Exception as err:  # say which (n, c, k), and what is special about it
+            raise fail(f"{what}: {describe_error(err)}{_pass_hint(n, c, k, err)}") from None
+        values.append(float(as_number(value, what, "a float in [0, 1]")))
     return {"pass": torch.tensor(values, dtype=torch.float64)}
+
+
+def _pass_hint(n: int, c: int, k: int, err: Exception) -> str:
+    """Why pass_at_k may fail at (n, c, k): a binomial past a float's range, or no draw without a correct sample."""
+    if isinstance(err, OverflowError):
+        return (f": C({n}, {k}) has {len(str(math.comb(n, k)))} digits, past a float's range (about 1.8e308): divide "
+                "the exact integers, math.comb(n - c, k) / math.comb(n, k), or use the product form")
+    if n - c < k:
+        return (f": here n - c < k ({n - c} < {k}), so every k of the samples hold a correct one: C(n - c, k) is 0 "
+                "and pass@k is 1.0, which the code must return before any log, division or product over no terms")
+    return ""
 
 
 def _pass_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
@@ -242,7 +366,25 @@ def _pass_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             each(lambda n, c, k: 1.0 if n - c < k else 1 - math.prod(1 - k / i for i in range(n - c, n + 1))),
         "this is min(1, k * c / n), the k tries' chances added up (a union bound, too high once k > 1): pass@k is "
         "1 - C(n - c, k) / C(n, k)": each(lambda n, c, k: min(1.0, k * c / n)),
-    }
+        "the binomials were divided with //, floor division: C(n - c, k) // C(n, k) is 0 unless c = 0, so pass@k "
+        "came out 1; divide with /, which gives their exact ratio as a float":
+            each(lambda n, c, k: 1 - math.comb(n - c, k) // math.comb(n, k)),
+    } | {f"pass@k was rounded to {digits} decimals: return it as computed (a table rounds for print; the grader "
+         f"compares to {PASS_TOLERANCE:g})": each(lambda n, c, k, d=digits: round(pass_at_k(n, c, k), d))
+         for digits in (2, 3, 4)}
+
+
+def _pass_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
+    """The default comparison, and an answer off by a little (not a rounding): an estimate, not the formula."""
+    values, want, mistakes = got["pass"], expected["pass"], _pass_mistakes(inputs)
+    check_known_mistakes(values, want, mistakes, "pass@k", atol=PASS_TOLERANCE, rtol=PASS_TOLERANCE)
+    error = (values - want).abs()  # (entries,)
+    if 1e-6 < float(error.max()) < 0.05:
+        n, c, k = inputs["table"][int(error.argmax())]
+        raise fail(f"pass@k: off by up to {float(error.max()):.2g} (at n={n}, c={c}, k={k}), unevenly, as an estimate "
+                   "is: the fraction of random draws of k samples that hold a correct one (a Monte Carlo estimate) "
+                   "is noisy; pass@k is exact, 1 - C(n - c, k) / C(n, k): compute it")
+    check_close(values, want, "pass@k", atol=PASS_TOLERANCE, rtol=PASS_TOLERANCE, mistakes=mistakes)
 
 
 def _pass_table(seed: int, largest: int) -> Inputs:
@@ -428,15 +570,17 @@ def _overlap_hidden(r: random.Random, seed: int) -> Inputs:
 PIECES = declare(
     Piece("14", "loglikelihood", None, _ll_call, expected=_ll_expected, judge=_ll_judge, forbidden=FORBIDDEN,
           visible=[("visible", "loglikelihood of a 3-token continuation after 4 context tokens (a bigram model, "
-                    "V=11): only the continuation's tokens, each read from the position before it; its first token "
-                    "is not the argmax, its last two are (the greedy flag False)",
-                    lambda seed: _ll_inputs(11, 4, 3, seed, greedy_from=1)),
+                    "V=11): only the continuation's tokens, each read from the position before it; its first and last "
+                    "tokens are the argmax, its middle one 200 logits below it (the greedy flag False)",
+                    lambda seed: _ll_inputs(11, 4, "+!+", seed)),
                    ("greedy", "loglikelihood of the continuation that argmax decoding writes: the greedy flag True",
-                    lambda seed: _ll_inputs(11, 3, 4, seed, greedy_from=0))],
-          hidden=[("hidden_one_token", "loglikelihood of a one-token continuation after one context token",
-                   lambda seed: _ll_inputs(9, 1, 1, seed)),
+                    lambda seed: _ll_inputs(11, 3, "++++", seed))],
+          hidden=[("hidden_one_token", "loglikelihood of a one-token continuation after one context token, the "
+                   "argmax with a probability under one half (the greedy flag True)",
+                   lambda seed: _ll_inputs(9, 1, "*", seed)),
                   ("hidden_near_greedy", "loglikelihood of a continuation that is the argmax from its third token "
-                   "on (the greedy flag False)", lambda seed: _ll_inputs(13, 2, 5, seed, greedy_from=2)),
+                   "on, its first two tokens near ties, 5e-4 below the argmax (the greedy flag False)",
+                   lambda seed: _ll_inputs(13, 2, "~~+++", seed)),
                   ("hidden_sizes", "loglikelihood with other sizes, greedy or not", _ll_hidden)]),
     Piece("14", "choice_scores", None, _choice_call, expected=_choice_expected, mistakes=_choice_mistakes,
           label="the choice scores", shape="C", atol=FLOAT32_ROUNDING, rtol=FLOAT32_ROUNDING, forbidden=FORBIDDEN,
@@ -451,11 +595,11 @@ PIECES = declare(
                    lambda seed: _choice_inputs(["Ελλάδα", "東京", "Zürich", "Lyon"], "bytes", seed, tie=True)),
                   ("hidden_sizes", "choice_scores by characters with other choices (Unicode, ties)",
                    _choice_hidden)]),
-    Piece("14", "pass_at_k", pass_at_k, _pass_call, label="pass@k", atol=1e-9, rtol=1e-9, mistakes=_pass_mistakes,
-          forbidden=FORBIDDEN,
-          visible=[("visible", "pass_at_k for n=10 samples: c from 1 to 9, k from 1 to 5 (unbiased, not "
-                    "1 - (1 - c/n)^k)",
-                    lambda seed: {"table": [(10, 3, 1), (10, 3, 2), (10, 3, 5), (10, 1, 4), (10, 9, 2)]})],
+    Piece("14", "pass_at_k", pass_at_k, _pass_call, judge=_pass_judge, forbidden=FORBIDDEN,
+          visible=[("visible", "pass_at_k for n=10 samples, c from 1 to 9, k from 1 to 5 (unbiased, not "
+                    "1 - (1 - c/n)^k), and for n=2000, k=250 (C(2000, 250) has 326 digits, past a float's range)",
+                    lambda seed: {"table": [(10, 3, 1), (10, 3, 2), (10, 3, 5), (10, 1, 4), (10, 9, 2),
+                                            (2000, 5, 250)]})],
           hidden=[("hidden_edges", "pass_at_k at the edges: c = 0, c = n, n = k, one sample",
                    lambda seed: {"table": [(5, 0, 3), (5, 5, 2), (7, 2, 7), (1, 1, 1), (1, 0, 1), (6, 1, 6)]}),
                   ("hidden_large", "pass_at_k for n up to 200 (binomials of up to 59 digits)",
