@@ -1,6 +1,7 @@
 """Contamination: which evaluation items also occur in the training text. GPT-3's rule (Brown et al. 2020, its
-appendix C) flags an item when any of its 13-grams, runs of 13 words, occurs in the training data; words are
-compared lowercased, without punctuation, so a reformatted copy is still found.
+appendix C) flags an item when any of its N-grams, runs of N words, occurs in the training data (N from 2 to 13 by
+benchmark there, 8 to 13 on natural-language ones; 13 in later reports). Words are compared lowercased and split at
+punctuation (GPT-3 deleted it instead, so "3+4=" was one word for it), so a reformatted copy is still found.
 
 The training text's n-grams go into a Python set once; each item then costs a lookup per n-gram.
 """

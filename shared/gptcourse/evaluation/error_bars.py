@@ -2,9 +2,10 @@
 difference between two models scored on the same items.
 
 Items are the unit of sampling: an evaluation set is one draw of items from all the items that could have been
-written, so each resample draws N of them with replacement. Pairing keeps an item's two scores together, so the
-items that are easy for both models cancel out of the difference, and its interval is narrower than two
-independent intervals suggest.
+written, so each resample draws N of them with replacement. Pairing keeps an item's two scores together. When the
+two models find the same items hard (their scores are positively correlated: they agree on more items than
+independent models would, p_a p_b + (1 - p_a)(1 - p_b)), that shared difficulty cancels in the difference, and its
+interval is narrower than two independent intervals suggest; for uncorrelated models it is about as wide.
 """
 
 from __future__ import annotations
