@@ -221,23 +221,6 @@ def test_a_forked_kernels_first_optimizer_step_imports_nothing(zygote, tmp_path)
     assert run_notebook([step], with_zygote(Execute, zygote), tmp_path) == ["[]\n"]
 
 
-def test_workers_are_forked_with_the_grading_steps_imported_and_no_thread_started():
-    """Each worker would otherwise import the course's grading steps and the labs' cases itself: once before the
-    fork, in a process that then has no more threads (a forked worker would inherit a dead thread pool)."""
-    probe = ("import sys\n"
-             "from gptcourse.grading.batch import _nbgrader_app, _preload_for_workers\n"
-             "from gptcourse.grading.zygote import thread_count\n"
-             "app = _nbgrader_app('02_causal_attention', [])\n"
-             "steps = [*app.config.Autograde.sanitize_preprocessors, *app.config.Autograde.autograde_preprocessors,"
-             " app.config.Autograde.exporter_class]\n"
-             "threads = thread_count()\n"
-             "_preload_for_workers(app)\n"
-             "print(sorted({s.rsplit('.', 1)[0] for s in steps} - set(sys.modules)), thread_count() - threads)\n")
-    repo = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-c", probe], cwd=repo, capture_output=True, text=True, check=True).stdout
-    assert out.splitlines()[-1] == "[] 0"
-
-
 def test_a_box_preloads_torch_dynamo_for_every_lab_that_makes_an_optimizer():
     """A lab's box leaves torch._dynamo out only where no kernel of it makes a torch.optim optimizer (which imports
     it): every lab whose solution or grading module names torch.optim keeps it."""

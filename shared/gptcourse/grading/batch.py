@@ -429,7 +429,7 @@ class LocalRunner:
         from .zygote import Zygote
 
         sandboxed = require_sandbox(app.config, forbidden=course_folders(app.config, app.coursedir.root))
-        self.app, self.lab, self.nbgrader_args = app, app.coursedir.assignment_id, nbgrader_args
+        self.lab, self.nbgrader_args = app.coursedir.assignment_id, nbgrader_args
         self.workers = max(1, workers or default_workers())
         self.sandbox_config = app.config if sandboxed else None
         self.zygote_log = tempfile.TemporaryFile()
@@ -442,7 +442,7 @@ class LocalRunner:
     def run(self, students: list[str], log_path: str) -> Iterator[Outcome]:
         self.workers = min(self.workers, max(len(students), 1))
         self.log_path = log_path
-        _preload_for_workers(self.app)
+        _preload_for_workers()
         return run_workers(self.lab, students, self.workers, self.zygote.socket_path if self.zygote else None,
                                self.nbgrader_args, log_path, self.sandbox_config)
 
@@ -512,27 +512,13 @@ def _no_notebook(submission: Submission, lab: str, app: Any) -> Outcome:
                    messages=[report_no_notebook(submission.folder, submission.student, lab, path)])
 
 
-def _preload_for_workers(app: Any) -> None:
-    """What every worker imports, imported once before they are forked: nbgrader's converters, the course's
-    configured exporter and preprocessors (gptcourse's grading steps), the labs' cases they judge with, and what
-    reading a gradebook and talking to a kernel import. None of it runs tensor code (the zygote imports the same
-    cases and checks it), so no thread pool is inherited."""
-    import IPython.core.interactiveshell  # noqa: F401 (a kernel client's messages are read with it)
+def _preload_for_workers() -> None:
+    """What every worker imports, imported once before they are forked."""
     import nbclient  # noqa: F401
     import nbgrader.converters
     import nbgrader.preprocessors  # noqa: F401
-    import sqlalchemy.dialects.sqlite  # noqa: F401
-    from nbgrader.converters import Autograde
-    from traitlets.utils.importstring import import_item
 
     from . import zygote  # noqa: F401
-    from .cases import registry
-
-    converter = Autograde(coursedir=app.coursedir, parent=app)
-    for step in [converter.exporter_class, *converter.sanitize_preprocessors, *converter.autograde_preprocessors]:
-        if isinstance(step, str):
-            import_item(step)
-    registry()
 
 
 def default_workers() -> int:
