@@ -71,7 +71,7 @@ if not os.environ.get("GPTCOURSE_SECRET") and os.path.isfile(SECRET_FILE):
         os.environ["GPTCOURSE_SECRET"] = secret_file.readline().strip()
 
 # Autograde: nbgrader's steps, with gptcourse's in between (named as strings: imported only when autograding).
-c.Autograde.exporter_class = GRADING + "sanitize.TolerantNotebookExporter"
+c.Autograde.exporter_class = GRADING + "intake.AdmittingExporter"  # refuses ids before their gradebook rows
 
 
 # The sandbox's limits per kernel (these are the defaults): memory for the kernel and every process it starts,

@@ -2,11 +2,13 @@
 the same scores as plain `nbgrader autograde`; a worker killed mid-batch loses only the submission it was
 grading; resume; each start-up check stops the batch with its error before anyone is graded.
 
-One class of 12 submissions of lab 02 (the cheapest): solved, untouched, one piece left as released, four known
-mistakes (lab 02's round trip), and five sly or broken ones (the attacks' table: a kernel that dies, patched
-checks, edited locked cells, a notebook that is not JSON, deleted cells). It is graded twice: by plain
-`nbgrader autograde` (SQLite, the reference) and on a scheduler and two `dask worker` processes this test
-starts, one of them killed mid-batch; `--cluster local:2` then resumes that class and grades a resubmission."""
+One class of 14 submissions of lab 02 (the cheapest): solved, untouched, one piece left as released, four known
+mistakes (lab 02's round trip), six sly or broken ones (the attacks' table: a kernel that dies, patched checks,
+edited locked cells, a notebook that is not JSON, deleted cells, report lines forged in its metadata), and one of
+the intake's (links to the course's secrets, a FIFO and a hard link beside an honest notebook), whose refusals
+each worker makes as plain nbgrader does. It is graded twice: by plain `nbgrader autograde` (SQLite, the
+reference) and on a scheduler and two `dask worker` processes this test starts, one of them killed mid-batch;
+`--cluster local:2` then resumes that class and grades a resubmission."""
 
 from __future__ import annotations
 
@@ -24,8 +26,13 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbgrader_course import Course
+from test_grading_attacks import FORGED_NOTE
 from test_grading_attacks import submissions as attacks
 from test_grading_batch import LAB
+from test_grading_intake import ROOT_ONLY
+from test_grading_intake import SECRET as INTAKE_SECRET
+from test_grading_intake import _hostile_folder as hostile_folder
+from test_grading_intake import _leaks as leaks
 from test_grading_postgres import postgres_url  # noqa: F401 (the module's throwaway PostgreSQL server)
 from test_labs_02 import WRONG
 
@@ -36,10 +43,11 @@ from gptcourse.grading.zygote import Zygote
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not Zygote.supported(), reason="gptcourse autograde's graders need Linux")]
 ATTACKS = ("solution", "untouched", "kernel-dies", "patch-torch", "edited-locked-cells", "malformed-json",
-           "deleted-cells")
+           "deleted-cells", "forged-report")
 MISTAKES = ("softmax-wrong-axis", "mask-wrong-triangle", "mask-diagonal-masked", "no-value-projection")
 PARTIAL = "attentionhead-left-as-released"  # a student id: lowercase (gptcourse.grading.intake.STUDENT_ID)
-STUDENTS = len(ATTACKS) + len(MISTAKES) + 1
+HOSTILE = "links-beside-the-notebook"  # the intake's
+STUDENTS = len(ATTACKS) + len(MISTAKES) + 2
 RESUBMITTED = "no-value-projection"
 
 
@@ -63,7 +71,13 @@ def hand_in(course: Course) -> dict[str, set[str]]:
             (folder / f"{LAB}.ipynb").write_text(nb)
         else:
             course.submit(student, LAB, nb)
-    return {student: failing for student, (_, failing) in class_.items()}
+    submitted = course.root / "grading" / "submitted"
+    root_only, outside = course.root / "root-only.txt", course.root / "outside.txt"
+    root_only.write_text(ROOT_ONLY)
+    root_only.chmod(0o600)
+    outside.write_text(INTAKE_SECRET)
+    hostile_folder(course, submitted / HOSTILE / LAB, root_only, outside)
+    return {**{student: failing for student, (_, failing) in class_.items()}, HOSTILE: set()}
 
 
 def postgres_scores(db_url: str) -> dict[str, dict[str, float]]:
@@ -206,6 +220,21 @@ def test_summary_table_lists_every_student_with_its_score(reference, killed_work
     for student, by_cell in expected.items():  # the summary table, as on one machine
         line = next(line for line in output.splitlines() if line.startswith(student + " "))
         assert f" {sum(by_cell.values()):g}/{full:g}  graded" in line, line
+
+
+def test_what_a_submission_holds_besides_code_is_refused_under_both_graders(reference, killed_worker):
+    """Each Dask worker admits its submission as plain nbgrader does (the course's pre-convert hook): what a link,
+    FIFO or hard link led to is in no autograded file, and the report names each refusal; report lines forged in
+    the notebook's metadata are not in the report. (The scores are the tests' above.)"""
+    for course in (killed_worker[0], reference[0]):
+        assert FORGED_NOTE not in (course.root / "grading" / "reports" / LAB / "forged-report.txt").read_text()
+        assert not leaks(course.root / "grading" / "autograded")
+        report = (course.root / "grading" / "reports" / LAB / f"{HOSTILE}.txt").read_text()
+        for name in ("secret.txt", "shadow.txt", "gradebook.txt", "config.py", "theirs.ipynb", "environ.txt",
+                     "zero.txt", "etc"):
+            assert f"- not graded: {name} (a symbolic link, to '" in report, (name, report)
+        assert "- not graded: pipe.txt (a FIFO, not a file)" in report, report
+        assert "- not graded: hard.txt (a hard link to a file outside the submission)" in report, report
 
 
 def test_local_cluster_resumes_and_grades_only_a_resubmission(reference, killed_worker):

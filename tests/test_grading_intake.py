@@ -382,6 +382,7 @@ def graded(tmp_path_factory):
     plain = course.nbgrader("autograde", LAB, ok=False, env=env)
 
     course.nbgrader("generate_feedback", LAB, env=env)
+    course.nbgrader("db", "student", "add", "roster", "--last-name", "=2+2", env=env)
     released = course.nbgrader("release_feedback", LAB, ok=False, env=env)
     course.nbgrader("export", env=env)
     return course, exchange, {"collect": collected.stdout, "batch": batch.stdout, "plain": plain.stdout,
@@ -443,19 +444,29 @@ def test_ids_that_are_not_allowed_are_refused_by_name_and_the_rest_collected(gra
     assert "is not a folder that can be read without following a link" in "".join(
         intake.read_record(course.root, LAB, "linked"))
     assert "Batch_Bad_Id" in out["batch"] and "refused" in out["batch"]
-    # plain nbgrader autograde: the id's folder moved out, nothing of it graded, the others after it graded
+    # plain nbgrader autograde: the id's folder moved out, named in an error line, nothing of it graded and no
+    # gradebook row of it (under either grader), the others after it graded
     assert not (course.root / "grading" / "submitted" / "=2+2").joinpath(LAB).exists()
     assert not (course.root / "grading" / "autograded" / "=2+2" / LAB / f"{LAB}.ipynb").exists()
+    assert [line for line in out["plain"].splitlines() if "ERROR] not graded: the student id '=2+2' is not allowed"
+            in line and "was not graded (moved to" in line], out["plain"]
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course.root / 'grading' / 'gradebook.db'}") as gb:
+        students = {student.id for student in gb.students}
+    assert "exchange" in students and "plain-links" in students
+    assert not {"=2+2", "Batch_Bad_Id"} & students, students
 
 
 @pytest.mark.slow
-def test_grades_csv_guards_an_id_nbgrader_recorded(graded):
+def test_grades_csv_guards_a_name_on_the_roster(graded):
+    """No id that is not allowed reaches the gradebook, but the roster's names are the instructor's import."""
     course, _, _ = graded
     with open(course.root / "grading" / "grades.csv", newline="", encoding="utf-8") as grades:
         rows = list(csv.reader(grades))
-    ids = [row[3] for row in rows[1:]]
-    assert "'=2+2" in ids and "=2+2" not in ids  # nbgrader made its student row before the hook could refuse it
-    assert "exchange" in ids
+    last_names = {row[3]: row[4] for row in rows[1:]}
+    assert last_names.get("roster") == "'=2+2", last_names
+    assert "exchange" in last_names
 
 
 @pytest.mark.slow

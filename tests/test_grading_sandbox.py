@@ -472,26 +472,38 @@ def test_the_opt_out_grades_without_the_sandbox(tmp_path):
     assert course.scores(LAB) == {"student": course.expected_scores(LAB)}
 
 
-# Run as an ordinary account: a box (bwrap making the user namespaces itself), one kernel in it, one cell.
+# Run as an ordinary account: a box (bwrap making the user namespaces itself) and, in turn, the kernels whose cells
+# are argv's JSON list, each cell in a kernel of its own, the box reset between two as between two submissions.
 ORDINARY_KERNEL = '''
-import os, sys
+import ctypes, json, os, sys
 from jupyter_client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 from gptcourse.grading.sandbox import Sandbox
 
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+SESSION_KEYRING = 'libc.syscall({"x86_64": 250, "aarch64": 219}[os.uname().machine], 0, -3, 0)'  # KEYCTL_GET_KEYRING_ID
+print("grader ipc", os.readlink("/proc/self/ns/ipc"), "keyring", eval(SESSION_KEYRING))
 box = Sandbox().start_box([], log=sys.stderr.buffer)
 try:  # the kernel's sockets in the folder the box shares, as the grader's (no TCP: the box has its own network)
-    connection, _ = write_connection_file(os.path.join(box.ipc_dir, "kernel.json"), transport="ipc",
-                                          ip=os.path.join(box.ipc_dir, "kernel"))
-    box.client.spawn(["-f", connection], cwd=box.scratch, env={})
-    client = BlockingKernelClient(connection_file=connection)
-    client.load_connection_file()
-    client.start_channels()
-    client.wait_for_ready(timeout=60)  # where the Hub's autograde failed: "Kernel died before replying"
-    printed = []
-    reply = client.execute_interactive("import os; print('kernel uid', os.getuid())", timeout=60,
-                                       output_hook=lambda msg: printed.append(msg["content"].get("text", "")))
-    print("kernel status", reply["content"]["status"], *printed)
+    for n, code in enumerate(json.loads(sys.argv[1])):
+        connection, _ = write_connection_file(os.path.join(box.ipc_dir, f"kernel{n}.json"), transport="ipc",
+                                              ip=os.path.join(box.ipc_dir, f"kernel{n}"))
+        kernel = box.client.spawn(["-f", connection], cwd=box.scratch, env={})
+        client = BlockingKernelClient(connection_file=connection)
+        client.load_connection_file()
+        client.start_channels()
+        client.wait_for_ready(timeout=60)  # where the Hub's autograde failed: "Kernel died before replying"
+        printed = []
+        reply = client.execute_interactive(
+            "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long\\n"
+            f"print('kernel uid', os.getuid(), 'ipc', os.readlink('/proc/self/ns/ipc'), 'keyring', {SESSION_KEYRING})"
+            f"\\n{code}", timeout=60, output_hook=lambda msg: printed.append(msg["content"].get("text", "")))
+        print(f"kernel {n} status", reply["content"]["status"], *printed)
+        client.stop_channels()
+        kernel.kill()
+        kernel.wait(10)
+        box.reset()
 finally:
     box.close()
 '''
@@ -502,7 +514,10 @@ finally:
 def test_a_kernel_starts_in_the_box_of_an_ordinary_user(tmp_path_factory):
     """An instructor's server on JupyterHub grades as that instructor's ordinary account, where bwrap makes the
     box's user namespace and each kernel maps its own in `sandbox._own_namespaces`; every other test grades as
-    root. Here `nobody` starts a box and a kernel that must answer and run a cell."""
+    root. Here `nobody` starts a box, and in it a kernel that must answer, run a cell and leave every kind of IPC
+    object and key it can make, then a second kernel, after the box's reset, that must find none. Each kernel is
+    in an IPC namespace and session keyring that are not the grader's nor the one before it's; SysV objects, on
+    which an ordinary user's kernel can set no bound (and which no watchdog sees), it cannot make at all."""
     from accounts import class_interpreter, readable_by_all
 
     problem = sandbox_problem()
@@ -512,14 +527,25 @@ def test_a_kernel_starts_in_the_box_of_an_ordinary_user(tmp_path_factory):
     path = [str(PACKAGE.parent), *site]
     if not all(readable_by_all(Path(p)) for p in path):
         pytest.skip(f"the test's packages ({path}) are not readable by every account")
+    marker = "gptcourse-ordinary-ipc"
+    cells = [IPC_LEAVE.replace("@MARKER@", marker) + 'print("shmget", libc.shmget(KEY + 1, 4096, 0o1600), '
+             'os.strerror(ctypes.get_errno()))', IPC_LOOK.replace("@MARKER@", marker)]
     folder = Path(tempfile.mkdtemp(prefix="gptcourse-ordinary-"))  # not under pytest's root-only folder
     try:
         folder.chmod(0o755)
         python = class_interpreter(folder)
         proc = subprocess.run(["runuser", "-u", "nobody", "--", "env", f"PYTHONPATH={os.pathsep.join(path)}",
-                               python, "-c", ORDINARY_KERNEL], cwd=folder, capture_output=True, text=True,
-                              timeout=300)
+                               python, "-c", ORDINARY_KERNEL, json.dumps(cells)], cwd=folder, capture_output=True,
+                              text=True, timeout=300)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    assert proc.returncode == 0 and "kernel status ok" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert f"kernel uid {pwd.getpwnam('nobody').pw_uid}" in proc.stdout
+    out = proc.stdout
+    assert proc.returncode == 0 and "kernel 0 status ok" in out and "kernel 1 status ok" in out, \
+        out[-3000:] + proc.stderr[-3000:]
+    grader = re.search(r"grader ipc (\S+) keyring (\d+)", out).groups()
+    kernels = re.findall(rf"kernel uid {pwd.getpwnam('nobody').pw_uid} ipc (\S+) keyring (\d+)", out)
+    assert len(kernels) == 2 and grader[0] not in {ipc for ipc, _ in kernels}, (grader, kernels)
+    assert len({grader[1], *(keyring for _, keyring in kernels)}) == 3, (grader, kernels)
+    assert f"IPC MADE: {[kind for kind in IPC_KINDS if not kind.startswith('sysv')]}" in out, out
+    assert "shmget -1 Operation not permitted" in out, out
+    assert "IPC FOUND: []" in out, out

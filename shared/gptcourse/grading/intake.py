@@ -16,7 +16,8 @@ Where it runs (every path by which a submission enters the course or is read):
 - `nbgrader zip_collect`: `IntakeFileNameCollector` refuses ids and non-regular files (the archives' bounds are
   `zip_intake.BoundedExtractor`'s);
 - `nbgrader autograde` (and so `gptcourse autograde`, one machine or `--cluster`, whose workers run nbgrader's
-  Autograde with the course's config): `admit_submitted`, from the pre-convert hook, before nbgrader copies
+  Autograde with the course's config): `AdmittingExporter` refuses a folder whose student id is not allowed before
+  nbgrader makes its gradebook row; `admit_submitted`, from the pre-convert hook, before nbgrader copies
   anything, moves what it refuses out of grading/submitted/STUDENT/LAB into grading/refused/LAB/STUDENT/ (kept,
   never followed); `ReportRefused` puts the lines in the grading report;
 - `gptcourse similarity` reads notebooks with `read_regular`.
@@ -49,6 +50,7 @@ from nbgrader.preprocessors import NbGraderPreprocessor
 from nbgrader.utils import parse_utc
 
 from .report import add_line
+from .sanitize import TolerantNotebookExporter
 
 STUDENT_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")  # also the Hub's student accounts (hub.py)
 EXTENSIONS = frozenset({".ipynb", ".py", ".txt", ".md", ".csv", ".json", ".png", ".jpg", ".jpeg", ".gif", ".svg",
@@ -399,6 +401,27 @@ def admit_for_autograde(root: str | Path, notebooks: list[str]) -> None:
             LOG.warning("%s/%s: %s", shown(folder.parent.name), folder.name, line)
         if not os.path.lexists(folder):  # moved out whole
             notebooks.clear()
+
+
+class AdmittingExporter(TolerantNotebookExporter):
+    """Autograde's exporter (nbgrader_config.py), which also refuses the listed submissions whose student id is not
+    allowed or whose folder is a link. nbgrader's Autograde lists grading/submitted/*/LAB, then makes this exporter,
+    then, for each submission, runs the pre-convert hook and makes the student's gradebook row: this is the one
+    step of the course between listing and that row (docs/upstream.md, 4). Each such folder is moved out whole
+    (`admit_submitted`), an error line names it, and the rest of the class is graded."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        converter = self.parent
+        listed = getattr(converter, "assignments", None)  # nbgrader's {submitted folder: its notebooks}
+        if not isinstance(listed, dict) or not hasattr(converter, "coursedir"):
+            return
+        for folder in sorted(listed):
+            path = Path(folder)
+            if student_id_problem(path.parent.name) is not None or path.is_symlink():
+                del listed[folder]
+                for line in admit_submitted(converter.coursedir.root, path):
+                    converter.log.error("not graded: %s", line)
 
 
 class ReportRefused(NbGraderPreprocessor):

@@ -13,7 +13,9 @@ What a kernel sees and may do (`bwrap_argv`):
 - new pid, network (loopback only), IPC, UTS and mount namespaces, `--die-with-parent`: nothing outlives the box,
   nothing outside it can be seen, signalled, traced or connected to; and each kernel in a user and IPC namespace
   of its own, with a new session keyring (`_own_namespaces`): no SysV or POSIX IPC object, keyring key or
-  shared memory of one kernel reaches the next, and what it held is freed when it exits;
+  shared memory of one kernel reaches the next, and what it held is freed when it exits; SysV shared memory, which
+  no watchdog sees once detached, is bounded by the namespace's settings as root (`bound_ipc`) and, for an
+  ordinary user, who cannot set them, not to be made at all (`deny_sysv_ipc`);
 - limits per kernel (`Limits`): memory for the kernel and every process it starts, together (a cgroup per box,
   else a watchdog in the zygote: `memory_limit.py`; the same figure bounds each process's address space with
   setrlimit), processes (threads count; counted per kernel: each is alone in a user namespace), file size; the
@@ -476,6 +478,8 @@ def drop_privileges(box: dict[str, Any], handshake: tuple[int, int] | None) -> N
     _own_namespaces(handshake)  # (which gives a full bounding set, dropped next)
     if box.get("ids"):
         bound_ipc(limits["memory_bytes"])
+    else:
+        deny_sysv_ipc()
     for cap in range(_LAST_CAP + 1):
         _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last cap the kernel knows: ignored
     _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
@@ -530,11 +534,48 @@ def ipc_bounds(memory_bytes: int) -> dict[str, str]:
 
 def bound_ipc(memory_bytes: int) -> None:
     """Root in a box, in the kernel's new IPC namespace, before it drops to the kernel user (who may only read
-    them): set `ipc_bounds`. An ordinary user's kernel could raise them again (it owns the namespace), so there
-    the memory cgroup, if any, bounds shared memory alone."""
+    them): set `ipc_bounds`. An ordinary user's kernel cannot set them (its namespace's settings belong to a root
+    its user namespace does not map), so there `deny_sysv_ipc` keeps SysV IPC out of it instead."""
     for name, value in ipc_bounds(memory_bytes).items():
         with open(f"/proc/sys/kernel/{name}", "w") as setting:
             setting.write(value)
+
+
+# SysV IPC objects an ordinary user's kernel may not make (no bound can be set on them there: `deny_sysv_ipc`):
+# per machine, the audit architecture and the numbers of shmget, semget and msgget.
+_SYSV_GET = {"x86_64": (0xC000003E, (29, 64, 68)), "aarch64": (0xC00000B7, (194, 190, 186))}
+_X32_SYSCALL = 0x40000000  # x86_64's x32 ABI: the same calls under other numbers
+_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+_SECCOMP_ALLOW, _SECCOMP_ERRNO = 0x7FFF0000, 0x00050000
+
+
+def deny_sysv_ipc() -> None:
+    """An ordinary user's kernel, where the IPC namespace's bounds cannot be set (`bound_ipc`: its sysctls
+    belong to a root that user namespace does not map) and no watchdog sees SysV shared memory that no process
+    maps: a seccomp filter makes shmget, semget and msgget fail with EPERM (calls of another ABI too), so no
+    kernel holds memory that its limit does not count. POSIX shared memory lives in the box's bounded /dev/shm."""
+    machine = os.uname().machine
+    if machine not in _SYSV_GET:
+        raise OSError(f"no seccomp filter known for {machine}: cannot keep SysV IPC out of the kernel")
+    arch, calls = _SYSV_GET[machine]
+    deny = _SECCOMP_ERRNO | errno.EPERM
+
+    class Instruction(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                    ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Instruction))]
+
+    load, equal, at_least, answer = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    program = [(load, 0, 0, 4), (equal, 1, 0, arch), (answer, 0, 0, deny),  # seccomp_data.arch: another ABI
+               (load, 0, 0, 0), (at_least, len(calls) + 1, 0, _X32_SYSCALL),  # seccomp_data.nr
+               *((equal, len(calls) - i, 0, number) for i, number in enumerate(calls)),
+               (answer, 0, 0, _SECCOMP_ALLOW), (answer, 0, 0, deny)]
+    instructions = (Instruction * len(program))(*(Instruction(*op) for op in program))
+    if _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or ctypes.CDLL(None, use_errno=True).prctl(
+            _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(Program(len(program), instructions)), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
 
 
 def _new_session_keyring() -> None:
