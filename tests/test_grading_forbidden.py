@@ -2,10 +2,12 @@
 
 Fast tests (no kernel): the static scan (`find_forbidden`) and the run-time check (`reference_behind`) on each
 (lab, piece, forbidden name) of each lab's `forbidden_names(lab)`, so a new lab is covered as soon as its pieces
-declare `forbidden`; the labs' own solutions trigger neither; the judge zeroes a piece the kernel reports and survives a
-kernel that lies. Then ONE real nbgrader batch (labs 01-07, one submission each) where every solution cell is
-replaced by the reference: imported, subclassed or wrapped, or reached in a way only the run-time check sees (the
-three variants take the labs in turn; the fast tests above try every form on every piece).
+declare `forbidden`; a call of a piece's reference that neither can see (fetched by a name built when it runs) is
+named by the calls recorded while the case runs (`calls_to`); the labs' own solutions trigger none of them; the judge
+zeroes a piece the kernel reports and survives a kernel that lies. Then ONE real nbgrader batch (labs 01-07, one
+submission each) where every solution cell is replaced by the reference: imported, subclassed or wrapped, or reached
+in a way only the kernel's checks see (the three variants take the labs in turn; the fast tests above try every
+form on every piece).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-from gptcourse.grading import MIME, case_seed, get_case, judge_payload, labs
+from gptcourse.checks import CheckFailed
+from gptcourse.grading import MIME, case_seed, check, get_case, judge_payload, labs
 from gptcourse.grading.cases import forbidden_names
-from gptcourse.grading.forbidden import HOW, find_forbidden, reference_behind, reference_table, resolve
+from gptcourse.grading.forbidden import HOW, calls_to, find_forbidden, reference_behind, reference_table, resolve
 from gptcourse.grading.judge import JudgeTestCells
 from gptcourse.grading.payload import make_payload
+from gptcourse.grading.piece import lab_pieces
 from gptcourse.grading.report import report_lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -263,6 +267,86 @@ def test_the_labs_solutions_trigger_neither_line(lab_folder):
         assert reference_behind(namespace[checked[piece]], names) is None, (piece, checked[piece])
 
 
+# ---- the calls the student's code makes while a case runs (`calls_to`): however it reached the reference
+
+
+def _fetched(path: str) -> str:
+    """Source that reaches the reference at `path` only when it runs, by a name the bytecode never loads."""
+    root, rest = path.split(".", 1)
+    return f"functools.reduce(getattr, {rest.split('.')!r}, __import__({root!r}))"
+
+
+def _own_references() -> list[tuple[str, str, str, str]]:
+    """(visible case, piece, its checked object's name, forbidden name) for each piece whose reference is one of
+    its forbidden names and takes the student's arguments (its expected values are the reference's call)."""
+    found = []
+    for folder in SOLVED:
+        lab = folder[:2]
+        nb = nbformat.read(ROOT / "solutions" / folder / f"{folder}.ipynb", as_version=4)
+        checked = {test_id.split(".")[1]: obj for cell in nb.cells
+                   for test_id, obj in re.findall(r'check\("([^"]+)", (\w+)\)', cell.source)}
+        for piece in lab_pieces(lab):
+            names = [n for n in piece.forbidden if resolve(n, roots(lab)) is piece.reference]
+            if names and piece.expected is None:
+                case = next(c for c in piece.cases if not c.hidden)
+                found.append((case.id, piece.name, checked[piece.name], names[0]))
+    return found
+
+
+OWN = _own_references()
+
+
+@pytest.mark.parametrize("test_id, piece, student_name, name", OWN, ids=[f"{t}:{n}" for t, _, _, n in OWN])
+def test_a_call_of_the_reference_is_named_at_the_desk_and_scores_zero(test_id, piece, student_name, name):
+    """A solution that fetches its piece's reference only when it runs (no walk of its objects can see it) and
+    calls it: the visible check names the call, and the grader zeroes the piece with a line naming it."""
+    from gptcourse.grading.kernel import run_case
+
+    case = get_case(test_id)
+    if isinstance(resolve(name, roots(test_id[:2])), type):
+        source = (f"class {student_name}(torch.nn.Module):\n    def __init__(self, *args, **kwargs):\n"
+                  f"        super().__init__()\n        self.inner = {_fetched(name)}(*args, **kwargs)\n\n"
+                  f"    def forward(self, *args, **kwargs):\n        return self.inner(*args, **kwargs)")
+    else:
+        source = f"def {student_name}(*args, **kwargs):\n    return {_fetched(name)}(*args, **kwargs)"
+    answer = run_as_notebook(source, torch=__import__("torch"))[student_name]
+    names = forbidden_names(test_id[:2])[piece]
+    assert reference_behind(answer, names) is None  # the walk of the object cannot see it: only the call can
+    with pytest.raises(CheckFailed) as failed:
+        check(test_id, answer)
+    assert f"the object under test calls {name}, the reference for a piece you must write" in \
+        " ".join(str(failed.value).split())
+    nb = new_notebook(cells=[_test_cell(f"test_{piece}", f'check("{test_id}", {student_name})',
+                                        run_case(case, case_seed(case), answer, names))])
+    nb, _ = JudgeTestCells().preprocess(nb, {})
+    assert nb.cells[0].outputs[0].output_type == "error"
+    [line] = report_lines(nb)
+    assert line.endswith(f"checks calls {name}, the reference for a piece you must write: 0 points for "
+                         f"{test_id[:2]}.{piece}.*")
+
+
+def test_only_the_students_own_calls_count():
+    """A reference called by code the student may use (here torch's nn.RMSNorm calling F.rms_norm) is not the
+    student's call; the student's own call is, once, and the hook set before is chained and restored."""
+    import torch
+
+    names = ("torch.nn.functional.rms_norm",)
+    events = []
+    sys.setprofile(lambda frame, event, arg: events.append(event))
+    try:
+        with calls_to(names) as called:
+            torch.nn.RMSNorm(4)(torch.ones(2, 4))
+        assert called == []
+        ns = run_as_notebook("def mine(x):\n    return F.rms_norm(x, (4,)) + F.rms_norm(x, (4,))",
+                             F=torch.nn.functional)
+        with calls_to(names) as called:
+            ns["mine"](torch.ones(2, 4))
+        assert called == ["torch.nn.functional.rms_norm"]
+        assert sys.getprofile() is not None and events
+    finally:
+        sys.setprofile(None)
+
+
 # ---- the judge: what the kernel reports zeroes the piece, and a lying kernel cannot crash it
 
 
@@ -275,7 +359,7 @@ def test_a_reported_reference_fails_the_test_in_the_kernel_and_in_the_grader():
     passed, text = judge_payload(_payload("02.attention.visible", {"how": "subclasses", "name": "gptcourse.x"}))
     assert not passed and "the object under test subclasses gptcourse.x, the reference for a piece you must " \
                           "write" in " ".join(text.split())
-    assert set(HOW) == {"is", "subclasses", "is an instance of", "wraps or calls"}
+    assert set(HOW) == {"is", "subclasses", "is an instance of", "wraps or calls", "calls"}
 
 
 def _test_cell(grade_id: str, source: str, *payloads: Any):
@@ -342,7 +426,8 @@ def reference_for(lab: str, piece: str, student_name: str) -> str:
 
 def attack(variant: str, lab: str, piece: str, student_name: str) -> str:
     """A solution cell that is the reference: imported, subclassed or wrapped, or fetched with functools.reduce
-    and subclassed or wrapped (which only the run-time check sees)."""
+    and subclassed (which only the run-time check sees) or called (which only the calls recorded while the case
+    runs show)."""
     path = reference_for(lab, piece, student_name)
     parent, attr = path.rsplit(".", 1)
     root, rest = path.split(".", 1)
@@ -357,8 +442,9 @@ def attack(variant: str, lab: str, piece: str, student_name: str) -> str:
     fetch = f"functools.reduce(getattr, {rest.split('.')!r}, {root})"
     if isinstance(obj, type):
         return f"import functools\nimport {root}\n\n\nclass {student_name}({fetch}):\n    pass"
-    return (f"import functools\nimport {root}\n\n_mine = {fetch}\n\n\ndef {student_name}(*args, **kwargs):\n"
-            f"    return _mine(*args, **kwargs)")
+    # fetched when called: only the call, recorded while the case runs, shows it (in the box, a stub is called)
+    return (f"import functools\nimport {root}\n\n\ndef {student_name}(*args, **kwargs):\n"
+            f"    return {fetch}(*args, **kwargs)")
 
 
 # variant: the scan's verb in its report line (None: only the run-time check sees it)
@@ -413,7 +499,7 @@ def test_each_piece_has_its_report_line(batch):
                 line = rf"^- cell \d+ \(solution '\w+'\) {VARIANTS[variant]} \S+, {costs} .*\b{lab}\.{piece}\.\*"
             else:  # the run-time check's line, one per piece
                 name = reference_for(lab, piece, checked[piece])
-                how = "subclasses" if isinstance(resolve(name, roots(lab)), type) else "wraps or calls"
+                how = "subclasses" if isinstance(resolve(name, roots(lab)), type) else "calls"
                 line = rf"^- cell \d+ \('test_\w+'\): the object that {lab}\.{piece}\.\w+ checks {how} " \
                        rf"{re.escape(name)}, {costs} {lab}\.{piece}\.\*$"
             if not re.search(line, text, re.MULTILINE):

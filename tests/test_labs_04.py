@@ -3,8 +3,12 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
-from lab_roundtrip import RoundTrip, Validation, check_named_mistake
+from blind_inprocess import first_failure
+from lab_roundtrip import RoundTrip, Validation, blind_names, blind_students, check_named_mistake
 
 LAB = "04_decoder_block"
 RMSNORM = '''
@@ -49,13 +53,14 @@ WRONG = {
     "rmsnorm-subtracts-mean": ({"RMSNorm": RMSNORM.format(
         body="(x - x.mean(-1, keepdim=True)) / (x - x.mean(-1, keepdim=True)).pow(2).mean(-1, keepdim=True)"
              ".add(self.eps).sqrt() * self.weight")}, {"test_RMSNorm", "test_RMSNorm_hidden"} | BLOCK_VALUES),
-    # only the hidden tiny-input test sees where eps went
     # rsqrt is 1 / sqrt already (mosaicml/llm-foundry#371): the scale is inverted, and the block goes wrong too
     "divides-by-rsqrt": ({"RMSNorm": RMSNORM.format(
         body="x / torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight")},
         {"test_RMSNorm", "test_RMSNorm_hidden"} | BLOCK_VALUES),
+    # the visible case's tiny last token and the hidden tiny-input test see where eps went
     "eps-outside-sqrt": ({"RMSNorm": RMSNORM.format(
-        body="x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.weight")}, {"test_RMSNorm_hidden"}),
+        body="x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.weight")},
+        {"test_RMSNorm", "test_RMSNorm_hidden"}),
     "gate-value-swapped": ({"SwiGLU": SWIGLU.format(**RIGHT_SWIGLU | {"hidden": "nn.functional.silu(value) * gate"})},
                            {"test_SwiGLU", "test_SwiGLU_hidden"} | BLOCK_VALUES),
     # the SiLU around the product (Nijikadesu/breakdown-minimind#3)
@@ -101,3 +106,18 @@ class TestLab04(RoundTrip):
 @pytest.mark.parametrize("student", sorted(SAYS))
 def test_each_named_mistake_gets_its_message(student):
     check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
+
+
+# Written blind to the tests (issue 42), as written; in-process only (the round trip's time is the CI's): each
+# fails a case of its piece, visible where the lab can show it, with a message its Names regex matches.
+BLIND_FILE = Path(__file__).with_name("lab04_blind.cells")
+BLIND, NAMES = blind_students(BLIND_FILE), blind_names(BLIND_FILE)
+
+
+@pytest.mark.parametrize("student", sorted(BLIND))
+def test_each_blind_student_fails_a_visible_case_that_names_it(student):
+    failed = first_failure(LAB, BLIND[student])
+    assert failed is not None, f"{student} passes every case"
+    test_id, says = failed
+    assert not test_id.split(".")[-1].startswith("hidden"), (student, test_id, says)
+    assert re.search(NAMES[student], says, re.IGNORECASE), (student, test_id, says)

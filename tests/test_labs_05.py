@@ -3,8 +3,12 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
-from lab_roundtrip import RoundTrip, Validation, check_named_mistake
+from blind_inprocess import first_failure
+from lab_roundtrip import RoundTrip, Validation, blind_names, blind_students, check_named_mistake
 
 LAB = "05_assembling_gpt"
 GPT_CELL = '''
@@ -74,3 +78,23 @@ class TestLab05(RoundTrip):
 @pytest.mark.parametrize("student", sorted(SAYS))
 def test_each_named_mistake_gets_its_message(student):
     check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
+
+
+# Written blind to the tests (issue 42), as written; in-process only (the round trip's time is the CI's): each
+# fails a case of its piece with a message its Names regex matches, a visible case unless it is listed here.
+BLIND_FILE = Path(__file__).with_name("lab05_blind.cells")
+BLIND, NAMES = blind_students(BLIND_FILE), blind_names(BLIND_FILE)
+HIDDEN_ONLY = {
+    "lm-head-never-bias": "05.GPT.hidden_head_bias",  # no visible model has an output bias
+    "none-treated-as-learned": "05.GPT.hidden_no_positions",  # no visible model is position='none'
+}
+
+
+@pytest.mark.parametrize("student", sorted(BLIND))
+def test_each_blind_student_fails_a_case_that_names_it(student):
+    failed = first_failure(LAB, BLIND[student])
+    assert failed is not None, f"{student} passes every case"
+    test_id, says = failed
+    hidden = test_id.split(".")[-1].startswith("hidden")
+    assert test_id == HIDDEN_ONLY[student] if hidden else student not in HIDDEN_ONLY, (student, test_id, says)
+    assert re.search(NAMES[student], says, re.IGNORECASE), (student, test_id, says)

@@ -25,8 +25,9 @@ def _code_cells(path: Path) -> list[nbformat.NotebookNode]:
 
 
 def _solution_namespace(path: Path) -> dict:
-    """Run the solution notebook's setup and solution cells (not its tests) in a fresh namespace."""
-    namespace: dict = {}
+    """Run the solution notebook's setup and solution cells (not its tests) in a fresh namespace, as a notebook runs
+    them (in `__main__`: so the kernel's checks of forbidden references look at them, and find none)."""
+    namespace: dict = {"__name__": "__main__"}
     for cell in _code_cells(path):
         if not cell.metadata.nbgrader.get("grade"):
             exec(compile(cell.source, f"{path.stem}:{cell.metadata.nbgrader['grade_id']}", "exec"), namespace)

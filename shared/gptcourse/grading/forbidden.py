@@ -23,8 +23,14 @@ same object:
    reference, a subclass or an instance of one, or does it wrap one (`__wrapped__` chains, `functools.partial`,
    bound methods, static/class methods and properties, containers, and the closures, defaults and global
    attribute chains in the bytecode of the student's own functions and methods)? The kernel reports what it
-   found in the result payload and the grader zeroes the piece. The kernel is the student's: a tampered one can
-   hide its own use from this second line, never raise a score, which is why the static scan stays first.
+   found in the result payload and the grader zeroes the piece.
+3. `calls_to` (in the student's kernel, around the case's run) records the references that the student's own code
+   calls while the case runs, however it reached them (a name computed at run time, an object built inside the
+   call): a profile hook matches each call's callee against the references, by identity (a function's code, a
+   class's methods, a builtin), and its caller against the student's own code. Calls a reference makes, or that
+   the package the student may use makes, are not the student's and do not count.
+The kernel is the student's: a tampered one can hide its own use from the second and third lines, never raise a
+score, which is why the static scan stays first.
 Neither sees source copied from the package; in a graded kernel there is none to copy: the references are stubs
 there (`package_view.py`).
 """
@@ -39,6 +45,7 @@ import sys
 import types
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +53,7 @@ DYNAMIC_CALLS = {"__import__", "exec", "eval", "compile", "globals", "vars", "br
 DYNAMIC_PATHS = ("importlib", "sys.modules", "builtins", "runpy", "pkgutil", "ctypes")
 GRADER = "gptcourse.grading"  # the grader's own code: a student cell may use `check` from it, nothing else
 DYNAMIC_ATTRIBUTES = {"__dict__", "__globals__", "__builtins__", "__getattribute__", "__subclasses__", "__code__"}
-HOW = ("is", "subclasses", "is an instance of", "wraps or calls")  # what `reference_behind` may report
+HOW = ("is", "subclasses", "is an instance of", "wraps or calls", "calls")  # what the kernel's checks may report
 MAX_VISITS = 3000  # objects `reference_behind` looks at, at most: a huge or cyclic object graph stays cheap
 MAX_ITEMS = 100  # items of one container it looks at
 
@@ -548,3 +555,51 @@ def _load_chains(code: types.CodeType) -> Iterator[tuple[bool, str, list[str]]]:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             yield from _load_chains(const)
+
+
+# ---- 3. the calls the student's code makes while a case runs (in the student's kernel)
+
+
+def _callees(obj: Any) -> Iterator[Any]:
+    """What a call of reference `obj` starts: a Python function's code object, each method's code of a class
+    (building one runs its `__init__`), a module's functions and classes; a builtin itself."""
+    if isinstance(obj, types.FunctionType):
+        yield obj.__code__
+    elif isinstance(obj, type):
+        for value in list(vars(obj).values()):
+            value = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+            functions = (value.fget, value.fset, value.fdel) if isinstance(value, property) else (value,)
+            yield from (f.__code__ for f in functions if isinstance(f, types.FunctionType))
+    elif isinstance(obj, types.BuiltinFunctionType):
+        yield obj
+
+
+@contextmanager
+def calls_to(names: Iterable[str], user_modules: Iterable[str] = ("__main__",)) -> Iterator[list[str]]:
+    """Inside `with calls_to(names) as called:`, `called` lists (once each, in order) the references `names`
+    that code of `user_modules` calls directly; a profile hook, chained to any one already set, and removed on
+    exit."""
+    table, _ = reference_table({"": tuple(names)}, import_missing=False)
+    callees = {id(callee): (callee, name) for obj, name, _ in table.values() for callee in _callees(obj)}
+    user = frozenset(user_modules)
+    called: list[str] = []
+    previous = sys.getprofile()
+
+    def hook(frame: types.FrameType, event: str, arg: Any) -> None:
+        if event == "call":
+            found, caller = callees.get(id(frame.f_code)), frame.f_back
+        elif event == "c_call":
+            found, caller = callees.get(id(arg)), frame
+        else:
+            found = caller = None
+        if found is not None and caller is not None and caller.f_globals.get("__name__") in user \
+                and found[1] not in called:
+            called.append(found[1])
+        if previous is not None:
+            previous(frame, event, arg)
+
+    sys.setprofile(hook if callees else previous)
+    try:
+        yield called
+    finally:
+        sys.setprofile(previous)

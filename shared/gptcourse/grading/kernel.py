@@ -16,7 +16,7 @@ from typing import Any
 
 from ..checks import CheckFailed
 from .cases import Case, CaseId, case_seed, forbidden_names, get_case
-from .forbidden import reference_behind
+from .forbidden import calls_to, reference_behind
 from .handles import is_handle, run_of
 from .kernel_inputs import INPUTS_ENV, graded_inputs
 from .payload import MIME, judge_payload, make_payload
@@ -38,16 +38,19 @@ def check(test_id: str, student_obj: Any) -> None:
     only a result that fails whatever the expected values: the grader judges the rest).
 
     Prints a one-line message, or raises CheckFailed whose notebook display is only the diagnostic. An
-    object that is, subclasses or wraps a reference the lab forbids for this piece is not run: the payload says
-    what it is, and the grader zeroes the piece.
+    object that is, subclasses or wraps a reference the lab forbids for this piece is not run, and one whose code
+    calls such a reference while the case runs loses its outputs: the payload says what it is or calls, and the
+    grader zeroes the piece.
     """
     if is_handle(test_id):
         return _check_handle(test_id, student_obj)
     case = get_case(test_id)
     seed = case_seed(case)
     case_id = CaseId.parse(case.id)
-    reference = reference_behind(student_obj, forbidden_names(case_id.lab).get(case_id.piece, ()))
-    payload = make_payload(case.id, seed, None, None, reference) if reference else run_case(case, seed, student_obj)
+    names = forbidden_names(case_id.lab).get(case_id.piece, ())
+    reference = reference_behind(student_obj, names)
+    payload = make_payload(case.id, seed, None, None, reference) if reference else \
+        run_case(case, seed, student_obj, names)
     _emit(payload)
     if INPUTS_ENV in os.environ and payload["error"] is None and payload["reference"] is None:
         print(f"{case.id} recorded: judged by the grader")
@@ -68,33 +71,39 @@ def _check_handle(handle: str, student_obj: Any) -> None:
     except Exception as err:  # the file is the grader's: only a notebook that rewrote it can break it
         payload = make_payload(handle, 0, None, f"the grader's inputs of this test are unreadable ({err!r:.200})")
     else:
-        reference = reference_behind(student_obj, forbidden_names(lab).get(piece, ()))
+        names = forbidden_names(lab).get(piece, ())
+        reference = reference_behind(student_obj, names)
         payload = (make_payload(handle, 0, None, None, reference) if reference
-                   else run_on(run, handle, 0, entry["inputs"], student_obj))
+                   else run_on(run, handle, 0, entry["inputs"], student_obj, names))
     _emit(payload)
     if payload["error"] is not None or payload["reference"] is not None:
         raise CheckFailed("a hidden test failed: the grader's report says why") from None
     print("hidden test recorded: judged by the grader")
 
 
-def run_case(case: Case, seed: int, student_obj: Any) -> dict[str, Any]:
-    """The payload of the case run on the student's object: its outputs, or the error it raised."""
+def run_case(case: Case, seed: int, student_obj: Any, forbidden: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The payload of the case run on the student's object: its outputs, or the error it raised (`run_on`)."""
     try:
         inputs = graded_inputs(case.id)
     except Exception as err:  # the file is the grader's: only a notebook that rewrote it can break it
         return make_payload(case.id, seed, None, f"the grader's inputs of this test are unreadable ({err!r:.200})")
-    return run_on(case.run, case.id, seed, case.make_inputs(seed) if inputs is None else inputs, student_obj)
+    return run_on(case.run, case.id, seed, case.make_inputs(seed) if inputs is None else inputs, student_obj,
+                  forbidden)
 
 
-def run_on(run: Any, test_id: str, seed: int, inputs: Any, student_obj: Any) -> dict[str, Any]:
-    """The payload of `run(student_obj, inputs)` recorded as `test_id`: its outputs, or the error it raised."""
-    try:
-        with warnings.catch_warnings():  # a warning on stderr would fail the cell under nbgrader
-            warnings.simplefilter("ignore")
-            outputs = run(student_obj, inputs)
-        return make_payload(test_id, seed, outputs, None)
-    except CheckFailed as failure:
-        error = str(failure)
-    except Exception as err:  # the student's code may raise anything; it becomes the diagnostic
-        error = describe_error(err)
-    return make_payload(test_id, seed, None, error)
+def run_on(run: Any, test_id: str, seed: int, inputs: Any, student_obj: Any,
+           forbidden: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The payload of `run(student_obj, inputs)` recorded as `test_id`: its outputs, or the error it raised; or,
+    if the student's code called one of the `forbidden` references on the way, that call (whatever the run
+    returned or raised: in a graded kernel the reference is a stub that raises)."""
+    with calls_to(forbidden) as called:
+        try:
+            with warnings.catch_warnings():  # a warning on stderr would fail the cell under nbgrader
+                warnings.simplefilter("ignore")
+                outputs = run(student_obj, inputs)
+            payload = make_payload(test_id, seed, outputs, None)
+        except CheckFailed as failure:
+            payload = make_payload(test_id, seed, None, str(failure))
+        except Exception as err:  # the student's code may raise anything; it becomes the diagnostic
+            payload = make_payload(test_id, seed, None, describe_error(err))
+    return make_payload(test_id, seed, None, None, ("calls", called[0])) if called else payload

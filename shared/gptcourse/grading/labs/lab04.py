@@ -28,7 +28,9 @@ from ..fixtures import causal_probe
 from ..piece import Piece, Probe, declare
 from ..student import as_tensor, build_module, module_class, module_returns
 
-_NORM = ("gptcourse.RMSNorm", "gptcourse.model.norms.make_norm")
+# torch's RMSNorm in its three forms: the module, the functional form and the op behind it
+_NORM = ("gptcourse.RMSNorm", "gptcourse.model.norms.make_norm", "torch.nn.RMSNorm", "torch.nn.functional.rms_norm",
+         "torch.rms_norm")
 _MLP = ("gptcourse.SwiGLU", "gptcourse.model.mlp.make_mlp")
 _WHOLE = ("gptcourse.DecoderBlock", "gptcourse.GPT")
 
@@ -49,12 +51,17 @@ def norm_mistakes(x: torch.Tensor, weight: torch.Tensor, eps: float) -> dict[str
         "torch.rsqrt(mean(x^2) + eps), or divide by torch.sqrt(...)": x / torch.rsqrt(ms + eps) * weight,
         "it divides by the standard deviation over the wrong axis: normalise each token over its C features "
         "(dim=-1)": x * torch.rsqrt(x.pow(2).mean(-2, keepdim=True) + eps) * weight,
+        "it divides by the L2 norm, sqrt(sum(x^2)): the root mean square divides the sum by C, sqrt(mean(x^2) + "
+        "eps) (the output is sqrt(C) times too small)": x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps) * weight,
+        "the gain is applied as (1 + weight), Gemma's convention: the lab's gain is weight itself, initialised to "
+        "ones, x / sqrt(mean(x^2) + eps) * weight": x * torch.rsqrt(ms + eps) * (1 + weight),
     }
 
 
 def swiglu_mistakes(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) -> dict[str, torch.Tensor]:
     """Wrong SwiGLUs of x (..., C), given the fused w_in weight (2F, C), rows [gate; value], and w_out (C, F)."""
-    gate, value = (x @ w_in.T).chunk(2, dim=-1)  # each (..., F)
+    interleaved = x @ w_in.T  # (..., 2F)
+    gate, value = interleaved.chunk(2, dim=-1)  # each (..., F)
     silu = torch.nn.functional.silu
     return {
         "the gate and the value are swapped: the first half of w_in's output is the gate (it goes through SiLU), "
@@ -67,6 +74,10 @@ def swiglu_mistakes(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) ->
         "sigmoid instead of SiLU on the gate: SiLU(g) = g * sigmoid(g)": (gate.sigmoid() * value) @ w_out.T,
         "the gate and the value are added: SwiGLU multiplies them, silu(gate) * value":
             (silu(gate) + value) @ w_out.T,
+        "GELU instead of SiLU on the gate (that is GeGLU): SwiGLU's gate goes through SiLU(g) = g * sigmoid(g)":
+            (torch.nn.functional.gelu(gate) * value) @ w_out.T,
+        "w_in's output is split into its even and odd columns: the gate is its first half and the value its second, "
+        "gate, value = w_in(x).chunk(2, dim=-1)": (silu(interleaved[..., 0::2]) * interleaved[..., 1::2]) @ w_out.T,
     }
 
 
@@ -76,8 +87,10 @@ def block_mistakes(
     mlp: Callable[[torch.Tensor], torch.Tensor],
     norm1: Callable[[torch.Tensor], torch.Tensor],
     norm2: Callable[[torch.Tensor], torch.Tensor],
+    attn_without_rope: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Wrong pre-norm decoder blocks of x (B, T, C), given the block's four sublayers as functions."""
+    """Wrong pre-norm decoder blocks of x (B, T, C), given the block's four sublayers as functions (and, with RoPE,
+    the attention run without it)."""
     u = x + attn(norm1(x))  # (B, T, C): the right first half
     post = norm1(x + attn(x))
     normed = norm1(x) + attn(norm1(x))  # (B, T, C): the residual stream started from norm1(x)
@@ -94,7 +107,9 @@ def block_mistakes(
         "norm1 is used before both sublayers: the MLP reads norm2(u), with its own gain": u + mlp(norm1(u)),
         "the norms are not applied: each sublayer reads a normalised copy, attn(norm1(x)) and mlp(norm2(u))":
             (x + attn(x)) + mlp(x + attn(x)),
-    }
+    } | ({} if attn_without_rope is None else {
+        "rope is not passed on to the attention: call self.attn(self.norm1(x), rope=rope), or the block ignores the "
+        "rotary tables it is given": (plain := x + attn_without_rope(norm1(x))) + mlp(norm2(plain))})
 
 
 def _block_count_causes(config: GPTConfig) -> dict[str, list[tuple[int, str]]]:
@@ -135,9 +150,12 @@ def check_block_parameter_count(got: Mapping[str, int], config: GPTConfig, name:
 # ---- RMSNorm(d, eps): x / sqrt(mean(x^2) + eps) * weight
 
 
-def _norm_inputs(b: int, t: int, c: int, seed: int, eps: float = 1e-6, scale: float = 1.0) -> Inputs:
+def _norm_inputs(b: int, t: int, c: int, seed: int, eps: float = 1e-6, scale: float = 1.0,
+                 tiny_last: bool = False) -> Inputs:
     gen = tensor_rng(seed)
     x = (torch.randn(b, t, c, generator=gen) + 1.5) * scale  # a non-zero mean, so subtracting it shows
+    if tiny_last:  # one token of size ~1e-3, where eps is no longer negligible: where it goes shows
+        x[:, -1] *= 1e-3
     return {"init": {"d": c, "eps": eps}, "weights": {"weight": 1 + 0.5 * torch.randn(c, generator=gen)}, "x": x,
             "sizes": {"B": b, "T": t, "C": c}}
 
@@ -213,7 +231,8 @@ def _block_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     block = build_module(_LabBlock, _block_what(inputs), inputs["init"], inputs["weights"])
     rope = _rope_of(inputs)
     with torch.no_grad():
-        return block_mistakes(inputs["x"], lambda z: block.attn(z, rope=rope), block.mlp, block.norm1, block.norm2)
+        return block_mistakes(inputs["x"], lambda z: block.attn(z, rope=rope), block.mlp, block.norm1, block.norm2,
+                              block.attn if rope else None)
 
 
 _COMPONENTS = {"norm1.": "norms", "norm2.": "norms", "attn.": "attention", "mlp.": "mlp"}
@@ -247,7 +266,8 @@ PIECES = declare(
     Piece("04", "RMSNorm", RMSNorm, module_returns("y", lambda i: "RMSNorm({d}, eps={eps})".format(**i["init"])),
           label="RMSNorm output", shape="B T C", forbidden=_NORM + _WHOLE,
           mistakes=lambda i: norm_mistakes(i["x"], i["weights"]["weight"], i["init"]["eps"]),
-          visible=[("visible", "RMSNorm(8) on x (B, T, C) = (2, 5, 8)", lambda seed: _norm_inputs(2, 5, 8, seed))],
+          visible=[("visible", "RMSNorm(8) on x (B, T, C) = (2, 5, 8), the last token tiny (x ~ 1e-3: eps matters)",
+                    lambda seed: _norm_inputs(2, 5, 8, seed, tiny_last=True))],
           hidden=[("hidden_single", "RMSNorm on one token (B=1, T=1)", lambda seed: _norm_inputs(1, 1, 6, seed)),
                   ("hidden_tiny", "RMSNorm on tiny inputs, where eps matters (x ~ 1e-3, eps=1e-6)",
                    lambda seed: _norm_inputs(2, 3, 7, seed, scale=1e-3)),

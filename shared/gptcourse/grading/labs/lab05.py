@@ -19,6 +19,7 @@ from torch import nn
 from ...checks import check_causal, check_parameter_count, check_shape, fail, perturbed_copies
 from ...model.config import GPTConfig, preset
 from ...model.gpt import GPT
+from ...model.params import block_breakdown, parameter_breakdown
 from ..cases import Inputs, Outputs, random_weights, sized, sizes_rng, tensor_rng
 from ..fixtures import check_close_lazily, gpt_config, load_gpt_weights, reference_gpt
 from ..piece import Piece, Probe, declare
@@ -56,7 +57,53 @@ def _built(cls: Any, inputs: Inputs) -> nn.Module:
     """`cls(config)` (the student's GPT or the reference) with the case's weights loaded."""
     config = inputs["config"]
     what = _describe(config)
-    return load_gpt_weights(module_class(cls, what)(config), config, inputs["weights"], what)
+    model = module_class(cls, what)(config)
+    if config.position == "none" and getattr(model, "pos_emb", None) is not None:
+        raise fail(f"{what}: position='none' means no position information at all (NoPE): pos_emb is None and "
+                   "nothing is added to the token embeddings; only position='learned' has a table")
+    return load_gpt_weights(model, config, inputs["weights"], what)
+
+
+def _forward(model: nn.Module, inputs: Inputs, method: str) -> Any:
+    """`model.<method>(idx)`, watching what its pos_emb and rope are given: positions that are not 0..T-1 are named,
+    whether the forward then raised (the token ids index a table of T_max rows) or not."""
+    idx = inputs["idx"]
+    given: dict[str, Any] = {}
+
+    def record(name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:  # returns None: the call's arguments stay
+            given.setdefault(name, args[:1])
+        return hook
+
+    hooks = [module.register_forward_pre_hook(record(name))
+             for name in ("pos_emb", "rope") if isinstance(module := getattr(model, name, None), nn.Module)]
+    try:
+        with torch.no_grad():
+            out = getattr(model, method)(idx.clone())
+    except Exception:
+        _check_positions(given, idx, inputs["config"])
+        raise
+    finally:
+        for hook in hooks:
+            hook.remove()
+    _check_positions(given, idx, inputs["config"])
+    return out
+
+
+def _check_positions(given: dict[str, Any], idx: torch.Tensor, config: GPTConfig) -> None:
+    """pos_emb and rope take the positions of this input, 0..T-1: not the token ids, not the whole context."""
+    t = idx.shape[1]
+    for name, args in given.items():
+        positions = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if positions is None:
+            continue
+        if positions.shape == idx.shape and torch.equal(positions, idx) and not torch.equal(idx[0], torch.arange(t)):
+            raise fail(f"self.{name} is given the token ids idx (B, T): it takes the positions 0..T-1, "
+                       f"torch.arange(T), one row per position (T_max = {config.context_length}), not per token id")
+        if positions.dim() >= 1 and positions.shape[-1] != t:
+            raise fail(f"self.{name} is given {positions.shape[-1]} positions for T = {t} tokens: it takes the "
+                       "positions of this input, torch.arange(T), not the whole context "
+                       f"(context_length = {config.context_length})")
 
 
 def _mistakes(inputs: Inputs, hidden: bool) -> dict[str, torch.Tensor]:
@@ -68,6 +115,8 @@ def _mistakes(inputs: Inputs, hidden: bool) -> dict[str, torch.Tensor]:
             {"final_norm": nn.Identity()},
         "the blocks are not applied: x goes through every block in self.blocks, in order": {"blocks": nn.ModuleList()},
     }
+    if config.n_layers > 1:  # one block in every layer: loading the weights left the last layer's in it
+        variants[SHARED_BLOCKS] = {"blocks": "shared"}
     if config.position == "learned":
         variants["the positions are missing: add pos_emb of positions 0..T-1 to the token embeddings"] = \
             {"pos_emb": None}
@@ -78,10 +127,20 @@ def _mistakes(inputs: Inputs, hidden: bool) -> dict[str, torch.Tensor]:
     for what, removed in variants.items():
         model = reference_gpt(config, inputs["weights"])
         for name, module in removed.items():
-            setattr(model, name, module)
+            setattr(model, name, nn.ModuleList([model.blocks[-1]] * config.n_layers) if module == "shared" else module)
         with torch.no_grad():
             wrong[what] = model.forward_hidden(idx) if hidden else model(idx)
+    if not hidden:
+        with torch.no_grad():
+            wrong["forward returns probabilities, a softmax over V: it returns the logits themselves, "
+                  "lm_head(forward_hidden(idx)) (the loss and sampling apply the softmax)"] = \
+                reference_gpt(config, inputs["weights"])(idx).softmax(-1)
     return wrong
+
+
+SHARED_BLOCKS = ("the N blocks are one block repeated ([DecoderBlock(config)] * N puts the same module in every "
+                 "layer, sharing its weights): build each layer its own, nn.ModuleList(DecoderBlock(config) for _ in "
+                 "range(N))")
 
 
 # ---- forward(idx) -> logits (B, T, V), and forward_hidden(idx) -> the (B, T, C) states lm_head reads
@@ -89,8 +148,7 @@ def _mistakes(inputs: Inputs, hidden: bool) -> dict[str, torch.Tensor]:
 
 def _logits_call(cls: Any, inputs: Inputs) -> Outputs:
     model = _built(cls, inputs)
-    with torch.no_grad():
-        logits = model(inputs["idx"].clone())
+    logits = _forward(model, inputs, "forward")
     return {"logits": as_tensor(logits, f"{_describe(inputs['config'])} on idx {tuple(inputs['idx'].shape)}")}
 
 
@@ -98,8 +156,7 @@ def _hidden_call(cls: Any, inputs: Inputs) -> Outputs:
     model = _built(cls, inputs)
     if not callable(getattr(model, "forward_hidden", None)):
         raise fail("the model has no method forward_hidden(idx)")
-    with torch.no_grad():
-        hidden = model.forward_hidden(inputs["idx"].clone())
+    hidden = _forward(model, inputs, "forward_hidden")
     return {"hidden": as_tensor(hidden, f"forward_hidden of {_describe(inputs['config'])}")}
 
 
@@ -157,6 +214,11 @@ def _tying_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         raise fail(f"{_describe(tied)}: lm_head.weight is a copy of tok_emb.weight, two (V, C) matrices that start "
                    "equal and drift apart in training (and are counted twice): share the one tensor, "
                    "self.lm_head.weight = self.tok_emb.weight")
+    for kind, config in (("tied", tied), ("untied", untied)):
+        missing = sum(parameter_breakdown(config).values()) - got[f"{kind}_count"]
+        if config.n_layers > 1 and missing == (config.n_layers - 1) * sum(block_breakdown(config).values()):
+            raise fail(f"parameters of {_describe(config)}: {missing:,} too few, (N - 1) = {config.n_layers - 1} "
+                       f"blocks' worth: {SHARED_BLOCKS}")
     check_parameter_count(got["tied_count"], tied, f"parameters of {_describe(tied)}")
     if not got["tied_shared"]:
         raise fail(f"{_describe(tied)}: lm_head.weight must be the very tensor tok_emb.weight (tie them with "
@@ -214,6 +276,9 @@ PIECES = declare(
                   ("hidden_head_bias", "GPT with an untied output projection with bias (batch 1, full context)",
                    lambda seed: _gpt_inputs(gpt_config(45, 20, 5, 2, 9, **SEED_REPO_LIKE), 1, 9, seed)),
                   ("hidden_sizes", "GPT with other sizes and heads", _hidden_sizes),
+                  ("hidden_no_positions", "GPT with position='none' (no position information: NoPE), untied",
+                   lambda seed: _gpt_inputs(gpt_config(40, 16, 2, 2, 10, position="none", tie_weights=False), 2, 6,
+                                            seed)),
                   ("hidden_forward_hidden_single", "forward_hidden on a single token (B=1, T=1)",
                    lambda seed: _gpt_inputs(gpt_config(30, 16, 2, 1, 8, **SEED_REPO_LIKE), 1, 1, seed),
                    _FORWARD_HIDDEN),
