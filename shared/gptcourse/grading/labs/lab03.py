@@ -28,7 +28,6 @@ from ..student import as_tensor, build_module, describe_error, returns
 _MHA = ("gptcourse.MultiHeadAttention",)
 _ROPE = ("gptcourse.apply_rope", "gptcourse.rotate_half")
 _WHOLE = ("gptcourse.DecoderBlock", "gptcourse.GPT")
-_DEFAULT_THETA = inspect.signature(RotaryEmbedding).parameters["theta"].default  # 10000, RoPE's base
 
 
 def _head_sizes(b: int, t: int, h: int, d: int) -> dict[str, int]:
@@ -108,9 +107,10 @@ def rope_table_mistakes(d_head: int, t: int, theta: float) -> dict[str, torch.Te
     pair_freq = theta ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (D/2,)
     angles = torch.outer(positions, pair_freq)  # (T, D/2)
     slow = torch.outer(positions, theta ** (-torch.arange(d_head // 2, dtype=torch.float64) / d_head))
-    default = torch.outer(positions, _DEFAULT_THETA ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head))
-    return ({} if theta == _DEFAULT_THETA else {
-        f"the angles use theta = {_DEFAULT_THETA:g} whatever theta is passed (here {theta:g}): pair i turns at "
+    base = inspect.signature(RotaryEmbedding).parameters["theta"].default  # 10000, RoPE's (a stub's has none)
+    default = torch.outer(positions, base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head))
+    return ({} if theta == base else {
+        f"the angles use theta = {base:g} whatever theta is passed (here {theta:g}): pair i turns at "
         "theta^(-2i/D) with the theta argument (Llama 3's is 500000)": torch.cat([default, default], dim=-1),
     }) | {
         "the angles are in the interleaved layout (repeat_interleave): for rotate-half, the D/2 pair angles "
