@@ -7,6 +7,8 @@ release it generates must be the committed labs/LAB; one autograde batch grades 
 release and every mistake; lab-specific tests are methods of the subclass and can use the same `scores`.
 `check_named_mistake` checks, in-process, that a mistake's message names it (the round trip checks its scores);
 `failing_cells` says, in-process, which test cells a student fails (for students kept out of the slow round trip).
+`check_blind_student` grades a blind-written student in-process, every case of every test cell, visible and hidden
+(the round trip's nbgrader is too slow for dozens of students a lab).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from nbgrader_course import ROOT, Course
 
 from gptcourse.checks import CheckFailed
 from gptcourse.grading import check
-from gptcourse.grading.cases import get_case
+from gptcourse.grading.cases import CaseId, get_case
 
 
 def files(folder: Path) -> dict[str, bytes]:
@@ -67,6 +69,46 @@ def failing_cells(lab: str, answers: dict[str, str]) -> dict[str, str]:
             except CheckFailed as failure:
                 failed[grading["grade_id"]] = str(failure)
     return failed
+
+
+def graded_cells(lab: str) -> dict[str, list[str]]:
+    """{test cell grade_id: the case ids its `check` calls name, in order} of the solution of `lab`."""
+    cells = {}
+    for cell in nbformat.read(ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4).cells:
+        grading = cell.metadata.get("nbgrader", {})
+        if grading.get("grade"):
+            cells[grading["grade_id"]] = re.findall(r'check\("([^"]+)"', cell.source)
+    return cells
+
+
+def failures(lab: str, answers: dict[str, str]) -> dict[str, dict[str, str]]:
+    """{test cell: {case id: its message after the case's description}} of every case that the solution of `lab`,
+    `answers` in place, fails, each case of each test cell checked in-process (a graded kernel stops a cell at its
+    first failure; every case is run here so that each message can be read)."""
+    namespace, failed = solved_namespace(lab, answers), {}
+    for cell, test_ids in graded_cells(lab).items():
+        for test_id in test_ids:
+            try:
+                check(test_id, namespace[CaseId.parse(test_id).piece])
+            except CheckFailed as failure:
+                failed.setdefault(cell, {})[test_id] = after_description(str(failure), test_id)
+    return failed
+
+
+def check_blind_student(lab: str, path: Path, student: str, fails: set[str]) -> None:
+    """Blind student `student` of `path` fails exactly the test cells `fails` of `lab`, and each visible case of
+    the pieces it wrote that it fails says what its mistake is (matches its "# Names:" regex); a student that fails
+    no such visible case must be named so by each hidden one it fails, which its graded feedback shows. (A later
+    piece that calls the wrong one fails too, with the symptom it sees.)"""
+    answers = blind_students(path)[student]
+    failed = failures(lab, answers)
+    assert set(failed) == fails, f"{student} fails {sorted(failed)}, expected {sorted(fails)}: {failed}"
+    said = {test_id: message for by_case in failed.values() for test_id, message in by_case.items()
+            if CaseId.parse(test_id).piece in answers}
+    visible = {test_id: message for test_id, message in said.items() if not CaseId.parse(test_id).hidden}
+    names = blind_names(path)[student]
+    unnamed = {test_id: message for test_id, message in (visible or said).items() if not re.search(names, message)}
+    assert not unnamed, f"{student}: these messages do not match {names!r}: {unnamed}"
 
 
 def check_named_mistake(lab: str, answers: dict[str, str], test_id: str, says: str) -> None:

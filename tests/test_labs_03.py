@@ -3,7 +3,10 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-from lab_roundtrip import RoundTrip, Validation
+from pathlib import Path
+
+import pytest
+from lab_roundtrip import RoundTrip, Validation, check_blind_student
 
 LAB = "03_multi_head_attention_and_rope"
 MHA = '''
@@ -58,3 +61,35 @@ class TestLab03(RoundTrip):
         'check("03.MultiHeadAttention.rope", MultiHeadAttention)',
         "RoPE is applied to v as well",
     ))
+
+
+# Written blind to the tests (issue 42), as written: student -> the test cells it fails, each case of each cell run
+# in-process (`check_blind_student`), not in the round trip. A wrong split, merge or RoPE fails the
+# MultiHeadAttention that uses it too. Before issue 42 rope-own-tables passed every visible case (the visible tables
+# were of positions 0..T-1), tables-theta-hardcoded got a message that named nothing, and so did
+# mha-qkv-per-head-layout, mha-one-wide-head and, but for the causal case, mha-sdpa-not-causal. Left out:
+# rope-calls-gptcourse and mha-wraps-gptcourse-functions, which the grader's scan of the cells finds and zeroes
+# (`forbidden.find_forbidden`) but an in-process check does not (issue 42's forbidden-calls work).
+BLIND_FILE = Path(__file__).with_name("lab03_blind.cells")
+MHA_TESTS = MHA_VALUES | {"test_MultiHeadAttention_causal"}
+TABLE_TESTS = {"test_rope_tables", "test_rope_tables_hidden"}
+MHA_ROPE = {"test_MultiHeadAttention_rope", "test_MultiHeadAttention_hidden"}
+BLIND_FAILS = {
+    "split-view-straight-to-heads": {"test_split_heads", "test_split_heads_hidden"} | MHA_TESTS,
+    "split-strided-heads": {"test_split_heads", "test_split_heads_hidden"} | MHA_VALUES,
+    **dict.fromkeys(("merge-view-after-transpose", "merge-no-transpose"),
+                    {"test_merge_heads", "test_merge_heads_hidden"} | MHA_TESTS),
+    **dict.fromkeys(("tables-interleaved-layout", "tables-exponent-i-over-D", "tables-positions-from-one",
+                     "tables-half-width"), TABLE_TESTS),
+    "tables-theta-hardcoded": {"test_rope_tables_hidden"},  # only the hidden tables have another theta
+    **dict.fromkeys(("rope-rotate-half-sign", "rope-adjacent-pairs"), ROPE_TESTS | MHA_ROPE),
+    "rope-own-tables": ROPE_TESTS,
+    **dict.fromkeys(("mha-rope-on-values", "mha-rope-only-q"), MHA_ROPE),
+    **dict.fromkeys(("mha-qkv-per-head-layout", "mha-no-output-projection", "mha-one-wide-head"), MHA_VALUES),
+    "mha-sdpa-not-causal": MHA_TESTS,
+}
+
+
+@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
+def test_each_blind_student_fails_its_tests_named(student):
+    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])

@@ -23,7 +23,7 @@ from ...model.positions import LearnedPositions
 from ...text.char_tokenizer import CharTokenizer
 from ..cases import Inputs, Outputs, random_weights, sized, tensor_rng
 from ..piece import Piece, declare
-from ..student import TensorsMade, as_ids, as_text, module_returns, returns
+from ..student import TensorsMade, as_ids, as_text, describe_error, module_returns, returns
 
 _WHOLE = ("gptcourse.GPT",)
 
@@ -70,11 +70,16 @@ def _tokenizer_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         raise fail(f"encode({sample!r}) returned {got['ids'].numel()} ids for {len(sample)} characters: one id per "
                    "character.")
     first_seen = {ch: i for i, ch in enumerate(dict.fromkeys(text))}
-    check_close(got["ids"], expected["ids"], f"encode({sample!r})", mistakes={
+    mistakes = {
         "the ids follow the order in which characters first appear in the text: the vocabulary is sorted, "
         "sorted(set(text)), so ids follow character order": torch.tensor([first_seen[ch] for ch in sample]),
         "the ids start at 1: the first character of the vocabulary has id 0": expected["ids"] + 1,
-    })
+    }
+    if _same_partition(got["ids"], expected["ids"]):  # one id per character, numbered in another order
+        mistakes["each character has an id of its own, but not its place among the sorted characters: the "
+                 "vocabulary is sorted(set(text)). list(set(text)) has no fixed order (it changes from one Python "
+                 "process to the next, with PYTHONHASHSEED), so a saved model would decode nonsense"] = got["ids"]
+    check_close(got["ids"], expected["ids"], f"encode({sample!r})", mistakes=mistakes)
     for name, call in (("decoded", f"decode({inputs['ids']})"), ("roundtrip", f"decode(encode({sample!r}))")):
         if got[name] != expected[name]:
             hint = (": join the characters with ''.join(...), not with a separator"
@@ -92,6 +97,11 @@ def _tokenizer_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "character is not in the vocabulary.")
 
 
+def _same_partition(ids: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Whether `ids` give two characters the same id exactly where `expected` does (each (L,))."""
+    return torch.equal(ids[:, None] == ids[None, :], expected[:, None] == expected[None, :])
+
+
 def _tokenizer_hidden(r: random.Random, seed: int) -> Inputs:
     pool = list("abcdefghijklmnopqrstuvwxyzABCDEFGH .,;:'\n\té-")
     chars = r.sample(pool, r.randint(8, 20))
@@ -103,13 +113,15 @@ def _tokenizer_hidden(r: random.Random, seed: int) -> Inputs:
 # ---- one_hot_embed(ids, table): the embedding lookup written as one-hot @ E
 
 
-def _one_hot_inputs(b: int, t: int, v: int, c: int, seed: int, top_id_unused: bool = False) -> Inputs:
+def _one_hot_inputs(b: int, t: int, v: int, c: int, seed: int, top_id_unused: bool = False,
+                    dtype: torch.dtype = torch.float32) -> Inputs:
     gen = tensor_rng(seed)
     high = v - 1 if top_id_unused else v
     ids = torch.randint(0, high, (b, t), generator=gen)
     if not top_id_unused:
         ids.view(-1)[-1] = v - 1  # the last token id appears
-    return {"ids": ids, "table": torch.randn(v, c, generator=gen), "sizes": {"B": b, "T": t, "V": v, "C": c}}
+    return {"ids": ids, "table": torch.randn(v, c, generator=gen, dtype=dtype),
+            "sizes": {"B": b, "T": t, "V": v, "C": c}}
 
 
 _one_hot_returns = returns("embedded", lambda i: f"one_hot_embed(ids {tuple(i['ids'].shape)}, table "
@@ -118,9 +130,10 @@ _one_hot_returns = returns("embedded", lambda i: f"one_hot_embed(ids {tuple(i['i
 
 def _one_hot_call(fn: Any, inputs: Inputs) -> Outputs:
     """The student's one_hot_embed, and whether it made the (B, T, V) one-hot matrix on the way (a lookup of the
-    table's rows gives the same embeddings without it); a shape error when the batch lacks the vocabulary's top ids
-    is named: one_hot without num_classes sizes its rows by the largest id present."""
-    (b, t), v = inputs["ids"].shape, inputs["table"].size(0)
+    table's rows gives the same embeddings without it). A shape error when the batch lacks the vocabulary's top ids
+    is named (one_hot without num_classes sizes its rows by the largest id present), and so is a product of two
+    dtypes (the one-hot matrix cast to float32 whatever the table's)."""
+    (b, t), v, dtype = inputs["ids"].shape, inputs["table"].size(0), inputs["table"].dtype
     try:
         with TensorsMade() as made:
             outputs = _one_hot_returns(fn, inputs)
@@ -131,6 +144,10 @@ def _one_hot_call(fn: Any, inputs: Inputs) -> Outputs:
                        f"V = {v}: one_hot(ids) without num_classes makes max(ids) + 1 = {width} columns, not V, "
                        "whenever the top ids of the vocabulary are missing from a batch. Pass num_classes=V, "
                        "one_hot(ids, table.size(0))") from None
+        if "dtype" in str(err):
+            raise fail(f"one_hot_embed raised RuntimeError: {str(err)[:120]}. The table is {dtype}: cast the one-hot "
+                       "matrix to the table's dtype, one_hot(ids, V).to(table.dtype), not to a fixed one such as "
+                       ".float()") from None
         raise
     one_hot = any(shape[-1:] == (v,) and math.prod(shape) == b * t * v for shape in made.shapes)
     return outputs | {"one_hot_made": one_hot}
@@ -166,6 +183,31 @@ def _embedding_inputs(b: int, t: int, v: int, t_max: int, c: int, seed: int) -> 
     }
 
 
+_embedding_returns = module_returns("x", lambda i: "TokenAndPositionEmbedding({vocab_size}, {context_length}, "
+                                    "{d_model})".format(**i["init"]), arg="idx")
+
+
+def _embedding_call(cls: Any, inputs: Inputs) -> Outputs:
+    """The student's embedding of the case's ids; an index past the position table's end, or the whole (T_max, C)
+    table added to T < T_max tokens, is named: the raw errors do not say which positions were used."""
+    t, t_max, top = inputs["sizes"]["T"], inputs["sizes"]["T_max"], int(inputs["idx"].max())
+    try:
+        return _embedding_returns(cls, inputs)
+    except IndexError as err:
+        if top < t_max and t < t_max:
+            raise
+        causes = ([f"the token ids (up to {top}) used as positions"] if top >= t_max else []) + \
+                 ([f"positions 1..T, whose last, {t}, is one past the table"] if t == t_max else [])
+        raise fail(f"{describe_error(err)}. pos_emb has T_max = {t_max} rows, positions 0..{t_max - 1}: "
+                   f"{' or '.join(causes)}? Look up positions 0..T-1, torch.arange(T), whatever the tokens") from None
+    except RuntimeError as err:
+        if t == t_max or "must match" not in str(err) or f"({t_max})" not in str(err):
+            raise
+        raise fail(f"{describe_error(err)}. The whole position table, {t_max} rows (context_length), was added to "
+                   f"T = {t} tokens: add the positions of the sequence only, pos_emb(torch.arange(T)) with "
+                   "T = idx.size(1)") from None
+
+
 def _embedding_expected(inputs: Inputs) -> Outputs:
     """The GPT's embedding, as gptcourse.GPT.forward_hidden computes it (nn.Embedding plus LearnedPositions):
     gptcourse has no layer of its own for this piece."""
@@ -179,10 +221,16 @@ def _embedding_expected(inputs: Inputs) -> Outputs:
 
 def _embedding_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     tok, pos, idx = inputs["weights"]["tok_emb.weight"], inputs["weights"]["pos_emb.weight"], inputs["idx"]
-    t = idx.size(1)
+    (b, t), c = idx.shape, tok.size(1)
     mistakes = {
         "the positions are missing: add pos_emb of positions 0..T-1 to the token embeddings": tok[idx],
+        "the token vectors are multiplied by sqrt(d_model) (the original Transformer's scaling, which GPT does "
+        "not have): add them unscaled, tok_emb(idx) + pos_emb(positions)": tok[idx] * math.sqrt(c) + pos[:t],
     }
+    if b <= pos.size(0) and b > 1:
+        mistakes["sequence b of the batch got position b's vector at every token: the positions run along the "
+                 "sequence, axis 1, 0..T-1 = torch.arange(idx.size(1)), the same for every sequence"] = \
+            tok[idx] + pos[:b, None]
     if int(idx.max()) < pos.size(0):
         mistakes["the position table was indexed by the token ids: positions are 0..T-1, whatever the tokens"] = \
             tok[idx] + pos[idx]
@@ -210,17 +258,15 @@ PIECES = declare(
                    sized(_tokenizer_hidden))]),
     # gptcourse has no one-hot lookup: the lookup it teaches is torch's, the one nn.Embedding (and the GPT) runs
     Piece("01", "one_hot_embed", nn.functional.embedding, _one_hot_call, judge=_one_hot_judge, forbidden=_WHOLE,
-          visible=[("visible", "one_hot_embed with B=2, T=4, V=6, C=3",
-                    lambda seed: _one_hot_inputs(2, 4, 6, 3, seed))],
-          hidden=[("hidden_single", "one_hot_embed of a single token (B=1, T=1)",
-                   lambda seed: _one_hot_inputs(1, 1, 7, 4, seed)),
+          visible=[("visible", "one_hot_embed with B=2, T=4, V=6, C=3, the last id unused",
+                    lambda seed: _one_hot_inputs(2, 4, 6, 3, seed, top_id_unused=True))],
+          hidden=[("hidden_single", "one_hot_embed of a single token (B=1, T=1), a float64 table",
+                   lambda seed: _one_hot_inputs(1, 1, 7, 4, seed, dtype=torch.float64)),
                   ("hidden_sizes", "one_hot_embed with other sizes, the last id unused",
                    sized(lambda r, seed: _one_hot_inputs(r.randint(2, 4), r.randint(6, 12), r.randint(20, 40),
                                                          r.randint(5, 9), seed, top_id_unused=True)))]),
-    Piece("01", "TokenAndPositionEmbedding", LearnedPositions,
-          module_returns("x", lambda i: "TokenAndPositionEmbedding({vocab_size}, {context_length}, {d_model})"
-                         .format(**i["init"]), arg="idx"),
-          expected=_embedding_expected, label="embedding output", shape="B T C", mistakes=_embedding_mistakes,
+    Piece("01", "TokenAndPositionEmbedding", LearnedPositions, _embedding_call, expected=_embedding_expected,
+          label="embedding output", shape="B T C", mistakes=_embedding_mistakes,
           forbidden=("gptcourse.LearnedPositions", *_WHOLE),
           visible=[("visible", "TokenAndPositionEmbedding with B=2, T=5, V=11, T_max=8, C=4",
                     lambda seed: _embedding_inputs(2, 5, 11, 8, 4, seed))],

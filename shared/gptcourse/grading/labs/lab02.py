@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ...checks import (
+    CheckFailed,
     check_attention_weights,
     check_causal,
     check_causal_mask,
@@ -19,12 +20,13 @@ from ...checks import (
     check_known_mistakes,
     check_no_future_weight,
     check_shape,
+    fail,
     perturbed_copies,
 )
 from ...model.causal_attention import AttentionHead, attention, causal_mask
 from ..cases import Inputs, Outputs, random_weights, sized, sizes_rng, tensor_rng
 from ..piece import Piece, Probe, declare
-from ..student import module_returns, returns
+from ..student import describe_error, module_returns, returns
 
 _ATTENTION = ("gptcourse.attention", "gptcourse.fused_attention",
               "torch.nn.functional.scaled_dot_product_attention")
@@ -44,24 +46,56 @@ def _qkv_inputs(lead: tuple[int, ...], t: int, d: int, seed: int) -> Inputs:
     return {"q": q, "k": k, "v": v, "sizes": sizes}
 
 
-_attention_call = returns(("output", "weights"), lambda i: f"attention(q, k, v) on {tuple(i['q'].shape)}",
-                          "q", "k", "v")
+_attention_returns = returns(("output", "weights"), lambda i: f"attention(q, k, v) on {tuple(i['q'].shape)}",
+                             "q", "k", "v")
 
 
-def attention_mistakes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
-    """What common wrong attentions compute: description -> {"weights", "output"}."""
-    t, d = q.size(-2), q.size(-1)
-    raw = q @ k.transpose(-2, -1)  # (..., T, T)
-    allowed = torch.ones(t, t, dtype=torch.bool).tril()
+def _attention_call(fn: Any, inputs: Inputs) -> Outputs:
+    """The student's attention on the case's q, k, v; a shape error on (B, H, T, D) inputs, where (B, T, D) ones
+    work, is named: k transposed on fixed axes (1, 2) swaps H and T there."""
+    try:
+        return _attention_returns(fn, inputs)
+    except RuntimeError as err:
+        if inputs["q"].dim() < 4:
+            raise
+        raise fail(f"{describe_error(err)}. On (B, H, T, D) inputs (several heads at once): is k transposed on "
+                   "fixed axes? k.transpose(1, 2) swaps H and T there: transpose the last two, k.transpose(-2, -1), "
+                   "so that any leading axes work") from None
+
+
+def _weights(q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None, dim: int = -1,
+             mask_after: bool = False, swapped: bool = False) -> torch.Tensor:
+    """Causal attention weights (..., T, T) written by hand: the scores q k^T / scale (default sqrt(D)), future
+    keys masked with -inf, a softmax over `dim`. The switches give the known mistakes: another scale, another
+    softmax axis, the mask applied after the softmax (future weights zeroed), q and k swapped (k q^T)."""
+    t = q.size(-2)
+    scores = (k @ q.transpose(-2, -1) if swapped else q @ k.transpose(-2, -1))  # (..., T, T)
+    scores = scores / (math.sqrt(q.size(-1)) if scale is None else scale)
+    allowed = torch.ones(t, t, dtype=torch.bool).tril()  # (T, T), True = may attend
+    if mask_after:
+        return scores.softmax(-1).masked_fill(~allowed, 0.0)
+    return scores.masked_fill(~allowed, float("-inf")).softmax(dim)
+
+
+def attention_mistakes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       d_model: int | None = None) -> dict[str, dict[str, torch.Tensor]]:
+    """What common wrong attentions compute: description -> {"weights", "output"}; with `d_model` (a head's C),
+    the scores scaled by the model's width too."""
+    d = q.size(-1)
     variants = {
         "the 1/sqrt(D) scaling is missing: divide the scores q k^T by sqrt(D) before the softmax":
-            raw.masked_fill(~allowed, float("-inf")).softmax(-1),
-        "the scores are divided by D instead of sqrt(D)": (raw / d).masked_fill(~allowed, float("-inf")).softmax(-1),
+            _weights(q, k, scale=1.0),
+        "the scores are divided by D instead of sqrt(D)": _weights(q, k, scale=d),
         "softmax over the wrong axis: each query's weights must sum to 1 over the keys, softmax(dim=-1)":
-            (raw / math.sqrt(d)).masked_fill(~allowed, float("-inf")).softmax(-2),
+            _weights(q, k, dim=-2),
         "the mask is applied after the softmax: set future scores to -inf *before* it, so each row still sums "
-        "to 1": (raw / math.sqrt(d)).softmax(-1).masked_fill(~allowed, 0.0),
+        "to 1": _weights(q, k, mask_after=True),
+        "q and k are swapped: the scores are k q^T, the transpose of q k^T, whose row i holds query i's dot "
+        "products with the keys, q_i . k_j": _weights(q, k, swapped=True),
     }
+    if d_model is not None and d_model != d:
+        variants[f"the scores are divided by sqrt(C) = sqrt({d_model}), the model's width: divide by sqrt(D) = "
+                 f"sqrt({d}), the width of q and k (d_head)"] = _weights(q, k, scale=math.sqrt(d_model))
     return {what: {"weights": w, "output": w @ v} for what, w in variants.items()}
 
 
@@ -69,7 +103,7 @@ def _judge_attention_outputs(got: Outputs, expected: Outputs, q: torch.Tensor, k
                              sizes: dict[str, int], lead: str) -> None:
     check_shape(got["weights"], f"{lead} T T", sizes, "attention weights")
     check_shape(got["output"], f"{lead} T D", sizes, "attention output")
-    mistakes = attention_mistakes(q, k, v)
+    mistakes = attention_mistakes(q, k, v, sizes.get("C"))
     check_known_mistakes(got["weights"], expected["weights"], {what: m["weights"] for what, m in mistakes.items()},
                          "attention weights")
     check_attention_weights(got["weights"], "attention weights")
@@ -93,7 +127,13 @@ def _causal_call(fn: Any, inputs: Inputs) -> Outputs:
 def _causal_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_shape(got["weights"], "B T T", inputs["sizes"], "attention weights")
     check_no_future_weight(got["weights"])
-    check_causal(got["outputs"], "attention", dim=-2)
+    try:
+        check_causal(got["outputs"], "attention", dim=-2)
+    except CheckFailed:  # the future leaks in with no weight on it: through the softmax's sum, if a known mistake
+        mistakes = attention_mistakes(inputs["q"], inputs["k"], inputs["v"])
+        check_known_mistakes(got["weights"], expected["weights"], {what: m["weights"] for what, m in mistakes.items()},
+                             "attention weights")
+        raise
 
 
 # ---- AttentionHead(d_model, d_head): project x to q, k, v, then attend

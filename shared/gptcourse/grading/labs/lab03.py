@@ -9,6 +9,7 @@ have another interface there (each says so at its `expected`).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from functools import partial
@@ -80,9 +81,14 @@ def _rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -
 
 def rope_mistakes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict[str, torch.Tensor]:
     """Wrong RoPEs of x (..., T, D) with rotate-half cos/sin tables (T, D)."""
-    half = x.size(-1) // 2
+    (t, d), half = x.shape[-2:], x.size(-1) // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # rotate_half(x)
-    return {
+    cos_0, sin_0 = RotaryEmbedding(d, t)(torch.arange(t))  # (T, D) each: the tables of positions 0..T-1
+    return ({} if torch.equal(cos, cos_0) else {
+        "the cos and sin passed in were not used: x is turned by the angles of positions 0..T-1, the tables given "
+        "are for later positions. Rotate by the tables apply_rope receives, which may be for any positions (a "
+        "cache's later tokens)": x * cos_0 + rotated * sin_0,
+    }) | {
         "the pairs are interleaved, feature 2i with 2i+1 (the RoPE paper's and Meta's layout): this course "
         "uses the rotate-half layout of GPT-NeoX and Hugging Face Llama, feature i paired with i + D/2, "
         "rotate_half(x) = cat(-x2, x1)": x * cos + _rotate_pairs(x) * sin,
@@ -101,7 +107,12 @@ def rope_table_mistakes(d_head: int, t: int, theta: float) -> dict[str, torch.Te
     pair_freq = theta ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (D/2,)
     angles = torch.outer(positions, pair_freq)  # (T, D/2)
     slow = torch.outer(positions, theta ** (-torch.arange(d_head // 2, dtype=torch.float64) / d_head))
-    return {
+    base = inspect.signature(RotaryEmbedding).parameters["theta"].default  # 10000, RoPE's (a stub's has none)
+    default = torch.outer(positions, base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head))
+    return ({} if theta == base else {
+        f"the angles use theta = {base:g} whatever theta is passed (here {theta:g}): pair i turns at "
+        "theta^(-2i/D) with the theta argument (Llama 3's is 500000)": torch.cat([default, default], dim=-1),
+    }) | {
         "the angles are in the interleaved layout (repeat_interleave): for rotate-half, the D/2 pair angles "
         "appear twice in a row, cat([angles, angles], dim=-1)": angles.repeat_interleave(2, dim=-1),
         "the frequencies use theta^(-i/D) for i = 0 .. D/2-1: pair i turns at theta^(-2i/D), "
@@ -131,9 +142,11 @@ def multi_head_mistakes(
     def merge(y: torch.Tensor) -> torch.Tensor:
         return y.transpose(1, 2).reshape(b, t, c)  # (B, H, T, D) -> (B, T, C)
 
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float = math.sqrt(d)) -> torch.Tensor:
-        scores = (q @ k.transpose(-2, -1) / scale).masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(),
-                                                                float("-inf"))
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float = math.sqrt(d),
+               causal: bool = True) -> torch.Tensor:
+        scores = q @ k.transpose(-2, -1) / scale  # (..., T, T)
+        if causal:
+            scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
         return scores.softmax(-1) @ v
 
     def rotate(z: torch.Tensor) -> torch.Tensor:
@@ -144,6 +157,9 @@ def multi_head_mistakes(
 
     q, k, v = (split(z) for z in qkv(x).chunk(3, dim=-1))  # each (B, H, T, D)
     q_cut, k_cut, v_cut = (z.reshape(b, n_heads, t, d) for z in qkv(x).chunk(3, dim=-1))  # wrongly split
+    per_head = qkv(x).view(b, t, n_heads, 3, d)  # (B, T, H, 3, D): read as GPT-NeoX lays its fused qkv out
+    q_nx, k_nx, v_nx = (per_head[:, :, :, i].transpose(1, 2) for i in range(3))  # each (B, H, T, D)
+    wide = qkv(x).chunk(3, dim=-1)  # q, k, v (B, T, C): one head of width C
     right = attend(rotate(q), rotate(k), v)  # (B, H, T, D)
     mistakes = {
         "the heads are merged without transpose(1, 2): (B, H, T, D) -> transpose(1, 2) -> reshape (B, T, C)":
@@ -155,7 +171,17 @@ def multi_head_mistakes(
         "the output projection `out` is not applied to the merged heads": merge(right),
         "the scores are divided by sqrt(C), the model width: divide by sqrt(D), the head width":
             out(merge(attend(rotate(q), rotate(k), v, scale=math.sqrt(c)))),
+        "the attention is not causal: every position attends to later ones too. Mask the scores above the "
+        "diagonal (attention does; F.scaled_dot_product_attention only with is_causal=True)":
+            out(merge(attend(rotate(q), rotate(k), v, causal=False))),
+        "qkv's output was read per head, as (B, T, H, 3, D) (GPT-NeoX's fused layout): here it holds all of q, "
+        "then k, then v, each of width C (rows W_q; W_k; W_v), so chunk(3, dim=-1) first, then split each into "
+        "heads": out(merge(attend(rotate(q_nx), rotate(k_nx), v_nx))),
     }
+    if n_heads > 1:
+        mistakes["q, k and v are never split into heads: one head of width C attends (scaled by 1/sqrt(C), "
+                 "without RoPE, whose tables are D wide); split each into H heads of width D = C/H (split_heads), "
+                 "attend in each, then merge_heads"] = out(attend(*wide, scale=math.sqrt(c)))
     if rope is not None:
         mistakes |= {
             "RoPE is applied to v as well: rotate only q and k (the rotation is there to make the scores depend "
@@ -307,8 +333,8 @@ PIECES = declare(
                   "x", "cos", "sin"),
           label="apply_rope output", shape="B H T D", forbidden=_ROPE + _WHOLE,
           mistakes=lambda i: rope_mistakes(i["x"], i["cos"], i["sin"]),
-          visible=[("visible", "apply_rope on x (B, H, T, D) = (2, 3, 5, 8), positions 0..4",
-                    lambda seed: _rope_inputs(2, 5, 3, 8, seed))],
+          visible=[("visible", "apply_rope on x (B, H, T, D) = (2, 3, 5, 8), positions 3..7",
+                    lambda seed: _rope_inputs(2, 5, 3, 8, seed, start=3))],
           hidden=[("hidden_single", "apply_rope on one position and one pair (T=1, D=2) at position 7",
                    lambda seed: _rope_inputs(1, 1, 1, 2, seed, start=7)),
                   ("hidden_sizes", "apply_rope with other sizes, at later positions",
