@@ -406,7 +406,14 @@ def _boot_inputs(n: int, p_a: float, p_b: float, resamples: int, seed: int) -> I
 
 def _boot_call(fn: Any, inputs: Inputs) -> Outputs:
     what = f"paired_bootstrap(a, b of {inputs['a'].numel()} items, resamples={inputs['resamples']})"
+    state = torch.random.get_rng_state()
     result = fn(inputs["a"].clone(), inputs["b"].clone(), inputs["resamples"], inputs["seed"])
+    if not torch.equal(torch.random.get_rng_state(), state):
+        torch.random.set_rng_state(state)  # the notebook's draws go on as they would have
+        raise fail(f"{what} changed torch's global random state (torch.manual_seed(seed), or a draw without "
+                   "generator=): every later torch.rand in the notebook, and the caller's, then draws other numbers. "
+                   "Draw from a generator of its own, generator=torch.Generator().manual_seed(seed), which leaves "
+                   "the global one alone")
     if not isinstance(result, tuple) or len(result) != 3:
         raise fail(f"{what} returned {type(result).__name__}, expected a tuple (difference, low, high)")
     return {"bounds": torch.tensor([float(as_number(x, what, "three numbers")) for x in result], dtype=torch.float64)}
@@ -418,11 +425,22 @@ def _boot_expected(inputs: Inputs) -> Outputs:
     return {"bounds": torch.tensor([result.difference, result.low, result.high], dtype=torch.float64)}
 
 
-def _draws(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+def _draws(inputs: Inputs, *, short: bool = False, transposed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The item indices (resamples, N) the lab draws from its seed, and a second draw after them (for b, in the
-    unpaired mistake)."""
-    n, gen = inputs["a"].numel(), torch.Generator().manual_seed(inputs["seed"])
-    return tuple(torch.randint(n, (inputs["resamples"], n), generator=gen) for _ in range(2))
+    unpaired mistake); or with one of the usual mistakes: indices below N - 1 (`short`: randint's bound taken for
+    inclusive), drawn (N, resamples) and `transposed`."""
+    n, resamples, gen = inputs["a"].numel(), inputs["resamples"], torch.Generator().manual_seed(inputs["seed"])
+    shape, below = (n, resamples) if transposed else (resamples, n), n - 1 if short else n
+    draws = tuple(torch.randint(below, shape, generator=gen) for _ in range(2))
+    return tuple(rows.T for rows in draws) if transposed else draws
+
+
+def _between_distinct(differences: torch.Tensor, quantiles: tuple[float, ...] = (0.975,)) -> bool:
+    """Whether one of these quantiles of the differences (resamples,) lies between two distinct sorted ones: where
+    they tie (0/1 scores of few items often do), indexing the sorted differences gives torch.quantile's answer, and
+    other draws of a bootstrap often give the same interval."""
+    ranked, last = differences.sort().values, differences.numel() - 1
+    return any(bool(ranked[math.floor(q * last)] != ranked[math.ceil(q * last)]) for q in quantiles)
 
 
 def _boot_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
@@ -436,10 +454,23 @@ def _boot_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         return torch.tensor([gap, *quantiles], dtype=torch.float64)
 
     ranked = paired.sort().values
+    (transposed, _), (short, _) = _draws(inputs, transposed=True), _draws(inputs, short=True)
+    swapped = (a[transposed] - b[transposed]).mean(1)  # (resamples,): a bootstrap, with other draws
     se = float((a - b).std(correction=1)) / math.sqrt(n)
-    return {
+    # named only where its interval is not a tie's, which other draws (scipy's) often give as well
+    transposed_draws = {
+        "the indices were drawn (N, resamples) and averaged over dim 0: a bootstrap too, but not the lab's draws; "
+        "draw rows = torch.randint(N, (resamples, N), generator=...), a resample a row, and average over dim=1":
+            bounds(swapped)} if _between_distinct(swapped, (0.025, 0.975)) else {}
+    return transposed_draws | {
         "a and b were resampled apart (two draws of items): the bootstrap is paired, one draw of item indices "
         "rows for both, a[rows] - b[rows]": bounds(unpaired),
+        "torch.randint(N - 1, ...) never draws the last item: randint's upper bound is exclusive (it draws 0 to "
+        "high - 1), so torch.randint(N, (resamples, N)) draws every item's index":
+            bounds((a[short] - b[short]).mean(1)),
+        "the quantiles are of the items' own differences a - b (each -1, 0 or 1), not of the resampled means: a "
+        "resample's difference is the mean over its items, (a[rows] - b[rows]).mean(dim=1), and the interval is on "
+        "those means": bounds(a - b),
         "the interval is the 5% and 95% quantiles, a 90% interval: a 95% one leaves 2.5% out at each end":
             bounds(paired, 0.05, 0.95),
         "the interval is the 0% and 95% quantiles: leave 2.5% out at each end, torch.quantile(differences, "
@@ -460,20 +491,26 @@ def _boot_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     got_b, want = got["bounds"], expected["bounds"]
     if abs(float(got_b[0] - want[0])) > FLOAT32_ROUNDING:
         raise fail(f"the difference is {float(got_b[0]):.4f}, expected mean(a) - mean(b) = {float(want[0]):.4f}")
-    check_close(got_b, want, "(difference, low, high)", atol=FLOAT32_ROUNDING, rtol=0, mistakes=_boot_mistakes(inputs))
+    mistakes, label = _boot_mistakes(inputs), "(difference, low, high)"
+    check_known_mistakes(got_b, want, mistakes, label, atol=FLOAT32_ROUNDING, rtol=0)
+    (low, high), width = got_b[1:].tolist(), float(want[2] - want[1])
+    if low <= float(want[0]) <= high and float((got_b[1:] - want[1:]).abs().max()) < width / 2:
+        raise fail(f"{label}: the interval [{low:.5g}, {high:.5g}] is a bootstrap's, but not the one the lab's draws "
+                   f"give, [{float(want[1]):.5g}, {float(want[2]):.5g}]: the tests compare with exactly these draws, "
+                   "rows = torch.randint(N, (resamples, N), generator=torch.Generator().manual_seed(seed)); other "
+                   "draws (another shape, generator or library, scipy.stats.bootstrap) give another interval")
+    check_close(got_b, want, label, atol=FLOAT32_ROUNDING, rtol=0, mistakes=mistakes)
 
 
 @sized
 def _boot_hidden(r: random.Random, seed: int) -> Inputs:
-    """Other sizes, drawn again until the 97.5% quantile lies between two distinct sorted differences: where they
-    tie (0/1 scores of few items often do), indexing the sorted differences gives torch.quantile's answer."""
+    """Other sizes, drawn again until the 97.5% quantile lies between two distinct sorted differences (see
+    `_between_distinct`)."""
     for _ in range(100):
         inputs = _boot_inputs(r.randint(10, 150), r.uniform(0.3, 0.9), r.uniform(0.3, 0.9), r.choice([200, 500]),
                               seed)
         rows, _ = _draws(inputs)
-        ranked = (inputs["a"][rows] - inputs["b"][rows]).mean(1).sort().values  # (resamples,)
-        top = 0.975 * (inputs["resamples"] - 1)
-        if ranked[math.floor(top)] != ranked[math.ceil(top)]:
+        if _between_distinct((inputs["a"][rows] - inputs["b"][rows]).mean(1)):
             return inputs
     raise RuntimeError(f"seed {seed}: no draw of 100 puts the 97.5% quantile between distinct differences")
 
