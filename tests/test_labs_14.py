@@ -199,10 +199,10 @@ ROUND2_FAILS = {
     **dict.fromkeys(("pb-unpaired-draws", "pb-ninety-percent", "pb-sorted-index-percentile", "pb-mean-of-resamples",
                      "pb-transposed-draws", "pb-normal-approximation", "pb-global-seed", "pb-without-replacement",
                      "pb-randint-inclusive", "pb-quantiles-of-item-differences", "pb-scipy-bootstrap"), BOOT_TESTS),
-    # the visible training text holds capitals and a line break inside a run an item copies
-    **dict.fromkeys(("ng-unique-item-ngrams", "ng-whitespace-split", "ng-train-not-lowercased", "ng-range-off-by-one",
-                     "ng-substring-search", "ng-binary-flag", "ng-denominator-words", "ng-train-per-line",
-                     "ng-word-overlap"), OVERLAP_TESTS),
+    **dict.fromkeys(("ng-unique-item-ngrams", "ng-whitespace-split", "ng-range-off-by-one", "ng-substring-search",
+                     "ng-binary-flag", "ng-denominator-words", "ng-word-overlap"), OVERLAP_TESTS),
+    # the visible training text is two lines, and an item copies the run across its break, 'foolishness.\nThe'
+    **dict.fromkeys(("ng-train-not-lowercased", "ng-train-per-line"), OVERLAP_TESTS - {"test_ngram_overlap_hidden"}),
     "ng-short-item-whole": {"test_ngram_overlap_hidden"},  # hidden_short's items are shorter than n
     "ng-letters-only-regex": {"test_ngram_overlap_hidden"},  # hidden_sizes' words hold accents
 }
