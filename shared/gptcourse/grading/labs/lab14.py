@@ -406,7 +406,14 @@ def _boot_inputs(n: int, p_a: float, p_b: float, resamples: int, seed: int) -> I
 
 def _boot_call(fn: Any, inputs: Inputs) -> Outputs:
     what = f"paired_bootstrap(a, b of {inputs['a'].numel()} items, resamples={inputs['resamples']})"
+    state = torch.random.get_rng_state()
     result = fn(inputs["a"].clone(), inputs["b"].clone(), inputs["resamples"], inputs["seed"])
+    if not torch.equal(torch.random.get_rng_state(), state):
+        torch.random.set_rng_state(state)  # the notebook's draws go on as they would have
+        raise fail(f"{what} changed torch's global random state (torch.manual_seed(seed), or a draw without "
+                   "generator=): every later torch.rand in the notebook, and the caller's, then draws other numbers. "
+                   "Draw from a generator of its own, generator=torch.Generator().manual_seed(seed), which leaves "
+                   "the global one alone")
     if not isinstance(result, tuple) or len(result) != 3:
         raise fail(f"{what} returned {type(result).__name__}, expected a tuple (difference, low, high)")
     return {"bounds": torch.tensor([float(as_number(x, what, "three numbers")) for x in result], dtype=torch.float64)}
@@ -418,11 +425,22 @@ def _boot_expected(inputs: Inputs) -> Outputs:
     return {"bounds": torch.tensor([result.difference, result.low, result.high], dtype=torch.float64)}
 
 
-def _draws(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+def _draws(inputs: Inputs, *, short: bool = False, transposed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The item indices (resamples, N) the lab draws from its seed, and a second draw after them (for b, in the
-    unpaired mistake)."""
-    n, gen = inputs["a"].numel(), torch.Generator().manual_seed(inputs["seed"])
-    return tuple(torch.randint(n, (inputs["resamples"], n), generator=gen) for _ in range(2))
+    unpaired mistake); or with one of the usual mistakes: indices below N - 1 (`short`: randint's bound taken for
+    inclusive), drawn (N, resamples) and `transposed`."""
+    n, resamples, gen = inputs["a"].numel(), inputs["resamples"], torch.Generator().manual_seed(inputs["seed"])
+    shape, below = (n, resamples) if transposed else (resamples, n), n - 1 if short else n
+    draws = tuple(torch.randint(below, shape, generator=gen) for _ in range(2))
+    return tuple(rows.T for rows in draws) if transposed else draws
+
+
+def _between_distinct(differences: torch.Tensor, quantiles: tuple[float, ...] = (0.975,)) -> bool:
+    """Whether one of these quantiles of the differences (resamples,) lies between two distinct sorted ones: where
+    they tie (0/1 scores of few items often do), indexing the sorted differences gives torch.quantile's answer, and
+    other draws of a bootstrap often give the same interval."""
+    ranked, last = differences.sort().values, differences.numel() - 1
+    return any(bool(ranked[math.floor(q * last)] != ranked[math.ceil(q * last)]) for q in quantiles)
 
 
 def _boot_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
@@ -436,10 +454,23 @@ def _boot_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         return torch.tensor([gap, *quantiles], dtype=torch.float64)
 
     ranked = paired.sort().values
+    (transposed, _), (short, _) = _draws(inputs, transposed=True), _draws(inputs, short=True)
+    swapped = (a[transposed] - b[transposed]).mean(1)  # (resamples,): a bootstrap, with other draws
     se = float((a - b).std(correction=1)) / math.sqrt(n)
-    return {
+    # named only where its interval is not a tie's, which other draws (scipy's) often give as well
+    transposed_draws = {
+        "the indices were drawn (N, resamples) and averaged over dim 0: a bootstrap too, but not the lab's draws; "
+        "draw rows = torch.randint(N, (resamples, N), generator=...), a resample a row, and average over dim=1":
+            bounds(swapped)} if _between_distinct(swapped, (0.025, 0.975)) else {}
+    return transposed_draws | {
         "a and b were resampled apart (two draws of items): the bootstrap is paired, one draw of item indices "
         "rows for both, a[rows] - b[rows]": bounds(unpaired),
+        "torch.randint(N - 1, ...) never draws the last item: randint's upper bound is exclusive (it draws 0 to "
+        "high - 1), so torch.randint(N, (resamples, N)) draws every item's index":
+            bounds((a[short] - b[short]).mean(1)),
+        "the quantiles are of the items' own differences a - b (each -1, 0 or 1), not of the resampled means: a "
+        "resample's difference is the mean over its items, (a[rows] - b[rows]).mean(dim=1), and the interval is on "
+        "those means": bounds(a - b),
         "the interval is the 5% and 95% quantiles, a 90% interval: a 95% one leaves 2.5% out at each end":
             bounds(paired, 0.05, 0.95),
         "the interval is the 0% and 95% quantiles: leave 2.5% out at each end, torch.quantile(differences, "
@@ -460,28 +491,35 @@ def _boot_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     got_b, want = got["bounds"], expected["bounds"]
     if abs(float(got_b[0] - want[0])) > FLOAT32_ROUNDING:
         raise fail(f"the difference is {float(got_b[0]):.4f}, expected mean(a) - mean(b) = {float(want[0]):.4f}")
-    check_close(got_b, want, "(difference, low, high)", atol=FLOAT32_ROUNDING, rtol=0, mistakes=_boot_mistakes(inputs))
+    mistakes, label = _boot_mistakes(inputs), "(difference, low, high)"
+    check_known_mistakes(got_b, want, mistakes, label, atol=FLOAT32_ROUNDING, rtol=0)
+    (low, high), width = got_b[1:].tolist(), float(want[2] - want[1])
+    if low <= float(want[0]) <= high and FLOAT32_ROUNDING < float((got_b[1:] - want[1:]).abs().max()) < width / 2:
+        raise fail(f"{label}: the interval [{low:.5g}, {high:.5g}] is a bootstrap's, but not the one the lab's draws "
+                   f"give, [{float(want[1]):.5g}, {float(want[2]):.5g}]: the tests compare with exactly these draws, "
+                   "rows = torch.randint(N, (resamples, N), generator=torch.Generator().manual_seed(seed)); other "
+                   "draws (another shape, generator or library, scipy.stats.bootstrap) give another interval")
+    check_close(got_b, want, label, atol=FLOAT32_ROUNDING, rtol=0, mistakes=mistakes)
 
 
 @sized
 def _boot_hidden(r: random.Random, seed: int) -> Inputs:
-    """Other sizes, drawn again until the 97.5% quantile lies between two distinct sorted differences: where they
-    tie (0/1 scores of few items often do), indexing the sorted differences gives torch.quantile's answer."""
+    """Other sizes, drawn again until the 97.5% quantile lies between two distinct sorted differences (see
+    `_between_distinct`)."""
     for _ in range(100):
         inputs = _boot_inputs(r.randint(10, 150), r.uniform(0.3, 0.9), r.uniform(0.3, 0.9), r.choice([200, 500]),
                               seed)
         rows, _ = _draws(inputs)
-        ranked = (inputs["a"][rows] - inputs["b"][rows]).mean(1).sort().values  # (resamples,)
-        top = 0.975 * (inputs["resamples"] - 1)
-        if ranked[math.floor(top)] != ranked[math.ceil(top)]:
+        if _between_distinct((inputs["a"][rows] - inputs["b"][rows]).mean(1)):
             return inputs
     raise RuntimeError(f"seed {seed}: no draw of 100 puts the 97.5% quantile between distinct differences")
 
 
 # ---- ngram_overlap(train_text, items, n) -> the fraction of each item's n-grams found in train_text
 
+# two lines, capitals in both
 TRAIN = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
-         "foolishness. The model read this text in training, and every evaluation item drawn from it is seen.")
+         "foolishness.\nThe model read this text in training, and every evaluation item drawn from it is seen.")
 
 
 def _overlap_inputs(items: list[str], n: int, train: str = TRAIN) -> Inputs:
@@ -501,17 +539,28 @@ def _grams(tokens: list[str], n: int, unique: bool = False, drop_last: bool = Fa
     return list(dict.fromkeys(grams)) if unique else grams
 
 
-def _overlap(train: str, items: list[str], n: int, split: Any = words, substring: bool = False,
+def _overlap(train: str, items: list[str], n: int, split: Any = words, *, split_train: Any = None,
+             per_line: bool = False, substring: bool = False, short_whole: bool = False, per_word: bool = False,
              **flags: Any) -> torch.Tensor:
-    """The fraction of each item's n-grams in `train`; with `substring`, an n-gram is looked for as a string in the
-    joined training words (a mistake)."""
-    train_words = split(train)
-    seen, joined = set(_grams(train_words, n)), " ".join(train_words) if substring else ""
+    """The fraction of each item's n-grams in `train`, right or with one of the usual mistakes: words found by
+    `split` (the training text's by `split_train` where it differs), the training text's n-grams taken line by
+    line (`per_line`), an n-gram looked for as a string in the joined training words (`substring`), an item
+    shorter than n looked up whole (`short_whole`), the n-grams found divided by the item's words (`per_word`),
+    the item's n-grams as `_grams`' flags say."""
+    lines = train.splitlines() if per_line else [train]
+    train_words = [(split_train or split)(line) for line in lines]  # a list of words a line
+
+    def seen(m: int) -> set[tuple[str, ...]]:
+        return {gram for line in train_words for gram in _grams(line, m)}
+
+    joined = " ".join(word for line in train_words for word in line)
     out = []
     for item in items:
-        grams = _grams(split(item), n, **flags)
-        found = [" ".join(g) in joined if substring else g in seen for g in grams]
-        out.append(sum(found) / len(grams) if grams else 0.0)
+        mine = split(item)
+        m = min(n, len(mine)) if short_whole else n
+        grams, found_in = _grams(mine, m, **flags), seen(m)
+        found = [" ".join(g) in joined if substring else g in found_in for g in grams]
+        out.append(sum(found) / (len(mine) if per_word else len(grams)) if grams and m else 0.0)
     return torch.tensor(out, dtype=torch.float64)
 
 
@@ -526,6 +575,22 @@ def _overlap_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             _overlap(train, items, n, str.split),
         "the words were not lowercased: GPT-3's rule compares them lowercased, so a copy with other capitals is "
         "still found": _overlap(train, items, n, _cased_words),
+        "the training text's words were not lowercased (the items' were), so 'The' in it is another word than "
+        "'the' in an item: lowercase both, re.findall(r'\\w+', text.lower())":
+            _overlap(train, items, n, split_train=_cased_words),
+        "the training text's n-grams were taken line by line, so a run of words across a line break is missed: "
+        "the words of the whole text are one list, re.findall(r'\\w+', train_text.lower()), and its n-grams run "
+        "across its line breaks": _overlap(train, items, n, per_line=True),
+        "the words are runs of the letters a-z only ([a-z]+), so digits and accented letters are dropped or split "
+        "('mañana' becomes 'ma', 'ana'): \\w+ keeps them, re.findall(r'\\w+', text.lower())":
+            _overlap(train, items, n, lambda text: re.findall(r"[a-z]+", text.lower())),
+        "the items' words were looked up one at a time (unigrams), whatever n: an n-gram is a run of n words in a "
+        "row, found only where the training text holds them in that order": _overlap(train, items, 1),
+        "the n-grams found were divided by the item's number of words: an item of L words has L - n + 1 n-grams, "
+        "and its overlap is the fraction of those found": _overlap(train, items, n, per_word=True),
+        "an item shorter than n words was looked up whole (its words in a row in the training text): it has no "
+        "n-grams, so its overlap is 0.0 (GPT-3 searched its short arithmetic problems whole, a rule of its own)":
+            _overlap(train, items, n, short_whole=True),
         "the n-grams are of characters: they are runs of n *words*, re.findall(r'\\w+', text.lower())":
             _overlap(train, items, n, lambda text: list(text.lower())),
         "each item's n-grams were counted once each (a set): count every n-gram of the item, repeats included, "
@@ -616,13 +681,15 @@ PIECES = declare(
                    "distinct sorted differences)", _boot_hidden)]),
     Piece("14", "ngram_overlap", ngram_overlap, _overlap_call, label="the overlap of each item",
           mistakes=_overlap_mistakes, atol=1e-9, rtol=0, forbidden=FORBIDDEN,
-          visible=[("visible", "ngram_overlap with n=4: an item copied with other capitals and punctuation, one "
-                    "half copied, one clean, one whose first words are found only inside others ('he' in 'the')",
+          visible=[("visible", "ngram_overlap with n=4, a training text of two lines: an item copied with other "
+                    "capitals and punctuation, one half copied, one clean, one whose first words are found only "
+                    "inside others ('he' in 'the'), one copied across the line break ('foolishness.\\nThe model')",
                     lambda seed: _overlap_inputs(["IT WAS THE AGE OF WISDOM; it was the age of foolishness!",
                                                   "it was the worst of times, it was the worst of times, said "
                                                   "nobody at all",
                                                   "a sentence written for this lab alone",
-                                                  "he age of wisdom was hers"], 4))],
+                                                  "he age of wisdom was hers",
+                                                  "Of foolishness, THE MODEL read this text"], 4))],
           hidden=[("hidden_short", "ngram_overlap with items shorter than n (no n-grams: 0.0)",
                    lambda seed: _overlap_inputs(["it was the", "best", "times times times times"], 4)),
                   ("hidden_sizes", "ngram_overlap with other texts, items and n (repeated words, Unicode, "
