@@ -303,9 +303,11 @@ def test_layernorm_without_bias_is_explained_per_component():
     config = preset("gpt2-small")
     with torch.device("meta"):  # shapes without memory
         counts = gpt_module_breakdown(GPT(config.replace(norm_bias=False)))
-    with _fails(r"block_norms is 18,432, expected 36,864 \(-18,432 = 2N x d: the block norms' LayerNorm bias "
-                r"\(beta\) is not counted\?\); final_norm is 768, expected 1,536 \(-768 = d: the final LayerNorm's "
-                r"bias \(beta\) is not counted\?\)"):
+    # one norm per block with its bias is off by as much (N x 2d = 2N x d): the message names both
+    with _fails(r"block_norms is 18,432, expected 36,864 \(-18,432 = N norms: one norm per block counted\? Each "
+                r"block has two, one before attention and one before the MLP; or 2N x d: the block norms' LayerNorm "
+                r"bias \(beta\) is not counted\?\); final_norm is 768, expected 1,536 \(-768 = d: the final "
+                r"LayerNorm's bias \(beta\) is not counted\?\)"):
         check_parameter_count(counts, config)
 
 

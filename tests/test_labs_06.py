@@ -3,7 +3,10 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from blind_inprocess_0608 import check_blind_student
 from lab_roundtrip import RoundTrip, Validation, check_named_mistake
 
 LAB = "06_parameter_counting"
@@ -95,6 +98,49 @@ SAYS = {
 @pytest.mark.parametrize("student", sorted(SAYS))
 def test_each_named_mistake_gets_its_message(student):
     check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
+
+
+BREAKDOWNS = {"test_parameter_breakdown", "test_parameter_breakdown_gpt2", "test_parameter_breakdown_llama",
+              "test_parameter_breakdown_hidden"}
+HIDDEN = {"test_parameter_breakdown_hidden", "test_count_parameters_hidden"}
+# Written blind to the tests (issue 42), as written, graded in-process (blind_inprocess_0608.py): student -> the
+# test cells it must fail. Before the fix swiglu-bias-F, d-ff-default-4C, ignores-lm-head-bias and
+# total-hardcoded-published failed only hidden cases, with a message that named nothing (or, for the head's bias,
+# not the config field), and no message named rmsnorm-with-bias (llama2-7b's blamed the attention biases),
+# attn-one-bias or one-norm-per-block (gpt2-small's blamed LayerNorm's beta alone). builds-gpt-and-counts and
+# imports-reference import a reference the lab forbids: the grader's scan zeroes both pieces.
+BLIND_FILE = Path(__file__).with_name("lab06_blind.cells")
+BLIND_FAILS = {
+    "swiglu-as-two-matrices": BREAKDOWNS - {"test_parameter_breakdown_gpt2"} | TOTALS,
+    "swiglu-bias-F": HIDDEN,
+    "d-ff-default-4C": HIDDEN,
+    "tied-counted-twice": BREAKDOWNS - {"test_parameter_breakdown_llama"} | TOTALS,
+    "rmsnorm-with-bias": BREAKDOWNS - {"test_parameter_breakdown_gpt2"} | TOTALS,
+    "rope-has-table": BREAKDOWNS - {"test_parameter_breakdown_gpt2"} | TOTALS,
+    "attn-one-bias": BREAKDOWNS - {"test_parameter_breakdown_llama"} | TOTALS,  # Llama-2 has no attention biases
+    "one-norm-per-block": BREAKDOWNS | TOTALS,
+    "ignores-lm-head-bias": HIDDEN,
+    "builds-gpt-and-counts": BREAKDOWNS | TOTALS,
+    "imports-reference": BREAKDOWNS | TOTALS,
+    "total-non-embedding": TOTALS - {"test_count_parameters"},  # seed-tiny has RoPE: no position table
+    "total-hardcoded-published": {"test_count_parameters_hidden"},
+    "total-ignores-breakdown-ties": TOTALS,
+}
+
+
+@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
+def test_each_blind_student_fails_its_cells_named(student):
+    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])
+
+
+def test_every_config_the_lab_checks_has_a_key_and_value_head_per_query_head():
+    """The lab's text gives attention four C x C matrices: no case's config is grouped-query (n_kv_heads)."""
+    from gptcourse.grading import case_seed
+    from gptcourse.grading.cases import registry
+
+    configs = [config for case in registry().values() if case.id.startswith("06.")
+               for config in case.make_inputs(case_seed(case))["configs"]]
+    assert configs and all(config.kv_heads == config.n_heads for config in configs)
 
 
 class TestLab06(RoundTrip):

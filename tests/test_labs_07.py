@@ -3,7 +3,10 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from blind_inprocess_0608 import check_blind_student
 from lab_roundtrip import RoundTrip, Validation, check_named_mistake
 
 LAB = "07_training_and_generation"
@@ -82,6 +85,40 @@ SAYS = {
     "temperature-twice": ("07.next_token_probs.visible", "the temperature is applied twice"),
     "targets-shifted-twice": ("07.next_token_loss.visible", "the targets are shifted twice"),
 }
+LOSS_TESTS = {"test_next_token_loss", "test_next_token_loss_hidden"}
+PROBS_TESTS = {"test_next_token_probs", "test_next_token_probs_top_k", "test_next_token_probs_hidden"}
+TOP_K_TESTS = {"test_next_token_probs_top_k", "test_next_token_probs_hidden"}
+SAMPLE_TESTS = {"test_sample_next_token_greedy", "test_sample_next_token", "test_sample_next_token_hidden"}
+# Written blind to the tests (issue 42), as written, graded in-process (blind_inprocess_0608.py): student -> the
+# test cells it must fail (train_step and sample_next_token call the student's loss and probabilities). Before the
+# fix sample-greedy-by-tiny-temperature passed every cell (a draw at temperature 1e-6 is the argmax, but it moves
+# the generator), and loss-transposed-targets, step-clip-value, step-loss-after-update,
+# probs-temperature-after-softmax and probs-topk-batch-threshold got only "largest error ... at index ...".
+# uses-reference-filter calls gptcourse.filter_logits and generate: the grader's scan zeroes both pieces.
+BLIND_FILE = Path(__file__).with_name("lab07_blind.cells")
+BLIND_FAILS = {
+    **dict.fromkeys(("loss-no-shift", "loss-double-softmax", "loss-sum", "loss-transposed-targets"),
+                    LOSS_TESTS | STEP_TESTS),
+    "step-no-zero-grad": STEP_TESTS - {"test_train_step"},
+    **dict.fromkeys(("step-clip-after-update", "step-clip-value", "step-zero-grad-before-step",
+                     "step-loss-after-update"), STEP_TESTS),
+    # multinomial renormalises: p ** (1 / temperature) draws as softmax(logits / temperature) does
+    "probs-temperature-after-softmax": PROBS_TESTS,
+    "probs-temperature-multiplies": PROBS_TESTS | SAMPLE_TESTS - {"test_sample_next_token_greedy"},
+    "probs-topk-strict": TOP_K_TESTS | {"test_sample_next_token"},
+    **dict.fromkeys(("probs-topk-batch-threshold", "probs-topk-zero-probs"), TOP_K_TESTS),
+    "sample-first-position": SAMPLE_TESTS,
+    **dict.fromkeys(("sample-no-generator", "sample-categorical"), SAMPLE_TESTS - {"test_sample_next_token_greedy"}),
+    "sample-no-crop": {"test_sample_next_token_greedy", "test_sample_next_token_hidden"},
+    "sample-greedy-by-tiny-temperature": {"test_sample_next_token_greedy"},
+    "uses-reference-filter": PROBS_TESTS | SAMPLE_TESTS,
+}
+
+
+@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
+def test_each_blind_student_fails_its_cells_named(student):
+    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])
+
 
 class TestLab07(RoundTrip):
     LAB = LAB

@@ -3,7 +3,10 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from blind_inprocess_0608 import check_blind_student
 from lab_roundtrip import RoundTrip, Validation, check_named_mistake
 
 LAB = "08_bpe_tokenizer"
@@ -114,7 +117,7 @@ WRONG = {
     "encode-leftmost-pair": ({"encode": LEFTMOST_ENCODE}, {"test_encode", "test_encode_hidden"}),
     "encode-code-points": ({"encode": ENCODE}, {"test_encode_hidden"}),  # ord(c), not the UTF-8 bytes
     "decode-errors-ignore": ({"decode": DECODE.format(text=f'{JOINED}.decode("utf-8", "ignore")')},
-                             {"test_decode_hidden"}),
+                             {"test_decode_split", "test_decode_hidden"}),
     "decode-latin-1": ({"decode": DECODE.format(text=f'{JOINED}.decode("latin-1")')},
                        {"test_decode", "test_decode_split", "test_decode_hidden"}),
     # train_bpe counts with it; the ties text and this student's hidden ids have no run of three equal ids
@@ -132,11 +135,42 @@ SAYS = {
                              "BPE merges by rank"),
     "encode-code-points": ("08.encode.hidden_unicode", "the ids start as the characters' code points, ord(c)"),
     "decode-token-by-token-strict": ("08.decode.split", "join the bytes of all the tokens first and decode once"),
-    "decode-errors-ignore": ("08.decode.hidden_invalid", "the bytes that are not UTF-8 were dropped (errors='ignore')"),
+    "decode-errors-ignore": ("08.decode.split", "the bytes that are not UTF-8 were dropped (errors='ignore')"),
     "decode-latin-1": ("08.decode.split", "the bytes were decoded as Latin-1"),
     "ties-first-counted": ("08.train_bpe.ties", "ties are broken by which pair was counted first"),
     "count-pairs-without-overlaps": ("08.train_bpe.visible", "overlapping occurrences were counted once"),
 }
+
+COUNT_TESTS = {"test_count_pairs", "test_count_pairs_hidden"}
+MERGE_TESTS = {"test_merge_pair", "test_merge_pair_overlap", "test_merge_pair_hidden"}
+TRAIN_TESTS = {"test_train_bpe", "test_train_bpe_ties", "test_train_bpe_hidden"}
+ENCODE_TESTS = {"test_encode", "test_encode_hidden"}
+DECODE_TESTS = {"test_decode", "test_decode_split", "test_decode_hidden"}
+# Written blind to the tests (issue 42), as written, graded in-process (blind_inprocess_0608.py): student -> the
+# test cells it must fail (train_bpe and encode call the student's count_pairs and merge_pair). Before the fix
+# merge-str-replace passed every cell (no case's ids ran their digits into the pair's), decode-errors-ignore every
+# visible one (no visible byte was invalid, though the lab asks for errors="replace"), and pairs-stride-two's
+# message named a missing pair, not the stride. uses-reference-bpe imports gptcourse.BPETokenizer, which every
+# piece forbids: the grader's scan zeroes all five.
+BLIND_FILE = Path(__file__).with_name("lab08_blind.cells")
+BLIND_FAILS = {
+    "pairs-stride-two": COUNT_TESTS | TRAIN_TESTS,
+    "pairs-no-overlap": COUNT_TESTS | TRAIN_TESTS - {"test_train_bpe_ties"},
+    "merge-overlapping": {"test_merge_pair_overlap"} | TRAIN_TESTS - {"test_train_bpe_ties"} | ENCODE_TESTS,
+    "merge-drops-last": MERGE_TESTS | TRAIN_TESTS | ENCODE_TESTS,
+    "merge-str-replace": {"test_merge_pair_hidden"},
+    **dict.fromkeys(("train-no-pretokenize", "train-ties-first-seen", "train-ties-by-id", "train-unweighted-pieces",
+                     "train-one-merge-too-many"), TRAIN_TESTS),
+    **dict.fromkeys(("encode-no-pretokenize", "encode-most-frequent-first", "encode-reversed-merges"), ENCODE_TESTS),
+    **dict.fromkeys(("decode-per-token", "decode-latin1"), DECODE_TESTS),
+    "decode-errors-ignore": DECODE_TESTS - {"test_decode"},
+    "uses-reference-bpe": COUNT_TESTS | MERGE_TESTS | TRAIN_TESTS | ENCODE_TESTS | DECODE_TESTS,
+}
+
+
+@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
+def test_each_blind_student_fails_its_cells_named(student):
+    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])
 
 
 class TestLab08(RoundTrip):

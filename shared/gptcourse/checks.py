@@ -347,44 +347,72 @@ def check_causal(outputs: torch.Tensor, name: str, dim: int = 1, atol: float = 1
                    f"{describe_leaks(leaks)}.")
 
 
-def _count_causes(config: GPTConfig) -> list[tuple[int, str, str]]:
-    """(amount, formula, likely cause): what a parameter count is commonly off by, sign included."""
+def _count_causes(config: GPTConfig) -> list[tuple[str | None, int, str, str]]:
+    """(component, amount, formula, likely cause): what a parameter count is commonly off by, sign included. The
+    component is the one the mistake changes (None: several, so only a total is off by that amount)."""
     c, v, n, f, t = config.d_model, config.vocab_size, config.n_layers, config.hidden_width, config.context_length
+    kv = config.kv_heads * config.d_head  # the width of k and of v
     norm = 2 * c if config.norm == "layernorm" and config.norm_bias else c
     mlp_bias = 2 * f + c if config.mlp == "swiglu" else f + c
     causes = [
-        (v * c, "V x d", "untied output projection? With tie_weights=True the output projection is the token "
-                         "embedding matrix, counted once") if config.tie_weights else
-        (-v * c, "V x d", "output projection counted as tied? With tie_weights=False it has its own V x d matrix"),
-        (-n * c * c, "N x d^2", "the attention output projection (d x d per block) is missing?"),
-        (-norm, "one norm", "the final norm is missing?"),
-        (-2 * n * norm, "2N norms", "the two norms of every block are missing?"),
-        (-t * c, "T_max x d", "the learned position table is missing?") if config.position == "learned" else
-        (t * c, "T_max x d", f"a learned position table counted, but positions are {config.position!r} "
-                             "(no parameters)"),
+        ("output_projection", v * c, "V x d", "untied output projection? With tie_weights=True the output projection "
+                                              "is the token embedding matrix, counted once") if config.tie_weights else
+        ("output_projection", -v * c, "V x d", "output projection counted as tied? With tie_weights=False it has its "
+                                               "own V x d matrix"),
+        ("attention", -n * c * c, "N x d^2", "the attention output projection (d x d per block) is missing?"),
+        ("final_norm", -norm, "one norm", "the final norm is missing?"),
+        ("block_norms", -2 * n * norm, "2N norms", "the two norms of every block are missing?"),
+        ("block_norms", -n * norm, "N norms", "one norm per block counted? Each block has two, one before attention "
+                                              "and one before the MLP"),
+        ("position_embedding", -t * c, "T_max x d", "the learned position table is missing?")
+        if config.position == "learned" else
+        ("position_embedding", t * c, "T_max x d", f"a learned position table counted, but positions are "
+                                                   f"{config.position!r} (no parameters)"),
     ]
-    for present, amount, formula, what in (
-        (config.attn_bias, 4 * c * n, "N x 4d", "the attention biases"),
-        (config.mlp_bias, mlp_bias * n, "the MLP biases", "the MLP biases"),
-        (config.lm_head_bias, v, "V", "the output projection's bias"),
+    for component, present, amount, formula, what in (
+        ("attention", config.attn_bias, n * (2 * c + 2 * kv), "N x 4d", "the attention biases"),
+        ("mlp", config.mlp_bias, mlp_bias * n, "the MLP biases", "the MLP biases"),
+        ("output_projection", config.lm_head_bias, v, "V", "the output projection's bias (lm_head_bias)"),
     ):
-        causes.append((-amount, formula, f"{what} not counted?") if present
-                      else (amount, formula, f"{what} counted, but this config has none"))
+        causes.append((component, -amount, formula, f"{what} not counted?") if present
+                      else (component, amount, formula, f"{what} counted, but this config has none"))
+    if config.attn_bias:
+        causes.append(("attention", -n * (c + 2 * kv), "N x 3d", "one attention bias per block counted? Each of "
+                       "the four projections (q, k, v and the output) has its own bias, 4d per block"))
     if config.mlp == "swiglu":
-        causes.append((-n * c * f, "N x d x F", "SwiGLU has three matrices (gate, value, output), not two"))
-        causes.append((n * c * f, "N x d x F", "SwiGLU has three d x F matrices, not four"))
+        causes.append(("mlp", -n * c * f, "N x d x F", "SwiGLU has three matrices (gate, value, output), not two"))
+        causes.append(("mlp", n * c * f, "N x d x F", "SwiGLU has three d x F matrices, not four"))
+        if config.mlp_bias:
+            causes.append(("mlp", -n * f, "N x F", "SwiGLU's biases counted as a GELU MLP's, F + d: its fused gate-and-"
+                           "value matrix d -> 2F has 2F biases, so 2F + d per block"))
+        if config.d_ff is None:  # F = 4d, the ReLU/GELU default, where SwiGLU's is 2d
+            wide = 4 * c - f
+            causes.append(("mlp", n * (3 * c * wide + (2 * wide if config.mlp_bias else 0)), "F = 4d",
+                           "d_ff=None means F = 2d for SwiGLU, not 4d (the ReLU/GELU default): read F from "
+                           "config.hidden_width, which knows each MLP's default"))
     if config.norm == "layernorm" and config.norm_bias:
-        causes.append((-(2 * n + 1) * c, "(2N + 1) x d", "LayerNorm's bias (beta) is not counted?"))
-        causes.append((-2 * n * c, "2N x d", "the block norms' LayerNorm bias (beta) is not counted?"))
-        causes.append((-c, "d", "the final LayerNorm's bias (beta) is not counted?"))
+        causes.append((None, -(2 * n + 1) * c, "(2N + 1) x d", "LayerNorm's bias (beta) is not counted?"))
+        causes.append(("block_norms", -2 * n * c, "2N x d", "the block norms' LayerNorm bias (beta) is not counted?"))
+        causes.append(("final_norm", -c, "d", "the final LayerNorm's bias (beta) is not counted?"))
+    if config.norm == "rmsnorm":
+        rms = ("a bias counted in each RMSNorm? norm='rmsnorm' never has one, only its gain, d per norm (norm_bias is "
+               "LayerNorm's beta)")
+        causes += [(None, (2 * n + 1) * c, "(2N + 1) x d", rms), ("block_norms", 2 * n * c, "2N x d", rms),
+                   ("final_norm", c, "d", rms)]
+    total = sum(parameter_breakdown(config).values())
+    for extra, formula in ((0, ""), (v * c, " + V d"), (v * c + t * c, " + V d + T_max d")):
+        causes.append((None, 12 * n * c * c + extra - total, f"12 N d^2{formula}, not the count",
+                       "the usual estimate of the blocks (4d^2 attention + 8d^2 MLP, no norms or biases) is not the "
+                       "count: add up every component of this config exactly, as your parameter_breakdown does"))
     return causes
 
 
-def _explain_difference(diff: int, config: GPTConfig) -> str:
-    causes = _count_causes(config)
-    for amount, formula, why in causes:
-        if amount == diff:
-            return f"{diff:+,} = {formula}: {why}"
+def _explain_difference(diff: int, config: GPTConfig, component: str | None = None) -> str:
+    """What the usual mistakes say of a count off by `diff`: of `component`, or (None) of the total."""
+    causes = [(a, f, w) for k, a, f, w in _count_causes(config) if component is None or k == component]
+    single = [f"{formula}: {why}" for amount, formula, why in causes if amount == diff]
+    if single:  # two mistakes can be off by the same amount: name both
+        return f"{diff:+,} = " + "; or ".join(single)
     for (a1, f1, w1), (a2, f2, w2) in combinations(causes, 2):
         if a1 + a2 == diff:
             return f"{diff:+,} = {a1:+,} ({f1}: {w1}) {a2:+,} ({f2}: {w2})"
@@ -403,7 +431,7 @@ def check_parameter_count(got: int | Mapping[str, int], config: GPTConfig, name:
                        + (f" (missing: {missing})" if missing else "") + (f" (unknown: {unknown})" if unknown else ""))
         wrong = [(k, int(got[k]), v) for k, v in expected.items() if int(got[k]) != v]
         if wrong:
-            lines = [f"{k} is {g:,}, expected {v:,} ({_explain_difference(g - v, config)})" for k, g, v in wrong]
+            lines = [f"{k} is {g:,}, expected {v:,} ({_explain_difference(g - v, config, k)})" for k, g, v in wrong]
             raise fail(f"{name}: {len(wrong)} component(s) wrong: " + "; ".join(lines) + ".")
         return
     got = int(got)

@@ -71,6 +71,9 @@ def _loss_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             "reduction='mean')": F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum"),
             "only the last position is scored: every position t predicts token t + 1":
                 F.cross_entropy(logits[:, -1], y[:, -1]),
+            "the targets are flattened in another order than the logits (y.T, or a transpose before the reshape): "
+            "row b * T + t of logits.flatten(0, 1) is sequence b's position t, so flatten y the same way, "
+            "y.flatten()": F.cross_entropy(logits.flatten(0, 1), y.T.flatten()),
         }
         if tokens.size(1) > 2:
             mistakes["the targets are shifted twice: tokens[:, 1:] is already the next token, so position t is "
@@ -106,8 +109,10 @@ def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens
     return train_step(model, optimizer, tokens[:, :-1], tokens[:, 1:], grad_clip)
 
 
-def _wrong_train_step(*, zero_grad: bool = True, clip: bool = True, shift: bool = True) -> Any:
-    """A train_step with one of the usual mistakes, run through the same call as the student's."""
+def _wrong_train_step(*, zero_grad: bool = True, clip: str | None = "norm", shift: bool = True,
+                      loss_after: bool = False) -> Any:
+    """A train_step with one of the usual mistakes, run through the same call as the student's: `clip` "norm"
+    (right), "value" (each element clamped) or None; `loss_after` returns the loss after the update."""
 
     def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
              grad_clip: float) -> float:
@@ -116,9 +121,14 @@ def _wrong_train_step(*, zero_grad: bool = True, clip: bool = True, shift: bool 
             optimizer.zero_grad()
         loss = lm_loss(model, x, tokens[:, 1:] if shift else x)
         loss.backward()
-        if clip:
+        if clip == "norm":
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        elif clip == "value":
+            torch.nn.utils.clip_grad_value_(model.parameters(), grad_clip)
         optimizer.step()
+        if loss_after:
+            with torch.no_grad():
+                loss = lm_loss(model, x, tokens[:, 1:] if shift else x)
         return loss.item()
 
     return step
@@ -146,7 +156,12 @@ def _step_call(fn: Any, inputs: Inputs) -> Outputs:
 
 STEP_MISTAKES = {
     "the gradients are not clipped: call torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip) after "
-    "loss.backward() and before optimizer.step()": {"clip": False},
+    "loss.backward() and before optimizer.step()": {"clip": None},
+    "the gradients are clipped element by element (clip_grad_value_): clip their total norm, "
+    "torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip), which scales every gradient by one factor and "
+    "keeps the update's direction": {"clip": "value"},
+    "the returned loss was computed after the update: return the loss that loss.backward() used, before "
+    "optimizer.step() changed the parameters (loss.item() of that forward pass)": {"loss_after": True},
     "the gradients accumulate from one step to the next: call optimizer.zero_grad() before loss.backward(), or "
     "each step adds the old gradients to the new ones": {"zero_grad": False},
     "the targets are not shifted: the target at position t is the next token, tokens[:, t + 1]": {"shift": False},
@@ -190,6 +205,9 @@ def probs_mistakes(logits: torch.Tensor, temperature: float, top_k: int | None) 
     mistakes = {
         "the temperature is applied after the softmax: divide the logits by it first, softmax(logits / "
         "temperature)": filter_logits(logits, k).softmax(-1) / tau,
+        "the probabilities are raised to the power 1 / temperature after the softmax, and not renormalised, so "
+        "no row sums to 1: divide the logits by the temperature before the softmax, softmax(logits / "
+        "temperature)": filter_logits(logits, k).softmax(-1) ** (1 / tau),
         "the temperature is not applied: divide the logits by it before the softmax":
             filter_logits(logits, k).softmax(-1),
         "the logits are multiplied by the temperature: divide them, so that a temperature below 1 sharpens the "
@@ -212,6 +230,9 @@ def probs_mistakes(logits: torch.Tensor, temperature: float, top_k: int | None) 
                 scaled.masked_fill(~kept, 0.0).softmax(-1),
             "the probabilities outside the top k are zeroed after the softmax without renormalising: set those "
             "logits to -inf before the softmax, so the k left sum to 1": scaled.softmax(-1) * kept,
+            "one top-k threshold for the whole batch (the smallest k-th largest of all rows), so some rows keep "
+            "more than k: take the k-th largest of each row, torch.topk(logits, k).values[..., -1:], shape (B, 1)":
+                scaled.masked_fill(scaled < kth.min(), float("-inf")).softmax(-1),
         }
     return mistakes
 
@@ -269,6 +290,11 @@ def _sample_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "sequence, ready for torch.cat([idx, next_id], dim=1): torch.multinomial(probs, 1) and "
                    "argmax(dim=-1, keepdim=True) give that shape")
     check_dtype(next_id, torch.int64, "the next tokens", "token ids are torch.long")
+    if inputs["temperature"] == 0 and got["generator_used"]:
+        raise fail("at temperature 0 the generator was drawn from: greedy decoding takes the most likely token, "
+                   "logits.argmax(dim=-1, keepdim=True), and draws nothing. A tiny temperature is not greedy: it "
+                   "draws at random between tied tokens, and each draw moves the generator, so every later draw "
+                   "from it changes")
     if inputs["temperature"] > 0 and not got["generator_used"]:
         raise fail("the generator was not used: at temperature > 0 draw with torch.multinomial(probs, 1, "
                    "generator=generator), so that the same seed gives the same tokens (without it the draws come from "
