@@ -23,7 +23,8 @@ from nbgrader_course import ROOT, Course
 
 from gptcourse.checks import CheckFailed
 from gptcourse.grading import check
-from gptcourse.grading.cases import CaseId, get_case
+from gptcourse.grading.cases import CaseId, forbidden_names, get_case
+from gptcourse.grading.forbidden import find_forbidden
 
 
 def files(folder: Path) -> dict[str, bytes]:
@@ -73,23 +74,36 @@ def failing_cells(lab: str, answers: dict[str, str]) -> dict[str, str]:
 
 def graded_cells(lab: str) -> dict[str, list[str]]:
     """{test cell grade_id: the case ids its `check` calls name, in order} of the solution of `lab`."""
-    cells = {}
-    for cell in nbformat.read(ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4).cells:
-        grading = cell.metadata.get("nbgrader", {})
-        if grading.get("grade"):
-            cells[grading["grade_id"]] = re.findall(r'check\("([^"]+)"', cell.source)
-    return cells
+    return {cell.metadata["nbgrader"]["grade_id"]: re.findall(r'check\("([^"]+)"', cell.source)
+            for cell in _cells(lab) if cell.metadata.get("nbgrader", {}).get("grade")}
+
+
+def banned_pieces(lab: str, answers: dict[str, str]) -> set[str]:
+    """The pieces whose reference the solution's cells of `lab`, `answers` in place, import or use: the grader's
+    static scan (`find_forbidden`, as judge.py runs it) zeroes every test of them."""
+    cells = [(str(cell.metadata.get("nbgrader", {}).get("grade_id")),
+              answers.get(cell.metadata.get("nbgrader", {}).get("grade_id"), cell.source),
+              cell.metadata.get("nbgrader", {}).get("grade_id") in answers)
+             for cell in _cells(lab) if cell.cell_type == "code"]
+    forbidden = forbidden_names(lab.split("_")[0])
+    return {piece for finding in find_forbidden(cells, forbidden) for piece in finding.pieces or forbidden}
 
 
 def failures(lab: str, answers: dict[str, str]) -> dict[str, dict[str, str]]:
     """{test cell: {case id: its message after the case's description}} of every case that the solution of `lab`,
     `answers` in place, fails, each case of each test cell checked in-process (a graded kernel stops a cell at its
-    first failure; every case is run here so that each message can be read)."""
-    namespace, failed = solved_namespace(lab, answers), {}
+    first failure; every case is run here so that each message can be read); a banned piece's cases (see
+    `banned_pieces`) say "banned". The full package is imported here, where a graded kernel sees a view without
+    the lab's references (package_view.py): a student that calls one fails here only by the scan."""
+    namespace, banned, failed = solved_namespace(lab, answers), banned_pieces(lab, answers), {}
     for cell, test_ids in graded_cells(lab).items():
         for test_id in test_ids:
+            piece = CaseId.parse(test_id).piece
+            if piece in banned:
+                failed.setdefault(cell, {})[test_id] = "banned"
+                continue
             try:
-                check(test_id, namespace[CaseId.parse(test_id).piece])
+                check(test_id, namespace[piece])
             except CheckFailed as failure:
                 failed.setdefault(cell, {})[test_id] = after_description(str(failure), test_id)
     return failed
@@ -97,14 +111,15 @@ def failures(lab: str, answers: dict[str, str]) -> dict[str, dict[str, str]]:
 
 def check_blind_student(lab: str, path: Path, student: str, fails: set[str]) -> None:
     """Blind student `student` of `path` fails exactly the test cells `fails` of `lab`, and each visible case of
-    the pieces it wrote that it fails says what its mistake is (matches its "# Names:" regex); a student that fails
-    no such visible case must be named so by each hidden one it fails, which its graded feedback shows. (A later
-    piece that calls the wrong one fails too, with the symptom it sees.)"""
-    answers = blind_students(path)[student]
-    failed = failures(lab, answers)
+    a piece it wrote (its "# Piece:" line) that it fails says what its mistake is (matches its "# Names:" regex);
+    a student that fails no such visible case must be named by each hidden one it fails (the graded feedback shows
+    those messages). A piece that calls the student's (train_step its next_token_loss) fails too, with that
+    piece's message; a banned student is named by the grader's line about the reference it uses."""
+    failed = failures(lab, blind_students(path)[student])
     assert set(failed) == fails, f"{student} fails {sorted(failed)}, expected {sorted(fails)}: {failed}"
+    pieces = blind_pieces(path)[student]
     said = {test_id: message for by_case in failed.values() for test_id, message in by_case.items()
-            if CaseId.parse(test_id).piece in answers}
+            if message != "banned" and CaseId.parse(test_id).piece in pieces}
     visible = {test_id: message for test_id, message in said.items() if not CaseId.parse(test_id).hidden}
     names = blind_names(path)[student]
     unnamed = {test_id: message for test_id, message in (visible or said).items() if not re.search(names, message)}
@@ -126,6 +141,17 @@ def blind_students(path: Path) -> dict[str, dict[str, str]]:
 def blind_names(path: Path) -> dict[str, str]:
     """{student: its "# Names: REGEX" line}: what a message that names the student's mistake matches."""
     return {student: names for student, (names, _) in _blind_parts(path).items()}
+
+
+def blind_pieces(path: Path) -> dict[str, set[str]]:
+    """{student: the pieces its "# Piece: a, b." line names}: the pieces it wrote."""
+    parts = re.split(r"^# ==== (\S+).*\n", path.read_text(), flags=re.MULTILINE)
+    return {student: set(re.findall(r"\w+", re.search(r"^# Piece: ([^.]*)", text, flags=re.MULTILINE).group(1)))
+            for student, text in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def _cells(lab: str) -> list[nbformat.NotebookNode]:
+    return nbformat.read(ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4).cells
 
 
 def _blind_parts(path: Path) -> dict[str, tuple[str, list[str]]]:

@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from blind_inprocess_0608 import check_blind_student
-from lab_roundtrip import RoundTrip, Validation, check_named_mistake
+from lab_roundtrip import RoundTrip, Validation, check_blind_student, check_named_mistake
 
 LAB = "07_training_and_generation"
 STEP = '''
@@ -89,7 +88,7 @@ LOSS_TESTS = {"test_next_token_loss", "test_next_token_loss_hidden"}
 PROBS_TESTS = {"test_next_token_probs", "test_next_token_probs_top_k", "test_next_token_probs_hidden"}
 TOP_K_TESTS = {"test_next_token_probs_top_k", "test_next_token_probs_hidden"}
 SAMPLE_TESTS = {"test_sample_next_token_greedy", "test_sample_next_token", "test_sample_next_token_hidden"}
-# Written blind to the tests (issue 42), as written, graded in-process (blind_inprocess_0608.py): student -> the
+# Written blind to the tests (issue 42), as written, graded in-process (check_blind_student): student -> the
 # test cells it must fail (train_step and sample_next_token call the student's loss and probabilities). Before the
 # fix sample-greedy-by-tiny-temperature passed every cell (a draw at temperature 1e-6 is the argmax, but it moves
 # the generator), and loss-transposed-targets, step-clip-value, step-loss-after-update,

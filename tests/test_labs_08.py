@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from blind_inprocess_0608 import check_blind_student
-from lab_roundtrip import RoundTrip, Validation, check_named_mistake
+from lab_roundtrip import RoundTrip, Validation, check_blind_student, check_named_mistake
 
 LAB = "08_bpe_tokenizer"
 MERGE = '''
@@ -146,7 +145,7 @@ MERGE_TESTS = {"test_merge_pair", "test_merge_pair_overlap", "test_merge_pair_hi
 TRAIN_TESTS = {"test_train_bpe", "test_train_bpe_ties", "test_train_bpe_hidden"}
 ENCODE_TESTS = {"test_encode", "test_encode_hidden"}
 DECODE_TESTS = {"test_decode", "test_decode_split", "test_decode_hidden"}
-# Written blind to the tests (issue 42), as written, graded in-process (blind_inprocess_0608.py): student -> the
+# Written blind to the tests (issue 42), as written, graded in-process (check_blind_student): student -> the
 # test cells it must fail (train_bpe and encode call the student's count_pairs and merge_pair). Before the fix
 # merge-str-replace passed every cell (no case's ids ran their digits into the pair's), decode-errors-ignore every
 # visible one (no visible byte was invalid, though the lab asks for errors="replace"), and pairs-stride-two's
