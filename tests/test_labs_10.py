@@ -3,8 +3,15 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from lab_roundtrip import RoundTrip, Validation, check_named_mistake
+from lab_roundtrip import (
+    RoundTrip,
+    Validation,
+    check_blind_student,
+    check_named_mistake,
+)
 from reference_routes import copied_references
 
 LAB = "10_finetuning_and_rewards"
@@ -106,3 +113,34 @@ class TestLab10(RoundTrip):
 @pytest.mark.parametrize("student", sorted(SAYS))
 def test_each_named_mistake_gets_its_message(student):
     check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
+
+
+# Written blind to the tests (the blind students of labs 06-11), checked in-process against every test cell, hidden
+# included (the round trip above grades WRONG by nbgrader, and CI's time for it is spent). Before the fixes
+# lora-merged-weight passed every cell, and lrt-gather-wrong-axis, bt-hinge-clamp and rl-pads-kept's left case (the
+# table's pads-kept labels masked a left pad once the prompt was past it) got bare numeric diffs.
+BLIND_FILE = Path(__file__).with_name("lab10_blind.cells")
+MASK = frozenset({"test_padding_mask", "test_padding_mask_left", "test_padding_mask_hidden"})
+POOL = frozenset({"test_last_real_token", "test_last_real_token_left", "test_last_real_token_hidden"})
+LABEL = frozenset({"test_response_labels", "test_response_labels_left", "test_response_labels_hidden"})
+BT = frozenset({"test_bradley_terry_loss", "test_bradley_terry_loss_large", "test_bradley_terry_loss_hidden"})
+LORA_CELLS = frozenset({"test_LoRALinear", "test_LoRALinear_sequence", "test_LoRALinear_hidden"})
+BLIND_FAILS = {
+    **dict.fromkeys(("pm-no-diagonal", "pm-no-causal", "pm-masks-queries", "pm-additive-float", "pm-no-head-axis"),
+                    MASK),
+    # right with left padding (the last position is real there), and with right padding (the sum is the length)
+    "lrt-position-minus-one": POOL - {"test_last_real_token_left"},
+    "lrt-sum-minus-one": POOL - {"test_last_real_token"},
+    **dict.fromkeys(("lrt-argmax-first", "lrt-gather-wrong-axis"), POOL),
+    "rl-absolute-position": LABEL - {"test_response_labels"},  # the right-padded rows start at position 0
+    **dict.fromkeys(("rl-pads-kept", "rl-prompt-one-short", "rl-shifted"), LABEL),
+    **dict.fromkeys(("bt-log-sigmoid", "bt-hinge-clamp"), BT - {"test_bradley_terry_loss"}),  # ordinary rewards
+    **dict.fromkeys(("bt-swapped", "bt-sum"), BT),
+    **dict.fromkeys(("lora-no-scale", "lora-scale-alpha-only", "lora-not-frozen", "lora-A-zero-B-random",
+                     "lora-both-zero", "lora-merged-weight"), LORA_CELLS),
+}
+
+
+@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
+def test_each_blind_student_fails_exactly_its_cells_each_visible_one_naming_it(student):
+    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])

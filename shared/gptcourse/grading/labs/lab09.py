@@ -48,6 +48,9 @@ def _ce_call(fn: Any, inputs: Inputs) -> Outputs:
     what = f"cross_entropy(logits {fmt_shape(logits.shape)}, targets {fmt_shape(inputs['targets'].shape)})"
     loss = fn(logits, inputs["targets"].clone())
     out = {"loss": as_tensor(loss, what).detach()}
+    with torch.no_grad():  # each row's target its largest logit: finite, unless exp(z) itself overflows
+        top = fn(inputs["logits"].clone(), inputs["logits"].argmax(-1))
+    out["loss_at_argmax"] = as_tensor(top, what).detach()
     if isinstance(loss, torch.Tensor) and loss.requires_grad and loss.numel() == 1:
         (grad,) = torch.autograd.grad(loss, logits)
         out["grad"] = grad
@@ -73,6 +76,11 @@ def _ce_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     loss = got["loss"]
     check_scalar_loss(loss, "the mean over the N rows")
     top = f"{inputs['logits'].abs().max():.0f}"
+    if bool(torch.isposinf(loss)) and not bool(torch.isfinite(got["loss_at_argmax"]).all()):
+        raise fail(f"the loss is inf for logits as large as {top}, even when every target is its row's largest "
+                   "logit (where p is about 1): exp(z) itself overflows float32 past 88, so log(sum exp(z)) is inf. "
+                   "Subtract each row's largest logit m before exp and add it back: log(sum exp(z)) = m + "
+                   "log(sum exp(z - m)) (log-sum-exp)")
     if bool(torch.isposinf(loss)):  # no NaN, so no inf / inf: a probability rounded to 0 and its log is -inf
         raise fail(f"the loss is inf for logits as large as {top}: a target far below its row's best logit has "
                    "probability 0 in float32 (exp(z - m) underflows), and log(0) = -inf, so a stable softmax followed "
@@ -277,6 +285,9 @@ def _clip_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     total = torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))
     per_tensor = [g * min(1.0, c / (torch.linalg.vector_norm(g).item() + 1e-6)) for g in grads]
     return {
+        "the gradients are unchanged: the scaled gradients were bound to a name (g = g * scale) and never reached "
+        ".grad. Scale each p.grad in place, p.grad.mul_(scale), since the optimizer reads .grad":
+            torch.cat([g.flatten() for g in grads]),
         "each tensor was clipped on its own: the norm is one number over all gradients together, "
         "sqrt(sum of every squared entry)": torch.cat([g.flatten() for g in per_tensor]),
         "gradients below max_norm were scaled up: scale only when the norm exceeds max_norm "

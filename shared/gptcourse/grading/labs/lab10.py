@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 
-from ...checks import check_close, check_dtype, check_shape, eps_in_log_mistakes, fail, fmt_shape
+from ...checks import LOG_EPSILONS, check_close, check_dtype, check_shape, eps_in_log_mistakes, fail, fmt_shape
 from ...finetuning.lora import LoRALinear
 from ...finetuning.losses import IGNORE_INDEX, bradley_terry_loss, response_labels
 from ...model.causal_attention import causal_mask, padding_mask
@@ -107,6 +108,7 @@ def _pool_inputs(b: int, t: int, c: int, side: str, seed: int) -> Inputs:
 def _pool_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     hidden, mask = inputs["hidden"], inputs["mask"]
     first_real = torch.tensor([int(row.nonzero().min()) for row in mask])
+    last_real = torch.tensor([int(row.nonzero().max()) for row in mask])
     return {
         "position -1 was read: in a right-padded batch that is a pad for every sequence but the longest. Read "
         "each row at its last real token (the rightmost 1 of its attention mask)": hidden[:, -1],
@@ -115,6 +117,9 @@ def _pool_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "e.g. (torch.arange(T) * attention_mask).argmax(-1)": _gather(hidden, (mask.sum(-1) - 1).clamp(min=0)),
         "the first real token was read: only the last real token has attended to the whole sequence":
             _gather(hidden, first_real),
+        "the row index is not the batch index: hidden[last % B, last] (or hidden[last, last]) reads row last[b] "
+        "for sequence b. Pair each row with its own position, hidden[torch.arange(B), last]":
+            hidden[last_real % hidden.size(0), last_real],
         "the states were averaged: read the one state of the last real token": (hidden * mask[..., None]).sum(1)
             / mask.sum(1, keepdim=True),
     }
@@ -142,7 +147,8 @@ def _labels_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     return {
         "the response is masked instead of the prompt: the model must learn to produce the response, so -100 goes "
         "on the prompt (and the padding), and the response keeps its token ids": keeping((index < prompt) & real),
-        "the padding is not masked: pads are not text to learn, give them -100 too": keeping(index >= prompt),
+        "the padding is not masked: pads are not text to learn, give them -100 too":
+            keeping(~((index < prompt) & real)),
         "the masked positions hold 0: F.cross_entropy skips targets equal to -100 (its ignore_index), 0 is a "
         "token id it would learn": keeping((index >= prompt) & real, fill=0),
         "the last prompt token is kept: the first prompt_lengths[b] real tokens of row b are the prompt":
@@ -167,6 +173,10 @@ def _bt_inputs(b: int, scale: float, seed: int) -> Inputs:
     if scale > 50:  # one pair far the wrong way round: sigmoid(chosen - rejected) underflows to 0
         rejected[0] = chosen[0] + 2 * scale
     return {"chosen": chosen, "rejected": rejected}
+
+
+# what students clamp a probability to before its log: the eps they add inside it, and float32's own
+CLAMPS = (*LOG_EPSILONS, 1e-7, torch.finfo(torch.float32).eps, torch.finfo(torch.float32).tiny)
 
 
 def _bt_call(fn: Any, inputs: Inputs) -> Outputs:
@@ -194,7 +204,10 @@ def _bt_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "the differences were averaged before the log-sigmoid: the loss is the mean of each pair's "
         "-log sigmoid(chosen - rejected)": -F.logsigmoid(d.mean()),
     } | eps_in_log_mistakes(torch.sigmoid(d), "sigmoid(d)", "pair", "for a pair far the wrong way round sigmoid(d) "
-                            "is 0 in float32. Use F.logsigmoid(d), which never forms sigmoid(d)")
+                            "is 0 in float32. Use F.logsigmoid(d), which never forms sigmoid(d)") | {
+        f"sigmoid(d) was clamped to at least {eps:g} before the log: finite, but it caps each pair's loss at "
+        f"-log({eps:g}) = {-math.log(eps):.1f} and gives that pair no gradient. Use F.logsigmoid(d), which never "
+        "forms sigmoid(d)": -torch.sigmoid(d).clamp(min=eps).log().mean() for eps in CLAMPS}
     check_close(loss.double(), expected["loss"].double(), "the loss", atol=1e-5, mistakes=mistakes)
     check_differentiable(got["differentiable"], "return the tensor computed from the rewards (not .item() or a "
                          "detached copy), so that loss.backward() reaches the reward model")
@@ -236,13 +249,29 @@ def _lora_call(cls: Any, inputs: Inputs) -> Outputs:
     a_is_zero = "A" in params and not bool(params["A"].detach().any())
     load_weights(layer, {"base.weight": inputs["base"]["weight"], "base.bias": inputs["base"]["bias"],
                          "A": inputs["A"], "B": inputs["B"]}, what)
-    out = layer(x.clone())
+    full = _FullMatrices((d_out, d_in))
+    with full:
+        out = layer(x.clone())
     as_tensor(out, what)
     out.square().sum().backward()
     grads = {f"grad_{name}": as_tensor(params[name].grad, name) if params[name].grad is not None else torch.zeros(0)
              for name in ("A", "B")}
     return {"at_init": at_init, "trainable": " ".join(trainable), "a_is_zero": a_is_zero,
-            "out": as_tensor(out, what), **grads}
+            "out": as_tensor(out, what), "full_matrices": full.count, **grads}
+
+
+class _FullMatrices(TorchFunctionMode):
+    """Counts the torch calls of a forward that return a tensor of `shape`, the base weight's (out, in): LoRA's
+    update x A^T B^T never forms one (x is 3-D or has a batch row count other than out_features here)."""
+
+    def __init__(self, shape: tuple[int, int]) -> None:
+        super().__init__()
+        self.shape, self.count = shape, 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        self.count += isinstance(result, torch.Tensor) and tuple(result.shape) == self.shape
+        return result
 
 
 def _lora_forward(inputs: Inputs, scaling: float, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -285,6 +314,12 @@ def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(got["out"], expected["out"], "the output with A and B loaded", atol=1e-4, mistakes=mistakes)
     for name in ("A", "B"):
         check_close(got[f"grad_{name}"], expected[f"grad_{name}"], f"the gradient of {name}", atol=1e-3)
+    if got["full_matrices"]:
+        d_out, d_in = inputs["base"]["weight"].shape
+        raise fail(f"the output and gradients are right, but forward built a full (out_features, in_features) = "
+                   f"({d_out}, {d_in}) matrix (B @ A, or W + scale * B @ A): that is the matrix LoRA exists to avoid "
+                   "(its memory and its gradient are the full layer's). Keep the update low-rank, "
+                   "base(x) + scale * (x @ A.T) @ B.T, whose middle is (..., rank)")
 
 
 PIECES = declare(

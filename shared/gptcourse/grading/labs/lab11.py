@@ -130,9 +130,12 @@ def _cache_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
             if got[part][i].dim() == 4 and got[part][i].size(2) == inputs["capacity"] != length:
                 raise fail(f"{name}: all {inputs['capacity']} positions of the buffer, expected the {length} written: "
                            "return buffer[:, :, :length], or attention reads the empty slots as keys")
-            check_shape(got[part][i], "B H T D", sizes | {"T": length}, name)
             new = inputs["steps"][i][0 if part == "keys" else 1]  # (B, H, T, D), what this call appended
             t = new.size(2)
+            if t != length and torch.equal(got[part][i], new):
+                raise fail(f"{name}: only the {t} position(s) just appended, expected all {length} cached so far: "
+                           + next(iter(CACHE_MISTAKES)))
+            check_shape(got[part][i], "B H T D", sizes | {"T": length}, name)
             if i and torch.equal(got[part][i][:, :, :t], new) and not torch.equal(expected[part][i][:, :, :t], new):
                 raise fail(f"{name}: its first {t} position(s) are the ones just appended. {AT_ZERO}")
             check_close(got[part][i], expected[part][i], name, atol=0, rtol=0,
@@ -213,14 +216,18 @@ def _top_p_large(b: int, v: int, top_p: float, seed: int) -> Inputs:
 
 
 def _nucleus(logits: torch.Tensor, top_p: float, *, before: bool = True, ascending: bool = False,
-             of_logits: bool = False) -> torch.Tensor:
+             of_logits: bool = False, sort: bool = True, scatter: bool = True, first: bool = False) -> torch.Tensor:
     """Which tokens (B, V) the nucleus keeps: sorted by probability, a token stays while the mass of the tokens
     *before* it is still below top_p (so the token that reaches top_p stays too)."""
-    ordered, order = logits.sort(dim=-1, descending=not ascending)
+    if sort:
+        ordered, order = logits.sort(dim=-1, descending=not ascending)
+    else:
+        ordered, order = logits, torch.arange(logits.size(-1)).expand_as(logits)
     mass = ordered if of_logits else ordered.softmax(dim=-1)
     cumulative = mass.cumsum(dim=-1)  # (B, V)
     keep = (cumulative - mass < top_p) if before else (cumulative <= top_p)
-    return keep.scatter(-1, order, keep)  # back to vocabulary order
+    keep[..., 0] |= first  # the most likely token kept whatever the rule says
+    return keep.scatter(-1, order, keep) if scatter else keep  # back to vocabulary order
 
 
 def _top_p_expected(inputs: Inputs) -> Outputs:
@@ -238,6 +245,9 @@ def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "top-p keeps the tokens *above* the threshold: the smallest set of the most likely tokens whose mass "
         "reaches p; the token that crosses p stays (keep a token while the mass before it is < p)":
             _nucleus(logits, p, before=False),
+        "top-p keeps the tokens *above* the threshold (keeping the most likely token anyway does not make up for "
+        "it): the smallest set of the most likely tokens whose mass reaches p; the token that crosses p stays (keep "
+        "a token while the mass before it is < p)": _nucleus(logits, p, before=False, first=True),
         "the tokens are sorted least likely first: sort by descending probability, the nucleus is the head":
             _nucleus(logits, p, ascending=True),
         "the tokens are sorted least likely first and kept while their mass is <= p, so the least likely tokens "
@@ -245,6 +255,12 @@ def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "tokens whose cumulative mass is <= 1 - top_p": _nucleus(logits, p, ascending=True, before=False),
         "the cumulative sum runs over the logits: take it over the probabilities, softmax(sorted logits)":
             _nucleus(logits, p, of_logits=True),
+        "the probabilities were added up in vocabulary order, unsorted: the nucleus is the most likely tokens, so "
+        "sort them by descending probability first (logits.sort(dim=-1, descending=True)), add up, and scatter "
+        "the decision back to vocabulary order": _nucleus(logits, p, sort=False),
+        "the tokens kept are in sorted order: the decision was made on the sorted logits and never scattered "
+        "back, so token i is no longer at index i. Put it back in vocabulary order, keep.scatter(-1, order, keep) "
+        "(or scatter the sorted logits back with the sort's indices)": _nucleus(logits, p, scatter=False),
         "each token's own probability was compared with p: top-p adds the probabilities up, most likely first":
             logits.softmax(dim=-1) >= p,
         "the threshold is 1 - top_p: the nucleus is the most likely tokens whose mass reaches top_p itself "
@@ -344,23 +360,36 @@ def _gqa_expected(inputs: Inputs) -> Outputs:
 
 
 def _gqa_variant(inputs: Inputs, *, tiled: bool = False, causal: bool = True, scale: bool = True,
-                 top_left: bool = False) -> torch.Tensor:
+                 top_left: bool = False, transpose: bool = True) -> torch.Tensor:
     """The layer's output computed by hand, right or with one of the usual mistakes; `top_left` aligns each
-    chunk's causal mask with the first cached key instead of its own positions."""
+    chunk's causal mask with the first cached key instead of its own positions; without `causal` each query sees
+    every key fed so far, its chunk's included; without `transpose` each chunk fed is viewed straight as
+    (B, H, T, D) and back."""
     i, w, x = inputs["init"], inputs["weights"], inputs["x"]
     b, t, c = x.shape
     h, h_kv = i["n_heads"], i["n_kv_heads"]
     d = c // h
-    q = (x @ w["q_proj.weight"].T).view(b, t, h, d).transpose(1, 2)  # (B, H, T, D)
-    k, v = ((x @ w[f"{n}_proj.weight"].T).view(b, t, h_kv, d).transpose(1, 2) for n in "kv")  # (B, H_kv, T, D)
+    chunks = inputs["chunks"] or [t]
+
+    def heads(z: torch.Tensor, n: int) -> torch.Tensor:  # (B, T, n * D) -> (B, n, T, D)
+        if transpose:
+            return z.view(b, t, n, d).transpose(1, 2)
+        return torch.cat([piece.reshape(b, n, piece.size(1), d) for piece in z.split(chunks, dim=1)], dim=2)
+
+    q = heads(x @ w["q_proj.weight"].T, h)  # (B, H, T, D)
+    k, v = (heads(x @ w[f"{n}_proj.weight"].T, h_kv) for n in "kv")  # (B, H_kv, T, D)
     k, v = (z.repeat(1, h // h_kv, 1, 1) if tiled else z.repeat_interleave(h // h_kv, dim=1) for z in (k, v))
     scores = q @ k.transpose(-2, -1) / (math.sqrt(d) if scale else 1.0)  # (B, H, T, T)
-    if causal:
-        chunks = inputs["chunks"] or [t]
-        starts = torch.cat([torch.full((n,), sum(chunks[:j])) for j, n in enumerate(chunks)])  # (T,) chunk start
-        last_seen = torch.arange(t) - (starts if top_left else 0)  # (T,): the last key each query may see
-        scores = scores.masked_fill(torch.arange(t)[None, :] > last_seen[:, None], float("-inf"))
-    y = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, t, c)  # (B, H, T, D) -> (B, T, C)
+    starts = torch.cat([torch.full((n,), sum(chunks[:j])) for j, n in enumerate(chunks)])  # (T,) chunk start
+    ends = torch.cat([torch.full((n,), sum(chunks[: j + 1])) for j, n in enumerate(chunks)])  # (T,) chunk end
+    # (T,): the last key each query may see; without the causal mask, every key fed so far (its chunk's included)
+    last_seen = torch.arange(t) - (starts if top_left else 0) if causal else ends - 1
+    scores = scores.masked_fill(torch.arange(t)[None, :] > last_seen[:, None], float("-inf"))
+    y = scores.softmax(dim=-1) @ v  # (B, H, T, D)
+    if transpose:
+        y = y.transpose(1, 2).reshape(b, t, c)  # (B, T, C)
+    else:
+        y = torch.cat([piece.reshape(b, piece.size(2), c) for piece in y.split(chunks, dim=2)], dim=1)
     return y @ w["o_proj.weight"].T
 
 
@@ -369,7 +398,10 @@ def _gqa_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     h, h_kv = inputs["init"]["n_heads"], inputs["init"]["n_kv_heads"]
     cached = inputs["chunks"] is not None
     mistakes = {"no causal mask: position t must not see the keys after it": _gqa_variant(inputs, causal=False),
-                "the scores are not divided by sqrt(D)": _gqa_variant(inputs, scale=False)}
+                "the scores are not divided by sqrt(D)": _gqa_variant(inputs, scale=False),
+                "the heads were split by a view straight to (B, H, T, D): a (B, T, C) projection is (B, T, H, D) in "
+                "memory, so each such head mixes positions. Split with .view(B, T, H, D).transpose(1, 2), and merge "
+                "back with .transpose(1, 2).reshape(B, T, C)": _gqa_variant(inputs, transpose=False)}
     if h_kv < h:
         mistakes["the kv heads are tiled (repeat) instead of repeated in place (repeat_interleave): query head i "
                  f"reads kv head i // (H / H_kv) = i // {h // h_kv}"] = _gqa_variant(inputs, tiled=True)
@@ -579,6 +611,12 @@ def _generate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                        "before the call")
     check_shape(logits, "B N V", {"B": b, "N": n, "V": config.vocab_size},
                 "the returned logits (each new token's, the row its argmax came from)")
+    with torch.no_grad():  # the prefill's logits[:, 0]: the prediction after the first prompt token
+        after_first = reference_gpt(config, inputs["weights"])(prompt[:, :1])[:, 0]  # (B, V)
+    if p > 1 and torch.allclose(logits[:, 0], after_first, atol=1e-4):
+        raise fail("the first new token's logits are the prefill's logits[:, 0], the prediction after the first "
+                   "prompt token: the prefill returns one row per prompt position, and the one that predicts the "
+                   "next token is the last, logits[:, -1]")
     try:
         check_close(logits, expected["logits"], "the logits of each new token (cached vs recomputed)", atol=1e-4)
     except CheckFailed as wrong:
