@@ -221,22 +221,6 @@ def test_a_forked_kernels_first_optimizer_step_imports_nothing(zygote, tmp_path)
     assert run_notebook([step], with_zygote(Execute, zygote), tmp_path) == ["[]\n"]
 
 
-def test_a_box_preloads_torch_dynamo_for_every_lab_that_makes_an_optimizer():
-    """A lab's box leaves torch._dynamo out only where no kernel of it makes a torch.optim optimizer (which imports
-    it): every lab whose solution or grading module names torch.optim keeps it."""
-    from gptcourse.grading.zygote import PRELOAD, preload_for
-
-    repo = Path(__file__).resolve().parents[1]
-    optimizing = {folder.name for folder in (repo / "solutions").iterdir()
-                  if "torch.optim" in (folder / f"{folder.name}.ipynb").read_text()
-                  or "torch.optim" in (repo / "shared/gptcourse/grading/labs" / f"lab{folder.name[:2]}.py").read_text()}
-    assert optimizing  # the search finds the labs that train
-    for lab in sorted(p.name for p in (repo / "solutions").iterdir()):
-        assert ("torch._dynamo" in preload_for(lab)) >= (lab in optimizing), lab
-    assert "torch._dynamo" not in preload_for("02_causal_attention")  # a lab that trains nothing pays nothing
-    assert preload_for(None) == PRELOAD  # a zygote serving every lab preloads it
-
-
 def test_timeout_interrupts_the_forked_kernel_which_goes_on(zygote, tmp_path):
     from nbgrader.preprocessors import Execute
 

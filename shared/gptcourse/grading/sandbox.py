@@ -58,7 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -144,12 +144,11 @@ class Sandbox(LoggingConfigurable):
         """A running box (bwrap + zygote) whose kernels see nothing of the `forbidden` folders (the course) and,
         grading `lab`, a view of the package without that lab's references (`package_view.py`)."""
         from .package_view import view_binds
-        from .zygote import preload_for
 
         folders = read_only_folders(forbidden)
         views = view_binds(lab, folders) if lab is not None else {}
         return Box(self.bwrap, self.limits(threads), folders, kernel_ids(self.kernel_user), log, self.memory_bound,
-                   views, preload_for(lab))
+                   views)
 
 
 def course_folders(config: Any, *more: str) -> list[str]:
@@ -297,12 +296,10 @@ class Box:
 
     `client`: the `ZygoteClient`; `scratch`: the kernel's working folder (inside); `host_scratch`: the same
     folder seen from the grader; `ipc_dir`: connection files and sockets (same path inside and out); `memory`: its
-    memory cgroup, if any (`memory_bound`: see `Sandbox.memory_bound`). `preload`: what its zygote imports before
-    forking (`zygote.preload_for`; None: what serves every lab)."""
+    memory cgroup, if any (`memory_bound`: see `Sandbox.memory_bound`)."""
 
     def __init__(self, bwrap: str, limits: Limits, folders: list[str], ids: tuple[int, int] | None,
-                 log: BinaryIO | None, memory_bound: str = "auto", views: Mapping[str, str] | None = None,
-                 preload: Sequence[str] | None = None) -> None:
+                 log: BinaryIO | None, memory_bound: str = "auto", views: Mapping[str, str] | None = None) -> None:
         from .zygote import ZygoteClient
 
         self.limits, self.ids, self.scratch = limits, ids, BOX_SCRATCH
@@ -314,8 +311,6 @@ class Box:
         ours, theirs = socket.socketpair()
         info_read, info_write = os.pipe()
         box = {"fd": theirs.fileno(), "limits": asdict(limits), "ids": ids, "memory": self.memory.settings}
-        if preload is not None:
-            box["preload"] = list(preload)
         argv = [*bwrap_argv(bwrap, folders, self.ipc_dir, limits, ids, views), "--info-fd", str(info_write), "--",
                 sys.executable, "-m", "gptcourse.grading.zygote", "--box", json.dumps(box)]
         env = box_environment(os.environ)

@@ -63,14 +63,11 @@ from .memory_limit import TICK, MemoryGuard
 from .sandbox import drop_privileges, kill_the_rest, map_kernel_user, reset_box, undumpable
 
 # What a lab's kernel imports; a name that is not installed is skipped. torch._dynamo: a kernel's first optimizer
-# step imports it (seconds, in every kernel of a lab that trains), and it starts no thread; importing it costs
-# about as much as torch itself, so a box of a lab whose kernels take no optimizer step leaves it out
-# (`preload_for`). A zygote serving every lab (unsandboxed) preloads it.
+# step imports it, and so does the first operation under a TorchDispatchMode (student.TensorsMade, which the cases
+# of labs 01, 05, 06, 11, 12 and others run): seconds in every kernel, against once per box here. It starts no thread.
 PRELOAD = ("torch", "torch._dynamo", "gptcourse", "gptcourse.grading", "ipykernel.kernelapp", "ipykernel.ipkernel",
            "ipykernel.debugger", "IPython.core.debugger", "IPython.core.completerlib",
            "IPython.extensions.storemagic", "ipywidgets", "sqlite3", "psutil", "tqdm")
-TRAINING_PRELOAD = ("torch._dynamo",)
-TRAINING_LABS = frozenset({"07", "09", "10", "13"})  # labs whose kernels make a torch.optim optimizer
 _PR_SET_PDEATHSIG = 1
 _CONNECT_TIMEOUT = 300.0  # preloading torch on a loaded machine
 
@@ -97,17 +94,9 @@ def check_fork_safe(baseline: int) -> None:
                           "intra-op pool?): forking kernels from it would be unsafe")
 
 
-def preload_for(lab: str | None) -> tuple[str, ...]:
-    """What a zygote serving the kernels of `lab` ("09" or "09_training_by_hand"; None: every lab) imports. A
-    module left out costs speed only: a kernel that needs it imports it itself."""
-    if lab is None or lab.split("_")[0] in TRAINING_LABS:
-        return PRELOAD
-    return tuple(name for name in PRELOAD if name not in TRAINING_PRELOAD)
-
-
-def preload(baseline: int, names: tuple[str, ...] = PRELOAD) -> None:
-    """Import what kernels need (`names`), then check that no thread pool started."""
-    for name in names:
+def preload(baseline: int) -> None:
+    """Import what kernels need, then check that no thread pool started."""
+    for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
     from .cases import registry
@@ -225,7 +214,7 @@ def serve(socket_path: str | None = None, box: dict[str, Any] | None = None) -> 
     fork_safe = True
     guard = MemoryGuard(box.get("memory") if box else None)
     try:
-        preload(baseline, tuple(box.get("preload", PRELOAD)) if box else PRELOAD)
+        preload(baseline)
     except ZygoteError as err:
         if box is None:
             raise
