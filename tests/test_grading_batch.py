@@ -211,12 +211,14 @@ def test_batch_kernels_get_their_share_of_the_cores(zygote, tmp_path):
     one_thread.close()
 
 
-def test_a_forked_kernels_first_optimizer_step_imports_nothing(zygote, tmp_path):
-    """The zygote preloaded what torch's first AdamW step imports (torch._dynamo): no kernel pays for it again."""
+def test_a_forked_kernels_first_optimizer_step_and_dispatch_mode_import_nothing(zygote, tmp_path):
+    """The zygote preloaded what torch's first AdamW step, and the first operation under a TorchDispatchMode (the
+    cases' TensorsMade), import (torch._dynamo): no kernel pays for it again."""
     from nbgrader.preprocessors import Execute
 
-    step = ("import sys, torch\nbefore = set(sys.modules)\np = torch.nn.Parameter(torch.zeros(3))\n"
-            "p.grad = torch.ones(3)\ntorch.optim.AdamW([p]).step()\n"
+    step = ("import sys, torch\nfrom gptcourse.grading.student import TensorsMade\nbefore = set(sys.modules)\n"
+            "p = torch.nn.Parameter(torch.zeros(3))\np.grad = torch.ones(3)\ntorch.optim.AdamW([p]).step()\n"
+            "with TensorsMade():\n    torch.ones(2) + 1\n"
             "print(sorted(m for m in set(sys.modules) - before if m.startswith('torch._'))[:5])")
     assert run_notebook([step], with_zygote(Execute, zygote), tmp_path) == ["[]\n"]
 
