@@ -101,7 +101,7 @@ def _missing_notebooks(assignment: str, student: str, notebooks: list[str]) -> N
     if not notebooks:  # its student id is not allowed, or its folder is a link: nothing of it is converted
         return
     expect_lab_notebooks(os.path.join(ROOT, c.CourseDirectory.source_directory), notebooks)
-    report_folders_without_notebook(notebooks, WriteGradingReport(config=c))
+    report_folders_without_notebook(ROOT, notebooks, WriteGradingReport(config=c))
 
 
 c.Autograde.pre_convert_hook = _missing_notebooks

@@ -213,6 +213,44 @@ def test_gptcourse_autograde_refuses_an_id_before_any_runner_sees_it(tmp_path, m
     assert outcomes["linked"].status == "refused" and "is a symbolic link" in outcomes["linked"].messages[0]
 
 
+def test_a_notebook_refused_on_one_run_is_reported_refused_on_the_next(tmp_path, monkeypatch):
+    """A notebook that is a link is moved out on the run that grades it 0; on every later run (plain nbgrader's
+    hook reports folders without a notebook, `gptcourse autograde` resumes) its report still gives the refusal,
+    not "no notebook was submitted"."""
+    from nbgrader.converters import Autograde
+
+    from gptcourse.grading import batch
+
+    course = Course(tmp_path / "course")
+    monkeypatch.chdir(course.root)
+    app = batch._nbgrader_app(LAB, [])
+    hook = Autograde(coursedir=app.coursedir, parent=app).pre_convert_hook
+    submitted = course.root / "grading" / "submitted"
+    _notebook_link(course, submitted / "linked-notebook" / LAB, course.root / "solutions" / LAB / f"{LAB}.ipynb")
+    (submitted / "notes-only" / LAB).mkdir(parents=True)
+    (submitted / "notes-only" / LAB / "notes.txt").write_text("I could not finish")
+    (submitted / "ada" / LAB).mkdir(parents=True)
+    (submitted / "ada" / LAB / f"{LAB}.ipynb").write_text("{}")
+    (submitted / "Not_An_Id" / LAB).mkdir(parents=True)  # no notebook, and an id no path is made from
+    hook(assignment=LAB, student="*", notebooks=[str(submitted / "linked-notebook" / LAB / f"{LAB}.ipynb")])
+    refusal = f"not graded: {LAB}.ipynb (a symbolic link, to '{course.root}/solutions/{LAB}/{LAB}.ipynb'"
+    reports = course.root / "grading" / "reports" / LAB
+
+    hook(assignment=LAB, student="*", notebooks=[str(submitted / "ada" / LAB / f"{LAB}.ipynb")])  # a later run
+    lines = (reports / "linked-notebook.txt").read_text().splitlines()
+    assert lines[0] == f"linked-notebook {LAB}: no submission" and lines[1].startswith(f"- {refusal}"), lines
+    assert lines[2:] == ["- no notebook is left to grade: what was submitted was refused (the lines above); it "
+                         "scores 0 points"], lines
+    assert "- no notebook was submitted (the folder holds notes.txt)" in (reports / "notes-only.txt").read_text()
+    assert sorted(path.name for path in reports.iterdir()) == ["linked-notebook.txt", "notes-only.txt"]
+
+    (reports / "linked-notebook.txt").unlink()
+    resumed = next(s for s in batch.submissions(app.coursedir, LAB) if s.student == "linked-notebook")
+    outcome = batch._no_notebook(resumed, LAB, app)  # what `gptcourse autograde` does with it on a later run
+    assert outcome.status == "no notebook" and outcome.messages[0].startswith("no notebook is left to grade")
+    assert (reports / "linked-notebook.txt").read_text().splitlines()[1].startswith(f"- {refusal}")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Archives: nbgrader zip_collect's extraction, bounded
 
@@ -421,8 +459,10 @@ def test_each_refusal_is_a_report_line(graded):
         assert "- not graded: hard.txt (a hard link to a file outside the submission)" in report
     report = (course.root / "grading" / "reports" / LAB / "stamped.txt").read_text()
     assert "- not graded: timestamp.txt (not a time as nbgrader submit writes it" in report
-    report = (course.root / "grading" / "reports" / LAB / "plain-solution-link.txt").read_text()
-    assert f"- not graded: {LAB}.ipynb (a symbolic link, to '{course.root}/solutions/{LAB}/{LAB}.ipynb'" in report
+    for student in ("plain-solution-link", "batch-solution-link"):  # the batch one's reported again by plain's run
+        report = (course.root / "grading" / "reports" / LAB / f"{student}.txt").read_text()
+        assert f"- not graded: {LAB}.ipynb (a symbolic link, to '{course.root}/solutions/{LAB}/{LAB}.ipynb'" in \
+            report, (student, report)
 
 
 @pytest.mark.slow

@@ -509,7 +509,8 @@ def _no_notebook(submission: Submission, lab: str, app: Any) -> Outcome:
 
     path = Path(app.coursedir.root, WriteGradingReport(config=app.config).report_path(submission.student, lab, lab))
     return Outcome(submission.student, "no notebook",
-                   messages=[report_no_notebook(submission.folder, submission.student, lab, path)])
+                   messages=[report_no_notebook(app.coursedir.root, submission.folder, submission.student, lab,
+                                                      path)])
 
 
 def _preload_for_workers() -> None:
