@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lab_roundtrip import RoundTrip, Validation, check_blind_student, check_named_mistake
+from lab_roundtrip import RoundTrip, Validation, blind_students, check_blind_student, check_named_mistake, failures
 from reference_routes import copied_references
 
 LAB = "02_causal_attention"
@@ -109,3 +109,14 @@ BLIND_FAILS = {
 @pytest.mark.parametrize("student", sorted(BLIND_FAILS))
 def test_each_blind_student_fails_its_tests_named(student):
     check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])
+
+
+def test_a_float_mask_is_named_in_the_pieces_that_use_it():
+    """nanoGPT's float mask fails attention and the head with torch's TypeError (`~` of a float tensor); their
+    messages say what the mask must be (`student.LIKELY_CAUSES`), not torch's words alone."""
+    failed = failures(LAB, blind_students(BLIND_FILE)["mask-float-ones"])
+    users = {case: message for by_case in failed.values() for case, message in by_case.items()
+             if ".causal_mask." not in case}
+    assert {case.split(".")[1] for case in users} == {"attention", "AttentionHead"}, failed
+    unnamed = {case: message for case, message in users.items() if "a mask must be torch.bool" not in message}
+    assert not unnamed, unnamed

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lab_roundtrip import RoundTrip, Validation, check_blind_student, check_named_mistake
+from lab_roundtrip import RoundTrip, Validation, blind_students, check_blind_student, check_named_mistake, failures
 
 LAB = "07_training_and_generation"
 STEP = '''
@@ -119,6 +119,21 @@ def test_each_blind_student_fails_its_cells_named(student):
     check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])
 
 
+@pytest.mark.parametrize("student", ["loss-no-shift", "loss-double-softmax", "loss-sum", "loss-transposed-targets"])
+def test_a_wrong_next_token_loss_is_named_where_train_step_uses_it(student):
+    """A train_step built on the student's wrong next_token_loss fails; its message names next_token_loss with
+    the value it gives against the mean cross-entropy (the judge's own lm_loss), not only a diff of parameters."""
+    steps = failures(LAB, blind_students(BLIND_FILE)[student])
+    messages = {case: message for cell in STEP_TESTS for case, message in steps.get(cell, {}).items()}
+    assert messages and all("your next_token_loss gives " in message and "fix next_token_loss first" in message
+                            for message in messages.values()), messages
+
+
+def test_a_right_next_token_loss_is_not_blamed_for_a_wrong_train_step():
+    failed = failures(LAB, blind_students(BLIND_FILE)["step-no-zero-grad"])
+    assert failed and not [m for by_case in failed.values() for m in by_case.values() if "next_token_loss" in m]
+
+
 class TestLab07(RoundTrip):
     LAB = LAB
     WRONG = WRONG
@@ -127,6 +142,15 @@ class TestLab07(RoundTrip):
         'check("07.train_step.twice", train_step)',
         "the gradients accumulate from one step to the next",
     ))
+
+    def test_a_graded_train_step_names_the_wrong_loss_it_builds_on(self, course, scores):
+        """In the graded kernel (the package view of lab 07), train_step's case finds the student's own
+        next_token_loss: the grader's message names it."""
+        nb = course.notebook("grading/autograded/targets-not-shifted", LAB)
+        [cell] = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_train_step"]
+        [error] = cell.outputs
+        assert "your next_token_loss gives " in error.evalue and "fix next_token_loss first" in error.evalue, \
+            error.evalue
 
 
 @pytest.mark.parametrize("student", sorted(SAYS))

@@ -3,6 +3,7 @@ outputs as plain tensors, and describe their exceptions in words (with the line 
 
 from __future__ import annotations
 
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -166,8 +167,19 @@ def _student_frame(err: BaseException) -> traceback.FrameSummary | None:
     return frames[-1] if frames else None
 
 
+# torch's errors whose usual cause in these labs is known: (a pattern of the error's text, what to do)
+LIKELY_CAUSES = (
+    (r"~ \(operator\.invert\) is only implemented on integer and Boolean",
+     "~ was applied to a float tensor: a mask must be torch.bool (True = may attend). Is it nanoGPT's float "
+     "torch.tril(torch.ones(T, T))? Build it with dtype=torch.bool"),
+    (r"masked_fill_? only supports boolean masks",
+     "masked_fill's mask must be torch.bool, not a float tensor of 1.0 and 0.0: build it with dtype=torch.bool"),
+)
+
+
 def describe_error(err: BaseException) -> str:
-    """"your code raised IndexError: ... (line 3 of your cell: `...`)"."""
+    """"your code raised IndexError: ... (line 3 of your cell: `...`)", and the likely cause where the error is a
+    known one (`LIKELY_CAUSES`)."""
     if isinstance(err, NotImplementedError):
         return "not written yet (your code raises NotImplementedError): replace `raise NotImplementedError()` with " \
                "your code"
@@ -175,4 +187,5 @@ def describe_error(err: BaseException) -> str:
     frame = _student_frame(err)
     if frame is not None and frame.line:
         message += f" (line {frame.lineno} of your cell: `{frame.line.strip()}`)"
-    return message
+    causes = [cause for pattern, cause in LIKELY_CAUSES if re.search(pattern, str(err))]
+    return ". ".join([message, *causes[:1]])

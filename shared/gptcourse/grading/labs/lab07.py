@@ -10,13 +10,14 @@ function with the lab's arguments (the package's take x and y, or sample a whole
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
-from ...checks import check_close, check_dtype, check_shape, fail, fmt_shape
+from ...checks import CheckFailed, check_close, check_dtype, check_shape, fail, fmt_shape
 from ...inference.sampling import filter_logits, generate
 from ...model.config import GPTConfig
 from ...training.loop import lm_loss, train_step
@@ -151,7 +152,21 @@ def _step_call(fn: Any, inputs: Inputs) -> Outputs:
                         f"train_step(model, optimizer, tokens {fmt_shape(tokens.shape)}, grad_clip)",
                         "the loss (a number or a 0-dim tensor)")
               for tokens in inputs["batches"]]
-    return {"losses": torch.tensor(losses, dtype=torch.float64), "parameters": flat_parameters(model)}
+    return {"losses": torch.tensor(losses, dtype=torch.float64), "parameters": flat_parameters(model),
+            "own_loss": _own_loss(fn, inputs)}
+
+
+def _own_loss(fn: Any, inputs: Inputs) -> torch.Tensor:
+    """What the student's own next_token_loss (where their train_step's cell sees one) gives on the case's first
+    batch and untrained model, NaN where there is none or it fails: if train_step is wrong, the judge says whether
+    this is why. It only ever changes a failing case's message."""
+    own = getattr(fn, "__globals__", {}).get("next_token_loss")
+    try:
+        with torch.no_grad():
+            value = as_number(own(case_gpt(inputs), inputs["batches"][0].clone()), "next_token_loss", "a number")
+    except Exception:  # no next_token_loss, or one that raises: its own test says so
+        value = float("nan")
+    return torch.tensor(value, dtype=torch.float64)
 
 
 STEP_MISTAKES = {
@@ -180,10 +195,21 @@ def _step_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                              for what, flags in STEP_MISTAKES.items()})
         return {what: v[output] for what, v in variants.items()}
 
-    check_close_lazily(got["parameters"], expected["parameters"], "the parameters after training",
-                       lambda: mistakes("parameters"))
-    check_close_lazily(got["losses"], expected["losses"], "the returned losses (before each update)",
-                       lambda: mistakes("losses"))
+    try:
+        check_close_lazily(got["parameters"], expected["parameters"], "the parameters after training",
+                           lambda: mistakes("parameters"))
+        check_close_lazily(got["losses"], expected["losses"], "the returned losses (before each update)",
+                           lambda: mistakes("losses"))
+    except CheckFailed as failure:
+        first = inputs["batches"][0]
+        with torch.no_grad():
+            want = lm_loss(case_gpt(inputs), first[:, :-1], first[:, 1:]).item()
+        own = float(got.get("own_loss", float("nan")))
+        if math.isfinite(own) and not math.isclose(own, want, rel_tol=1e-4, abs_tol=1e-5):
+            raise fail(f"your next_token_loss gives {own:.5g} on this case's first batch, where the mean "
+                       f"cross-entropy is {want:.5g}: train_step builds on it, so fix next_token_loss first (its own "
+                       f"test names the mistake). What train_step gave: {str(failure).rstrip('.')}") from None
+        raise
 
 
 # ---- next_token_probs(logits (B, V), temperature, top_k) -> probabilities (B, V)
