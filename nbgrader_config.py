@@ -23,7 +23,7 @@ used: fine for self-study and CI, not for a graded class.
 
 `nbgrader autograde` runs with the protections of gptcourse.grading (see its docstring): a tolerant reader and
 a cell restorer before execution, a kernel-restarting executor whose kernels run in a bubblewrap sandbox
-(gptcourse.grading.sandbox: only the interpreter and the package in view, an unprivileged user, limits), the
+(gptcourse.grading.box.sandbox: only the interpreter and the package in view, an unprivileged user, limits), the
 out-of-kernel judge, outputs and student text stripped of active content (script, widgets), a report per
 submission in grading/reports/<lab>/<student>.txt; `nbgrader generate_feedback` hides hidden tests. If the
 sandbox cannot start, autograde stops before grading anyone and says how to fix it;
@@ -50,14 +50,15 @@ c.CsvExportPlugin.to = os.path.join(ROOT, "grading", "grades.csv")  # `nbgrader 
 c.ZipCollectApp.downloaded_directory = os.path.join("grading", "downloaded")
 c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^/_]+)_(?P<file_id>[^/]+\.ipynb)$"
 
-# A submission is data until proven a plain notebook (gptcourse.grading.intake): collect, zip_collect and
+# A submission is data until proven a plain notebook (gptcourse.grading.steps.intake): collect, zip_collect and
 # autograde admit only regular files of allowed names and kinds, never through a link, and only allowed student
 # ids; what they refuse goes to grading/refused/ with a report line. Grades' CSV cells cannot be formulas.
-GRADING = "gptcourse.grading."
-c.ExchangeFactory.collect = GRADING + "intake.IntakeCollect"
-c.ZipCollectApp.collector_plugin = GRADING + "intake.IntakeFileNameCollector"
-c.ZipCollectApp.extractor_plugin = GRADING + "archives.BoundedExtractor"
-c.ExportApp.plugin_class = GRADING + "csv_export.SafeCsvExportPlugin"
+STEPS = "gptcourse.grading.steps."  # nbgrader's steps, one per module
+CLASSROOM = "gptcourse.grading.classroom."  # the instructor's commands' plugins
+c.ExchangeFactory.collect = STEPS + "intake.IntakeCollect"
+c.ZipCollectApp.collector_plugin = STEPS + "intake.IntakeFileNameCollector"
+c.ZipCollectApp.extractor_plugin = CLASSROOM + "archives.BoundedExtractor"
+c.ExportApp.plugin_class = CLASSROOM + "csv_export.SafeCsvExportPlugin"
 
 # A lab's cells are small; a minute per cell leaves room for a slow laptop and stops a runaway loop.
 c.Execute.timeout = 60
@@ -71,7 +72,7 @@ if not os.environ.get("GPTCOURSE_SECRET") and os.path.isfile(SECRET_FILE):
         os.environ["GPTCOURSE_SECRET"] = secret_file.readline().strip()
 
 # Autograde: nbgrader's steps, with gptcourse's in between (named as strings: imported only when autograding).
-c.Autograde.exporter_class = GRADING + "intake.AdmittingExporter"  # refuses ids before their gradebook rows
+c.Autograde.exporter_class = STEPS + "intake.AdmittingExporter"  # refuses ids before their gradebook rows
 
 
 # The sandbox's limits per kernel (these are the defaults): memory for the kernel and every process it starts,
@@ -91,10 +92,10 @@ def _missing_notebooks(assignment: str, student: str, notebooks: list[str]) -> N
     set). Before nbgrader copies anything of the submission: admit it (intake.admit_for_autograde). A submission
     missing the lab's notebook (say, only a misnamed copy) is graded 0 with a report line; a
     submitted folder with no notebook at all, which nbgrader skips, gets a report that says so."""
-    from gptcourse.grading.intake import admit_for_autograde
-    from gptcourse.grading.report import WriteGradingReport, report_folders_without_notebook
-    from gptcourse.grading.sandbox import require_sandbox
-    from gptcourse.grading.sanitize import expect_lab_notebooks
+    from gptcourse.grading.box.sandbox import require_sandbox
+    from gptcourse.grading.steps.intake import admit_for_autograde
+    from gptcourse.grading.steps.report import WriteGradingReport, report_folders_without_notebook
+    from gptcourse.grading.steps.sanitize import expect_lab_notebooks
 
     require_sandbox(c, forbidden=[ROOT])
     admit_for_autograde(ROOT, notebooks)
@@ -106,8 +107,8 @@ def _missing_notebooks(assignment: str, student: str, notebooks: list[str]) -> N
 
 c.Autograde.pre_convert_hook = _missing_notebooks
 c.Autograde.sanitize_preprocessors = [
-    GRADING + "sanitize.RestoreCells",  # rebuild from the gradebook's cells: deleted/edited/retyped cells restored
-    GRADING + "intake.ReportRefused",  # the files intake refused, in the report
+    STEPS + "sanitize.RestoreCells",  # rebuild from the gradebook's cells: deleted/edited/retyped cells restored
+    STEPS + "intake.ReportRefused",  # the files intake refused, in the report
     "nbgrader.preprocessors.ClearOutput",
     "nbgrader.preprocessors.DeduplicateIds",
     "nbgrader.preprocessors.OverwriteKernelspec",
@@ -115,18 +116,18 @@ c.Autograde.sanitize_preprocessors = [
     "nbgrader.preprocessors.CheckCellMetadata",
 ]
 c.Autograde.autograde_preprocessors = [
-    GRADING + "execute.RobustExecute",  # survives dead and hung kernels, caps output, runs kernels in the sandbox
+    STEPS + "execute.RobustExecute",  # survives dead and hung kernels, caps output, runs kernels in the sandbox
     "nbgrader.preprocessors.IgnorePattern",
     "nbgrader.preprocessors.LimitOutput",
-    GRADING + "judge.JudgeTestCells",  # re-judges the recorded results here, where no student code ran
-    GRADING + "active_content.SanitizeOutputs",  # outputs and student text as data: no script, no widgets
+    STEPS + "judge.JudgeTestCells",  # re-judges the recorded results here, where no student code ran
+    STEPS + "active_content.SanitizeOutputs",  # outputs and student text as data: no script, no widgets
     "nbgrader.preprocessors.SaveAutoGrades",
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",
-    GRADING + "report.WriteGradingReport",  # grading/reports/<lab>/<student>.txt and a cell atop the notebook
+    STEPS + "report.WriteGradingReport",  # grading/reports/<lab>/<student>.txt and a cell atop the notebook
 ]
 c.GenerateFeedback.preprocessors = [
-    GRADING + "feedback.HideHiddenTests",
+    STEPS + "feedback.HideHiddenTests",
     "nbgrader.preprocessors.GetGrades",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @functools.cache
 def sandbox_problem() -> str | None:
     """Why graded kernels cannot be boxed on this machine (no Linux, no bubblewrap, no user namespaces), or None."""
-    from gptcourse.grading.sandbox import SandboxUnavailable, require_sandbox
+    from gptcourse.grading.box.sandbox import SandboxUnavailable, require_sandbox
 
     try:
         require_sandbox(None, [str(ROOT)])

@@ -1,6 +1,6 @@
 """Solution cells that copy a lab's reference through routes that neither the source scan nor the kernel's identity
 check follows (the package's file found from `check`, run with `exec` or `compile` fetched through pickle's
-machinery, and a function rebuilt from a code object); the package view (gptcourse.grading.package_view) leaves
+machinery, and a function rebuilt from a code object); the package view (gptcourse.grading.box.package_view) leaves
 them a stub, so they earn nothing.
 
 Plain data for the round trips of labs 02 and 10 (student -> ({solution cell grade_id: source}, failing tests)),

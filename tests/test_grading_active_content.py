@@ -18,9 +18,9 @@ import pytest
 from nbconvert.filters.markdown_mistune import markdown2html_mistune
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from gptcourse.grading.active_content import SanitizeOutputs
 from gptcourse.grading.payload import MIME
-from gptcourse.grading.report import WriteGradingReport, report_lines
+from gptcourse.grading.steps.active_content import SanitizeOutputs
+from gptcourse.grading.steps.report import WriteGradingReport, report_lines
 
 ALLOWED_HTML = {"a", "abbr", "b", "blockquote", "br", "caption", "code", "col", "colgroup", "dd", "del", "details",
                 "div", "dl", "dt", "em", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "i", "img", "ins", "kbd", "li",

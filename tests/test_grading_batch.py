@@ -17,8 +17,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 from nbgrader_course import Course
 
-from gptcourse.grading.bench_grading import build_class
-from gptcourse.grading.zygote import Zygote, ZygoteClient, ZygoteError, check_fork_safe, thread_count, with_zygote
+from gptcourse.grading.box.zygote import Zygote, ZygoteClient, ZygoteError, check_fork_safe, thread_count, with_zygote
+from gptcourse.grading.classroom.bench_grading import build_class
 
 LAB = "02_causal_attention"
 pytestmark = [pytest.mark.slow,
@@ -234,7 +234,7 @@ def test_timeout_interrupts_the_forked_kernel_which_goes_on(zygote, tmp_path):
 def test_a_kernel_that_ignores_interrupts_is_killed(zygote, tmp_path):
     from jupyter_client.manager import AsyncKernelManager
 
-    from gptcourse.grading.zygote import zygote_kernel_manager
+    from gptcourse.grading.box.zygote import zygote_kernel_manager
 
     async def scenario() -> tuple[int, bool]:
         km = zygote_kernel_manager(AsyncKernelManager, zygote)(kernel_name="python3")
@@ -262,7 +262,7 @@ def test_a_kernel_that_ignores_interrupts_is_killed(zygote, tmp_path):
 
 
 def test_fork_safety_check_refuses_a_started_thread_pool():
-    script = ("import torch\nfrom gptcourse.grading.zygote import check_fork_safe, thread_count\n"
+    script = ("import torch\nfrom gptcourse.grading.box.zygote import check_fork_safe, thread_count\n"
               "baseline = thread_count()\ncheck_fork_safe(baseline)\n"
               "torch.ones(1 << 22).exp_()\ncheck_fork_safe(baseline)\n")  # an ATen parallel op starts the OpenMP pool
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,

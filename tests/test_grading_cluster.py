@@ -36,16 +36,16 @@ from test_grading_intake import _leaks as leaks
 from test_grading_postgres import postgres_url  # noqa: F401 (the module's throwaway PostgreSQL server)
 from test_labs_02 import WRONG
 
-from gptcourse.grading.bench_grading import answered
-from gptcourse.grading.throwaway_postgres import create_database
-from gptcourse.grading.zygote import Zygote
+from gptcourse.grading.box.zygote import Zygote
+from gptcourse.grading.classroom.bench_grading import answered
+from gptcourse.grading.classroom.throwaway_postgres import create_database
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not Zygote.supported(), reason="gptcourse autograde's graders need Linux")]
 ATTACKS = ("solution", "untouched", "kernel-dies", "patch-torch", "edited-locked-cells", "malformed-json",
            "deleted-cells", "forged-report")
 MISTAKES = ("softmax-wrong-axis", "mask-wrong-triangle", "mask-diagonal-masked", "no-value-projection")
-PARTIAL = "attentionhead-left-as-released"  # a student id: lowercase (gptcourse.grading.intake.STUDENT_ID)
+PARTIAL = "attentionhead-left-as-released"  # a student id: lowercase (gptcourse.grading.steps.intake.STUDENT_ID)
 HOSTILE = "links-beside-the-notebook"  # the intake's
 STUDENTS = len(ATTACKS) + len(MISTAKES) + 2
 RESUBMITTED = "no-value-projection"
@@ -255,7 +255,7 @@ def test_local_cluster_resumes_and_grades_only_a_resubmission(reference, killed_
 
 
 def test_one_machine_options_are_refused_with_cluster(tmp_path):
-    from gptcourse.grading.batch import require_cluster_options
+    from gptcourse.grading.classroom.batch import require_cluster_options
 
     with pytest.raises(SystemExit, match=r"^--no-zygote applies to this machine's .*: drop --no-zygote$"):
         require_cluster_options(None, use_zygote=False)
@@ -270,7 +270,7 @@ def test_one_machine_options_are_refused_with_cluster(tmp_path):
 
 
 def test_worker_checks_name_the_course_folder_sandbox_and_gradebook(tmp_path):
-    from gptcourse.grading.cluster import SHARED_COURSE, file_digest, shared_folder_probe, worker_problems
+    from gptcourse.grading.classroom.cluster import SHARED_COURSE, file_digest, shared_folder_probe, worker_problems
 
     course = tmp_path / "course"
     course.mkdir()

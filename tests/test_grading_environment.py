@@ -1,4 +1,4 @@
-"""What a graded kernel's environment holds: the variables `sandbox.KERNEL_VARIABLES` names, nothing else.
+"""What a graded kernel's environment holds: the variables `confine.KERNEL_VARIABLES` names, nothing else.
 
 The grader's environment below is what an instructor's JupyterHub server gives `nbgrader autograde` run in its
 terminal (the spawner's JPY_API_TOKEN and JUPYTERHUB_* variables), plus a database password and arbitrary
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from gptcourse.grading.box.confine import box_environment, kernel_variables
 from gptcourse.grading.cases import kernel_environment
-from gptcourse.grading.sandbox import box_environment, kernel_variables
 
 CREDENTIALS = {
     "JPY_API_TOKEN": "hub-api-token-1",

@@ -29,10 +29,10 @@ from gptcourse.checks import CheckFailed
 from gptcourse.grading import MIME, case_seed, check, get_case, judge_payload, labs
 from gptcourse.grading.cases import forbidden_names
 from gptcourse.grading.forbidden import HOW, calls_to, find_forbidden, reference_behind, reference_table, resolve
-from gptcourse.grading.judge import JudgeTestCells
 from gptcourse.grading.payload import make_payload
 from gptcourse.grading.piece import lab_pieces
-from gptcourse.grading.report import report_lines
+from gptcourse.grading.steps.judge import JudgeTestCells
+from gptcourse.grading.steps.report import report_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS = [m.name[3:] for m in pkgutil.iter_modules(labs.__path__) if m.name.startswith("lab")]

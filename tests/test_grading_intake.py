@@ -1,4 +1,4 @@
-"""What a student hands in besides code is hostile too (gptcourse.grading.intake, archives, csv_export).
+"""What a student hands in besides code is hostile too (gptcourse.grading.steps.intake, archives, csv_export).
 
 In-process: what `inspect` refuses, how `copy_submission` copies, the id allowlist, the bounded extractor, the
 grades CSV. Then one course of lab 02 (grading/secret.txt and all) through the real commands: `nbgrader collect`
@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from nbgrader_course import Course
 
-from gptcourse.grading import intake
-from gptcourse.grading.archives import BoundedExtractor
-from gptcourse.grading.csv_export import SafeCsvExportPlugin
+from gptcourse.grading.classroom.archives import BoundedExtractor
+from gptcourse.grading.classroom.csv_export import SafeCsvExportPlugin
+from gptcourse.grading.steps import intake
 
 LAB = "02_causal_attention"
 POINTS = 15  # lab 02's total
@@ -141,7 +141,7 @@ def test_grades_csv_has_one_row_per_student_and_no_formulas(tmp_path):
 
 
 def test_similarity_reads_no_notebook_through_a_link(tmp_path):
-    from gptcourse.grading.similarity import read_notebook, submitted_notebook
+    from gptcourse.grading.classroom.similarity import read_notebook, submitted_notebook
 
     (tmp_path / "real.ipynb").write_text('{"cells": []}')
     plant(tmp_path / "sub", {f"{LAB}.ipynb": str(tmp_path / "real.ipynb")})
@@ -152,15 +152,15 @@ def test_similarity_reads_no_notebook_through_a_link(tmp_path):
 
 def test_the_committed_hook_admits_a_submission_before_nbgrader_copies_it(tmp_path, monkeypatch):
     """nbgrader_config.py's pre-convert hook, which nbgrader's Autograde runs under every grader (plain
-    `nbgrader autograde`, `gptcourse autograde`'s workers and a cluster's, all through `batch.grade_submission`):
+    `nbgrader autograde`, `gptcourse autograde`'s workers and a cluster's, all through `grade_one.grade_submission`):
     refused entries leave the folder, and a notebook list of an id that is not allowed is emptied."""
     from nbgrader.converters import Autograde
 
-    from gptcourse.grading import batch
+    from gptcourse.grading.classroom.grade_one import nbgrader_app
 
     course = Course(tmp_path / "course")
     monkeypatch.chdir(course.root)
-    app = batch._nbgrader_app(LAB, [])  # as grade_submission makes its converter, on this machine or a Dask worker
+    app = nbgrader_app(LAB, [])  # as grade_submission makes its converter, on this machine or a Dask worker
     hook = Autograde(coursedir=app.coursedir, parent=app).pre_convert_hook
     submitted = course.root / "grading" / "submitted"
     (submitted / "linked").mkdir(parents=True)
@@ -183,7 +183,7 @@ def test_the_committed_hook_admits_a_submission_before_nbgrader_copies_it(tmp_pa
 
 def test_gptcourse_autograde_refuses_an_id_before_any_runner_sees_it(tmp_path, monkeypatch):
     """`gptcourse autograde`, one machine or --cluster, share `_autograde_class`."""
-    from gptcourse.grading import batch
+    from gptcourse.grading.classroom import batch, grade_one
 
     course = Course(tmp_path / "course")
     for student in ("ada", "Not_An_Id"):
@@ -207,7 +207,7 @@ def test_gptcourse_autograde_refuses_an_id_before_any_runner_sees_it(tmp_path, m
 
     monkeypatch.setattr(batch, "_require_assignment", lambda db_url, lab: None)
     monkeypatch.chdir(course.root)
-    outcomes = batch._autograde_class(batch._nbgrader_app(LAB, []), LAB, force=True, progress=False, runner=Runner())
+    outcomes = batch._autograde_class(grade_one.nbgrader_app(LAB, []), LAB, force=True, progress=False, runner=Runner())
     assert seen == ["ada"]
     assert outcomes["Not_An_Id"].status == "refused" and "is not allowed" in outcomes["Not_An_Id"].messages[0]
     assert outcomes["linked"].status == "refused" and "is a symbolic link" in outcomes["linked"].messages[0]
@@ -219,11 +219,11 @@ def test_a_notebook_refused_on_one_run_is_reported_refused_on_the_next(tmp_path,
     not "no notebook was submitted"."""
     from nbgrader.converters import Autograde
 
-    from gptcourse.grading import batch
+    from gptcourse.grading.classroom import batch, grade_one
 
     course = Course(tmp_path / "course")
     monkeypatch.chdir(course.root)
-    app = batch._nbgrader_app(LAB, [])
+    app = grade_one.nbgrader_app(LAB, [])
     hook = Autograde(coursedir=app.coursedir, parent=app).pre_convert_hook
     submitted = course.root / "grading" / "submitted"
     _notebook_link(course, submitted / "linked-notebook" / LAB, course.root / "solutions" / LAB / f"{LAB}.ipynb")
@@ -245,7 +245,7 @@ def test_a_notebook_refused_on_one_run_is_reported_refused_on_the_next(tmp_path,
     assert sorted(path.name for path in reports.iterdir()) == ["linked-notebook.txt", "notes-only.txt"]
 
     (reports / "linked-notebook.txt").unlink()
-    resumed = next(s for s in batch.submissions(app.coursedir, LAB) if s.student == "linked-notebook")
+    resumed = next(s for s in grade_one.submissions(app.coursedir, LAB) if s.student == "linked-notebook")
     outcome = batch._no_notebook(resumed, LAB, app)  # what `gptcourse autograde` does with it on a later run
     assert outcome.status == "no notebook" and outcome.messages[0].startswith("no notebook is left to grade")
     assert (reports / "linked-notebook.txt").read_text().splitlines()[1].startswith(f"- {refusal}")

@@ -13,8 +13,8 @@ from nbformat.v4 import new_code_cell, new_output
 from gptcourse.grading import MIME, case_seed, get_case, judge_payload
 from gptcourse.grading.cases import forbidden_names
 from gptcourse.grading.forbidden import find_forbidden
-from gptcourse.grading.judge import expected_test_ids, judge_cell
 from gptcourse.grading.payload import make_payload
+from gptcourse.grading.steps.judge import expected_test_ids, judge_cell
 
 
 def _mask_payload(mask: torch.Tensor, test_id: str = "02.causal_mask.visible") -> dict:
@@ -171,7 +171,7 @@ def test_a_payload_under_a_handle_is_judged_as_its_case_with_the_graders_seed():
 
 
 def test_a_test_cell_whose_kernel_sent_a_forged_message_fails():
-    from gptcourse.grading.judge import FORGED
+    from gptcourse.grading.steps.judge import FORGED
 
     cell = new_code_cell('check("02.causal_mask.visible", causal_mask)')
     cell.outputs = [new_output("display_data", data={MIME: GOOD, "text/plain": ""}),
@@ -190,7 +190,7 @@ def test_a_test_cell_whose_kernel_sent_a_forged_message_fails():
     ({"data": {"text/plain": "1"}, "metadata": {}, "transient": {"display_id": ["d"]}}, "malformed display id"),
 ])
 def test_a_kernel_message_that_nbformat_would_refuse_is_named(content, problem):
-    from gptcourse.grading.execute import message_problem
+    from gptcourse.grading.steps.execute import message_problem
 
     msg_type = "execute_result" if "execution_count" in content else "display_data"
     message = {"msg_type": msg_type, "header": {"msg_type": msg_type}, "parent_header": {}, "content": content}

@@ -16,7 +16,7 @@ import nbformat
 import pytest
 from nbgrader_course import Course, sandbox_problem
 
-from gptcourse.grading.memory_limit import PREFIX, BoxMemory, own_memory_cgroup, start_time
+from gptcourse.grading.box.memory_limit import PREFIX, BoxMemory, own_memory_cgroup, start_time
 
 LAB = "02_causal_attention"
 MARKER = "gptcourse-memory-test"  # in the command line of every process the cell starts

@@ -1,4 +1,4 @@
-"""A graded kernel of lab NN sees the package without the lab's references (`gptcourse.grading.package_view`).
+"""A graded kernel of lab NN sees the package without the lab's references (`gptcourse.grading.box.package_view`).
 
 (a) For every lab, ONE kernel in a box started for that lab tries each route to each reference the lab forbids
 (resolved here, in the real package, by the forbidden-name table) and to the lab's case references and judges:
@@ -19,10 +19,10 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 from nbgrader_course import ROOT, sandbox_problem
 
+from gptcourse.grading.box.sandbox import Sandbox
 from gptcourse.grading.cases import forbidden_names, lab_cases
-from gptcourse.grading.execute import RobustExecute, with_box
 from gptcourse.grading.forbidden import reference_table
-from gptcourse.grading.sandbox import Sandbox
+from gptcourse.grading.steps.execute import RobustExecute, with_box
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sandbox_problem() is not None,
                                                   reason=f"the sandbox cannot start here: {sandbox_problem()}")]
@@ -147,7 +147,7 @@ class Pair(typing.NamedTuple):
 
 def test_a_forbidden_named_tuple_becomes_a_stub_that_raises_when_built():
     """A NamedTuple refuses a `__new__` of its own: stubbed naively, the module would not even import."""
-    from gptcourse.grading.package_view import stub_source
+    from gptcourse.grading.box.package_view import stub_source
 
     namespace: dict = {}
     exec(stub_source(STUBBED_RECORDS, {"Loss", "Pair"}, "gptcourse.records", "13"), namespace)

@@ -2,7 +2,7 @@
 a consistent gradebook and the same scores as stock nbgrader on SQLite.
 
 A throwaway server (Debian's `postgresql` package; `.ci/run` installs it) runs on loopback from a temporary data
-folder (`grading/throwaway_postgres.py`)."""
+folder (`grading/classroom/throwaway_postgres.py`)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import pytest
 from nbgrader_course import Course
 
-from gptcourse.grading.bench_grading import build_class
-from gptcourse.grading.throwaway_postgres import postgres_bin, throwaway_server
-from gptcourse.grading.zygote import Zygote
+from gptcourse.grading.box.zygote import Zygote
+from gptcourse.grading.classroom.bench_grading import build_class
+from gptcourse.grading.classroom.throwaway_postgres import postgres_bin, throwaway_server
 
 LAB = "02_causal_attention"
 pytestmark = pytest.mark.slow

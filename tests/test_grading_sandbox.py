@@ -478,7 +478,7 @@ ORDINARY_KERNEL = '''
 import ctypes, json, os, sys
 from jupyter_client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
-from gptcourse.grading.sandbox import Sandbox
+from gptcourse.grading.box.sandbox import Sandbox
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -513,7 +513,7 @@ finally:
                     reason="needs root on Linux to run the grader as another, ordinary account")
 def test_a_kernel_starts_in_the_box_of_an_ordinary_user(tmp_path_factory):
     """An instructor's server on JupyterHub grades as that instructor's ordinary account, where bwrap makes the
-    box's user namespace and each kernel maps its own in `sandbox._own_namespaces`; every other test grades as
+    box's user namespace and each kernel maps its own in `confine._own_namespaces`; every other test grades as
     root. Here `nobody` starts a box, and in it a kernel that must answer, run a cell and leave every kind of IPC
     object and key it can make, then a second kernel, after the box's reset, that must find none. Each kernel is
     in an IPC namespace and session keyring that are not the grader's nor the one before it's; SysV objects, on

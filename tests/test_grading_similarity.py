@@ -20,8 +20,8 @@ from nbgrader_course import Course
 from similarity_answers import FROM_REFERENCE, HONEST
 
 from gptcourse import cli
-from gptcourse.grading import similarity
-from gptcourse.grading.similarity import DEFAULT_THRESHOLD, REFERENCE, SOLUTIONS, find_similar
+from gptcourse.grading.classroom import similarity
+from gptcourse.grading.classroom.similarity import DEFAULT_THRESHOLD, REFERENCE, SOLUTIONS, find_similar
 
 LABS = ("05_assembling_gpt", "08_bpe_tokenizer", "09_training_by_hand")
 COPIES = ("pair-b", "copy-reference", "copy-solutions")  # pair-b shares pair-a's solution

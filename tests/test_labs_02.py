@@ -66,8 +66,8 @@ class TestLab02(RoundTrip):
     ))
 
     def test_test_cells_show_the_graders_verdict_only(self, course, scores):
-        """The grader re-judged each test cell outside the kernel (gptcourse.grading.judge) and rewrote its outputs:
-        one line per passing test, or a single CheckFailed holding only the diagnostics."""
+        """The grader re-judged each test cell outside the kernel (gptcourse.grading.steps.judge) and rewrote its
+        outputs: one line per passing test, or a single CheckFailed holding only the diagnostics."""
         for student, by_cell in scores.items():
             nb = course.notebook(f"grading/autograded/{student}", LAB)
             for cell in nb.cells:

@@ -10,8 +10,8 @@ import nbformat
 import pytest
 from nbgrader_course import sandbox_problem
 
-from gptcourse.grading.execute import RobustExecute, with_box
-from gptcourse.grading.sandbox import Sandbox
+from gptcourse.grading.box.sandbox import Sandbox
+from gptcourse.grading.steps.execute import RobustExecute, with_box
 from gptcourse.notebook_run import run_all
 
 INTERACT = ('import ipywidgets as widgets\n'

@@ -146,25 +146,25 @@ def _progress_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _autograde(args: argparse.Namespace) -> int:
-    from .grading import batch
+    from .grading.classroom import batch
 
     return batch.command(args)
 
 
 def _autograde_arguments(parser: argparse.ArgumentParser) -> None:
-    from .grading import batch
+    from .grading.classroom import batch
 
     batch.add_arguments(parser)
 
 
 def _similarity(args: argparse.Namespace) -> int:
-    from .grading import similarity
+    from .grading.classroom import similarity
 
     return similarity.command(args)
 
 
 def _similarity_arguments(parser: argparse.ArgumentParser) -> None:
-    from .grading import similarity
+    from .grading.classroom import similarity
 
     similarity.add_arguments(parser)
 

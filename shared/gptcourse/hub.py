@@ -376,7 +376,7 @@ def setup(settings: HubSettings, psql: str, socket_dir: str, pg_port: int, datab
     if bad:
         raise HubSetupError(f"not an account or database name: {bad}; expected lowercase letters, digits, _ or -, "
                             "starting with a letter or _, at most 32 characters")
-    from .grading.intake import student_id_problem
+    from .grading.steps.intake import student_id_problem
 
     not_ids = [name for name in settings.students if student_id_problem(name)]
     if not_ids:  # a student's account is their nbgrader id: it must pass the grader's allowlist too

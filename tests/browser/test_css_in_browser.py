@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from gptcourse.grading.active_content import clean_html, clean_svg
+from gptcourse.grading.steps.active_content import clean_html, clean_svg
 
 pytestmark = pytest.mark.browser
 

@@ -89,7 +89,7 @@ def _needs() -> dict[str, str]:
     pytest.importorskip("psycopg", reason="the PostgreSQL driver: pip install -e '.[dev]'")
     from nbgrader_course import sandbox_problem
 
-    from gptcourse.grading.throwaway_postgres import postgres_bin
+    from gptcourse.grading.classroom.throwaway_postgres import postgres_bin
 
     found = {"proxy": shutil.which("configurable-http-proxy") or "",
              "pg": str(postgres_bin() or "")}

@@ -1,5 +1,10 @@
 """Grading the labs: each lab is a table of pieces (`piece.Piece`), and every test cell is one `check` call.
 
+This package holds the pieces: what is graded and how it is judged (piece, cases, student, fixtures, labs/, the
+kernel's side: kernel, payload, kernel_inputs, handles; forbidden). Its wings sit above it, each importing only
+what is below (pyproject.toml's import-linter contracts): box/ (the isolation), steps/ (nbgrader's steps),
+classroom/ (the instructor's tools). Who changes the pieces: whoever adds or changes a lab, a case or a mistake.
+
 How it runs, what leaves the student's kernel and what to edit for what: docs/grading.md. Adding a piece is a row
 in its lab module (`labs/labNN.py`), a solution cell and a round-trip entry. The row, here for a piece "double"
 of a lab 99 (a real lab ends its module with `declare(...)` of its pieces, which registers their cases):

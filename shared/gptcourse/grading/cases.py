@@ -171,7 +171,7 @@ def hidden_seeds(lab: str, student: str | None, environ: Mapping[str, str] = os.
 def kernel_environment(lab: str, student: str | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment of a kernel that runs `student`'s submission of `lab`: the grader's, without the course
     secret, with the seeds of the lab's hidden cases for that student (the box keeps only the variables it
-    allows: `sandbox.KERNEL_VARIABLES`)."""
+    allows: `confine.KERNEL_VARIABLES`)."""
     env = {name: value for name, value in environ.items() if name not in (SECRET_ENV, HIDDEN_SEEDS_ENV)}
     seeds = sorted(hidden_seeds(lab, student, environ).items())
     env[HIDDEN_SEEDS_ENV] = " ".join(f"{test_id}={seed}" for test_id, seed in seeds)

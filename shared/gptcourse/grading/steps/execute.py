@@ -22,7 +22,7 @@
   whose zygote died is replaced), `gptcourse autograde` hands each worker's box in (`with_box`). If the box
   cannot start, grading stops before anyone is graded (unless `c.Sandbox.allow_unsandboxed`, which runs kernels
   as before: as the grader's user, in a temporary folder);
-- the kernel's environment holds only the variables `sandbox.KERNEL_VARIABLES` names (no token, password or
+- the kernel's environment holds only the variables `confine.KERNEL_VARIABLES` names (no token, password or
   course secret of the grader's), so a cell cannot print a credential into its feedback;
 - a boxed kernel sees a view of the package without the lab's references (`package_view.py`), and gets the
   cases' inputs from the grader, as a file in its /scratch (`kernel_inputs.py`);
@@ -56,14 +56,15 @@ from nbgrader import utils
 from nbgrader.preprocessors import Execute
 from traitlets import Integer
 
-from ..notebook_run import drop_widget_capture
-from .cases import HIDDEN_SEEDS_ENV, kernel_environment
-from .handles import HANDLES, run_source
+from ...notebook_run import drop_widget_capture
+from ..box.confine import kernel_variables
+from ..box.sandbox import Box, Limits, Sandbox, course_folders, read_only_folders, require_sandbox
+from ..box.zygote import ZygoteError
+from ..cases import HIDDEN_SEEDS_ENV, kernel_environment
+from ..handles import HANDLES, run_source
+from ..kernel_inputs import FILE_NAME, INPUTS_ENV, write_inputs
 from .judge import FORGED
-from .kernel_inputs import FILE_NAME, INPUTS_ENV, write_inputs
 from .report import add_line, cell_label
-from .sandbox import Box, Limits, Sandbox, course_folders, kernel_variables, read_only_folders, require_sandbox
-from .zygote import ZygoteError
 
 # A limit of the box, as a cell's error shows it: (limit, words in the error, what the report says was hit).
 LIMIT_SIGNS = (
@@ -274,7 +275,7 @@ class RobustExecute(Execute):
     def create_kernel_manager(self) -> object:
         """In a box: kernels forked by its zygote, connected over the ipc transport."""
         if self._box is not None and not getattr(self.kernel_manager_class, "_gptcourse_box", False):
-            from .zygote import zygote_kernel_manager
+            from ..box.zygote import zygote_kernel_manager
 
             self.kernel_manager_class = zygote_kernel_manager(self.kernel_manager_class, self._box.client,
                                                               ipc_dir=self._box.ipc_dir, owner=self._box.ids)

@@ -28,7 +28,7 @@ from typing import IO, Any
 from nbgrader.plugins.zipcollect import ExtractorPlugin
 from traitlets import Float, Int
 
-from .intake import is_regular, name_problem, read_regular, shown
+from ..steps.intake import is_regular, name_problem, read_regular, shown
 
 
 class ArchiveRefused(Exception):

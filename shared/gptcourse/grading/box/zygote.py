@@ -12,11 +12,11 @@ code, and after preloading it checks that it has no more threads than when it be
 refuses to serve and grading falls back to ordinary kernels.
 
 Pieces:
-- `serve(path)`: the zygote (`python -m gptcourse.grading.zygote SOCKET`); one JSON line per request on a Unix
+- `serve(path)`: the zygote (`python -m gptcourse.grading.box.zygote SOCKET`); one JSON line per request on a Unix
   socket: spawn a kernel, poll one. It exits, killing its kernels, when its stdin closes (its owner is gone).
   `serve(box=...)` (`--box JSON`) is the zygote as the main process of a sandbox (`sandbox.Box`): one connection,
   an inherited socket; each kernel drops to the kernel user and every capability and gets the box's limits
-  (`sandbox.drop_privileges`: the box's policy lives in sandbox.py); it
+  (`confine.drop_privileges`: what the box does inside lives in confine.py); it
   also signals its kernels (their pids are the box's), `reset`s the box between submissions, and kills a kernel
   with every process it started when their memory together hits the limit (`memory_limit.MemoryGuard`, looked at
   from the select loop: a thread would make forking unsafe). If forking is unsafe there, it forks and execs
@@ -58,9 +58,9 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Instance
 
-from .cases import SECRET_ENV
+from ..cases import SECRET_ENV
+from .confine import box_environment, drop_privileges, kill_the_rest, map_kernel_user, reset_box, undumpable
 from .memory_limit import TICK, MemoryGuard
-from .sandbox import drop_privileges, kill_the_rest, map_kernel_user, reset_box, undumpable
 
 # What a lab's kernel imports; a name that is not installed is skipped. torch._dynamo: a kernel's first optimizer
 # step imports it, and so does the first operation under a TorchDispatchMode (student.TensorsMade, which the cases
@@ -70,6 +70,18 @@ PRELOAD = ("torch", "torch._dynamo", "gptcourse", "gptcourse.grading", "ipykerne
            "IPython.extensions.storemagic", "ipywidgets", "sqlite3", "psutil", "tqdm")
 _PR_SET_PDEATHSIG = 1
 _CONNECT_TIMEOUT = 300.0  # preloading torch on a loaded machine
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    """Close the stdin of a zygote or box, whose end tells it to stop, and wait for it; kill it after 10 s."""
+    if process.stdin and not process.stdin.closed:
+        process.stdin.close()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
 
 
 class ZygoteError(RuntimeError):
@@ -99,7 +111,7 @@ def preload(baseline: int) -> None:
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
-    from .cases import registry
+    from ..cases import registry
 
     registry()
     check_fork_safe(baseline)
@@ -300,7 +312,7 @@ class Zygote:
         self._folder = tempfile.TemporaryDirectory(prefix="gptcourse-zygote-")
         self.socket_path = os.path.join(self._folder.name, "zygote.sock")
         env = {name: value for name, value in os.environ.items() if name != SECRET_ENV}  # kernels are forked from it
-        self.process = subprocess.Popen([sys.executable, "-m", "gptcourse.grading.zygote", self.socket_path],
+        self.process = subprocess.Popen([sys.executable, "-m", "gptcourse.grading.box.zygote", self.socket_path],
                                         stdin=subprocess.PIPE, stdout=log, stderr=log, env=env)
 
     @staticmethod
@@ -309,8 +321,6 @@ class Zygote:
 
     def close(self) -> None:
         """Stop the zygote (it kills its kernels); safe to call twice."""
-        from .sandbox import stop_process
-
         stop_process(self.process)
         self._folder.cleanup()
 
@@ -434,8 +444,6 @@ class ZygoteProvisioner(LocalProvisioner):
     client = Instance(ZygoteClient, allow_none=True)
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
-        from .sandbox import box_environment
-
         args = ipykernel_args(cmd)
         boxed = self.client is not None and self.client.boxed
         if (self.client is None or args is None) and not boxed:

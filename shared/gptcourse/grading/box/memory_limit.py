@@ -19,7 +19,7 @@ zygote.py), and every kernel makes itself the first choice of the machine's OOM 
 The zygote counts the kills; the grader asks that count when a kernel died (`Box.memory_limit_hit`), so the
 report names the limit. tmpfs folders are bounded by their sizes (the cgroup counts them too). Shared memory: the
 cgroup counts it; the watchdog sees only what is mapped, so as root a kernel's SysV segments are capped at the
-limit in its own IPC namespace (`sandbox.ipc_bounds`), and whatever a kernel left there is freed when it exits.
+limit in its own IPC namespace (`confine.ipc_bounds`), and whatever a kernel left there is freed when it exits.
 
 Leftovers: a box's cgroup is removed when the box closes; a cgroup whose grader died (its name holds the
 grader's pid and start time) is removed, with any process left in it, when the next box starts below the same
@@ -149,11 +149,16 @@ def _make_box_cgroup(limit_bytes: int) -> tuple[int, str] | str:
     return version, folder
 
 
+class NoMemoryCgroup(SystemExit):
+    """memory_bound = "cgroup" where no cgroup can be made: the box cannot start (`sandbox.Box` raises it as
+    SandboxUnavailable, which stops grading before anyone is graded)."""
+
+
 class BoxMemory:
     """The grader's side of one box's memory limit: its cgroup (or None: the zygote's watchdog bounds it), what
     the zygote needs (`settings`, with descriptors `fds` to pass it), and the cgroup's removal (`close`).
 
-    `mode` "cgroup" raises SandboxUnavailable where no cgroup can be made; "auto" falls back to the watchdog."""
+    `mode` "cgroup" raises NoMemoryCgroup where no cgroup can be made; "auto" falls back to the watchdog."""
 
     def __init__(self, limit_bytes: int, mode: str = "auto") -> None:
         if mode not in MODES:
@@ -163,9 +168,7 @@ class BoxMemory:
         made = _make_box_cgroup(limit_bytes) if mode != "watchdog" else "the watchdog was asked for"
         if isinstance(made, str):
             if mode == "cgroup":
-                from .sandbox import SandboxUnavailable
-
-                raise SandboxUnavailable(f"c.Sandbox.memory_bound = 'cgroup', but {made}: run the grader as root, "
+                raise NoMemoryCgroup(f"c.Sandbox.memory_bound = 'cgroup', but {made}: run the grader as root, "
                                          f"in a cgroup it may delegate to, or set memory_bound = 'auto'")
             self.settings: dict[str, Any] = {"watch_bytes": limit_bytes}
             return

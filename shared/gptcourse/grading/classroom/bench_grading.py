@@ -1,6 +1,6 @@
 """Benchmark: stock serial `nbgrader autograde LAB` against `gptcourse autograde LAB` on the same class.
 
-    python -m gptcourse.grading.bench_grading [--lab 02_causal_attention] [--students 32] [--course .]
+    python -m gptcourse.grading.classroom.bench_grading [--lab 02_causal_attention] [--students 32] [--course .]
                                               [--cluster local:2] [--cluster-db postgresql://...]
 
 Builds a class of submissions of one lab in two identical temporary copies of the course (its

@@ -134,7 +134,7 @@ def code_cells(notebook: Any) -> list[str]:
 
 def read_notebook(path: Path) -> dict:
     """The notebook's JSON; ValueError (with what was wrong) if it is not one."""
-    from .intake import read_regular
+    from ..steps.intake import read_regular
 
     try:
         data = read_regular(path, MAX_NOTEBOOK_BYTES)  # never through a link, never a device
@@ -151,7 +151,7 @@ def read_notebook(path: Path) -> dict:
 
 def submitted_notebook(folder: Path, lab: str) -> Path | None:
     """The lab's notebook in a submitted folder (nbgrader's name; else the only notebook there)."""
-    from .intake import is_regular
+    from ..steps.intake import is_regular
 
     named = folder / f"{lab}.ipynb"
     if is_regular(named):
@@ -271,13 +271,14 @@ class Lab:
 
 def load_lab(root: Path, lab: str) -> Lab:
     """The lab's pieces (from gptcourse.grading.labs), its release (boilerplate) and its public solution."""
-    from .piece import lab_pieces
+    from .. import labs
+    from ..piece import lab_pieces
 
     number = lab_number(lab)
     try:
-        importlib.import_module(f"{__package__}.labs.lab{number}")  # declares its pieces
+        importlib.import_module(f"{labs.__name__}.lab{number}")  # declares its pieces
     except ModuleNotFoundError:
-        raise SystemExit(f"no grading module gptcourse.grading.labs.lab{number} for lab {lab}") from None
+        raise SystemExit(f"no grading module {labs.__name__}.lab{number} for lab {lab}") from None
     pieces = lab_pieces(number)
     if not pieces:
         raise SystemExit(f"no graded pieces declared for lab {lab} in gptcourse.grading.labs")
@@ -535,7 +536,7 @@ def submitted_folders(root: Path, lab: str) -> dict[str, Path]:
     """{student id: submitted folder} of `lab`, as nbgrader's course directory finds them, those whose id the
     grader refuses included (the comparison is evidence, makes no path from an id and escapes every one), those
     that are links not."""
-    from .batch import submissions
+    from .grade_one import submissions
 
     coursedir = course_directory(root)
     refused: list[Path] = []

@@ -2,7 +2,7 @@
 gradebook.
 
 Each submission is one Dask task. A Dask worker grades it exactly as a `gptcourse autograde` worker does
-(`batch.grade_submission`: nbgrader's Autograde with the course's config, each kernel forked in the worker's own
+(`grade_one.grade_submission`: nbgrader's Autograde with the course's config, each kernel forked in the worker's own
 bubblewrap box, reset between submissions), writes the grades to the shared gradebook and the autograded notebook,
 report and resume record to the course folder, and sends back the outcome for the progress bar and the summary.
 A worker grades one submission at a time (a lock, whatever its thread count), in one box it keeps between tasks.
@@ -41,8 +41,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..threads import cores
-from .batch import Outcome
+from ...threads import cores
+from .grade_one import Outcome, grade_submission, nbgrader_app, wait_for_sqlite_locks
 
 LOCAL = "local:"
 PACKAGE = "gptcourse"
@@ -92,7 +92,7 @@ def worker_problems(root: str, config_digest: str | None, db_url: str, probe: st
     shows it; a copy does not)."""
     from traitlets.config import Config, PyFileConfigLoader
 
-    from .sandbox import SandboxUnavailable, course_folders, require_sandbox
+    from ..box.sandbox import SandboxUnavailable, course_folders, require_sandbox
 
     problems = []
     config_file = Path(root, "nbgrader_config.py")
@@ -187,15 +187,14 @@ class _Grader:
     def __init__(self, root: str, lab: str, nbgrader_args: list[str], threads: int, log_path: str) -> None:
         import torch
 
-        from .batch import _nbgrader_app, _wait_for_sqlite_locks
-        from .sandbox import Sandbox, course_folders, require_sandbox
+        from ..box.sandbox import Sandbox, course_folders, require_sandbox
 
         os.chdir(root)  # nbgrader's paths are relative to the course root, the working folder
         torch.set_num_threads(threads)
         self.lab, self.threads = lab, threads
         self.log = open(log_path, "ab")  # the box writes its kernels' output here while it lives
-        _wait_for_sqlite_locks()
-        self.app = _nbgrader_app(lab, nbgrader_args)
+        wait_for_sqlite_locks()
+        self.app = nbgrader_app(lab, nbgrader_args)
         for handler in list(self.app.log.handlers):  # nbgrader's log goes to the batch's log, not the worker's
             self.app.log.removeHandler(handler)
         self.app.log.addHandler(logging.FileHandler(log_path))
@@ -211,8 +210,6 @@ class _Grader:
                                                           threads=self.threads, lab=self.lab)
 
     def grade(self, student: str) -> dict[str, Any]:
-        from .batch import grade_submission
-
         try:
             if self.box is not None and not self.box.alive():  # a kernel killed its zygote: a fresh box
                 self.box.close()

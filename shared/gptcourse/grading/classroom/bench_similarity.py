@@ -1,6 +1,6 @@
 """Benchmark: `gptcourse similarity LAB` on a class of submissions (the target: 200 in at most a minute).
 
-    python -m gptcourse.grading.bench_similarity [--lab 09_training_by_hand] [--students 200] [--course .]
+    python -m gptcourse.grading.classroom.bench_similarity [--lab 09_training_by_hand] [--students 200] [--course .]
 
 Builds the class in a temporary copy of the course (nbgrader_config.py, solutions/, labs/): every tenth student
 hands in the untouched release, the others the public solution with a few lines of their own inserted at random

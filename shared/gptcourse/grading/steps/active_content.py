@@ -36,7 +36,7 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
 from nbgrader.preprocessors import NbGraderPreprocessor
 
-from .payload import MIME
+from ..payload import MIME
 from .report import add_line, cell_label
 
 IMAGE_MIMETYPES = frozenset({"image/png", "image/jpeg", "image/gif"})
