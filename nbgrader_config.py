@@ -93,8 +93,8 @@ def _missing_notebooks(assignment: str, student: str, notebooks: list[str]) -> N
     missing the lab's notebook (say, only a misnamed copy) is graded 0 with a report line; a
     submitted folder with no notebook at all, which nbgrader skips, gets a report that says so."""
     from gptcourse.grading.box.sandbox import require_sandbox
-    from gptcourse.grading.steps.intake import admit_for_autograde
-    from gptcourse.grading.steps.report import WriteGradingReport, report_folders_without_notebook
+    from gptcourse.grading.steps.intake import admit_for_autograde, report_folders_without_notebook
+    from gptcourse.grading.steps.report import WriteGradingReport
     from gptcourse.grading.steps.sanitize import expect_lab_notebooks
 
     require_sandbox(c, forbidden=[ROOT])

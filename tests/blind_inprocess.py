@@ -18,7 +18,7 @@ from nbgrader_course import ROOT
 
 from gptcourse.checks import CheckFailed
 from gptcourse.grading import check
-from gptcourse.grading.cases import get_case, lab_cases
+from gptcourse.grading.cases import CaseId, get_case, lab_cases
 
 CHECK_CALL = re.compile(r'check\("([^"]+)", (\w+)\)')
 
@@ -43,10 +43,10 @@ def diagnosis(test_id: str, message: str) -> str:
 def first_failure(lab: str, answers: dict[str, str]) -> tuple[str, str] | None:
     """(test id, diagnosis) of the first case the student fails among the pieces they wrote, visible first."""
     namespace = notebook_namespace(lab, answers)
-    cases = [c for c in lab_cases(lab) if c.id.split(".")[1] in answers]
+    cases = [c for c in lab_cases(lab) if CaseId.parse(c.id).piece in answers]
     for case in sorted(cases, key=lambda c: c.hidden):
         try:
-            check(case.id, namespace[case.id.split(".")[1]])
+            check(case.id, namespace[CaseId.parse(case.id).piece])
         except CheckFailed as failed:
             return case.id, diagnosis(case.id, str(failed))
     return None

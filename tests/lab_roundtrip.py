@@ -23,8 +23,9 @@ from nbgrader_course import ROOT, Course
 
 from gptcourse.checks import CheckFailed
 from gptcourse.grading import check
-from gptcourse.grading.cases import CaseId, forbidden_names, get_case
+from gptcourse.grading.cases import CaseId, get_case
 from gptcourse.grading.forbidden import find_forbidden
+from gptcourse.grading.piece import forbidden_names
 
 
 def files(folder: Path) -> dict[str, bytes]:
@@ -47,7 +48,7 @@ def diagnosis(lab: str, answers: dict[str, str], test_id: str) -> str:
     """The message with which the solution's cells of `lab`, `answers` in place, fail case `test_id`, after the
     case's description (which is the same for every student), unwrapped."""
     with pytest.raises(CheckFailed) as failed:
-        check(test_id, solved_namespace(lab, answers)[test_id.split(".")[1]])
+        check(test_id, solved_namespace(lab, answers)[CaseId.parse(test_id).piece])
     return after_description(str(failed.value), test_id)
 
 

@@ -27,10 +27,10 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from gptcourse.checks import CheckFailed
 from gptcourse.grading import MIME, case_seed, check, get_case, judge_payload, labs
-from gptcourse.grading.cases import forbidden_names
+from gptcourse.grading.cases import CaseId
 from gptcourse.grading.forbidden import HOW, calls_to, find_forbidden, reference_behind, reference_table, resolve
 from gptcourse.grading.payload import make_payload
-from gptcourse.grading.piece import lab_pieces
+from gptcourse.grading.piece import forbidden_names, lab_pieces
 from gptcourse.grading.steps.judge import JudgeTestCells
 from gptcourse.grading.steps.report import report_lines
 
@@ -246,7 +246,7 @@ def solution_namespace(lab_folder: str) -> tuple[dict[str, Any], list[tuple[str,
         if meta.get("grade") and not meta.get("solution"):
             for node in ast.walk(ast.parse(cell.source)):
                 if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "check":
-                    checked[node.args[0].value.split(".")[1]] = node.args[1].id
+                    checked[CaseId.parse(node.args[0].value).piece] = node.args[1].id
             continue
         source = "\n".join(line for line in cell.source.splitlines() if "### " not in line)
         exec(compile(source, meta.get("grade_id", "cell"), "exec"), namespace)
@@ -283,7 +283,7 @@ def _own_references() -> list[tuple[str, str, str, str]]:
     for folder in SOLVED:
         lab = folder[:2]
         nb = nbformat.read(ROOT / "solutions" / folder / f"{folder}.ipynb", as_version=4)
-        checked = {test_id.split(".")[1]: obj for cell in nb.cells
+        checked = {CaseId.parse(test_id).piece: obj for cell in nb.cells
                    for test_id, obj in re.findall(r'check\("([^"]+)", (\w+)\)', cell.source)}
         for piece in lab_pieces(lab):
             names = [n for n in piece.forbidden if resolve(n, roots(lab)) is piece.reference]

@@ -11,9 +11,9 @@ import torch
 from nbformat.v4 import new_code_cell, new_output
 
 from gptcourse.grading import MIME, case_seed, get_case, judge_payload
-from gptcourse.grading.cases import forbidden_names
 from gptcourse.grading.forbidden import find_forbidden
 from gptcourse.grading.payload import make_payload
+from gptcourse.grading.piece import forbidden_names
 from gptcourse.grading.steps.judge import expected_test_ids, judge_cell
 
 

@@ -20,8 +20,9 @@ from nbformat.v4 import new_code_cell, new_notebook
 from nbgrader_course import ROOT, sandbox_problem
 
 from gptcourse.grading.box.sandbox import Sandbox
-from gptcourse.grading.cases import forbidden_names, lab_cases
+from gptcourse.grading.cases import lab_cases
 from gptcourse.grading.forbidden import reference_table
+from gptcourse.grading.piece import forbidden_names
 from gptcourse.grading.steps.execute import RobustExecute, with_box
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sandbox_problem() is not None,

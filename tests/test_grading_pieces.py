@@ -12,8 +12,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from gptcourse.grading.cases import CaseId, forbidden_names, lab_cases, registry
-from gptcourse.grading.piece import lab_pieces
+from gptcourse.grading.cases import CaseId, lab_cases, registry
+from gptcourse.grading.piece import forbidden_names, lab_pieces
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = {path.parent.name[:2]: path for path in sorted((ROOT / "solutions").glob("*/*.ipynb"))}

@@ -2,7 +2,7 @@
 checks.
 
 Each piece of a lab declares its `forbidden` names, ("gptcourse.attention", "gptcourse.training.loop", ...)
-(`cases.forbidden_names` reads them): the references a student must not use for that piece. A name is resolved
+(`piece.forbidden_names` reads them): the references a student must not use for that piece. A name is resolved
 as Python resolves it, attribute of the object first, then submodule (`from gptcourse import attention` is the
 function that `gptcourse` exports); a module stands for itself and every function and class it defines
 ("anything from gptcourse.training.loop"). A reference is matched by identity, so re-exports and aliases are the

@@ -15,11 +15,12 @@ import warnings
 from typing import Any
 
 from ..checks import CheckFailed
-from .cases import Case, CaseId, case_seed, forbidden_names, get_case
+from .cases import Case, CaseId, case_seed, get_case
 from .forbidden import calls_to, reference_behind
 from .handles import is_handle, run_of
 from .kernel_inputs import INPUTS_ENV, graded_inputs
 from .payload import MIME, judge_payload, make_payload
+from .piece import forbidden_names
 from .student import describe_error
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..checks import check_close, check_dtype, check_shape, fail
-from .cases import Case, CaseId, Inputs, Outputs, register
+from .cases import Case, CaseId, Inputs, Outputs, register, registry
 
 Judge = Callable[[Outputs, Outputs, Inputs], None]
 
@@ -119,3 +119,10 @@ def declare(*pieces: Piece) -> tuple[Piece, ...]:
 def lab_pieces(lab: str) -> list[Piece]:
     """The declared pieces of lab `lab` ("10"), in declaration order (the registry must be loaded)."""
     return [piece for piece in PIECES.values() if piece.lab == lab]
+
+
+def forbidden_names(lab: str) -> dict[str, tuple[str, ...]]:
+    """Piece -> dotted names of the references a student must not import or call for it, in lab `lab` ("10"):
+    its pieces' `forbidden`."""
+    registry()
+    return {piece.name: piece.forbidden for piece in lab_pieces(lab) if piece.forbidden}

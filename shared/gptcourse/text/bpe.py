@@ -116,7 +116,7 @@ class _Greatest:
         return self.key > other.key
 
 
-def _merge_pair(ids: Sequence[int], a: int, b: int, new: int) -> list[int]:
+def merge_pair(ids: Sequence[int], a: int, b: int, new: int) -> list[int]:
     """`ids` with each occurrence of the pair (a, b) replaced by `new`, left to right (so (a, a, a) with (a, a)
     gives (new, a))."""
     merged, j = [], 0
@@ -164,7 +164,7 @@ def train_merges(words: Counter[bytes], size: int) -> list[tuple[bytes, bytes]]:
         changed: dict[Pair, int] = defaultdict(int)
         for i in where.pop(pair):
             seq, n = seqs[i], freq[i]
-            merged = _merge_pair(seq, a, b, new)
+            merged = merge_pair(seq, a, b, new)
             if len(merged) == len(seq):
                 continue  # listed under the pair earlier, no longer holds it
             for old in pairwise(seq):
@@ -291,7 +291,7 @@ class BPETokenizer:
             best = min(pairwise(ids), key=lambda p: ranks.get(p, never))
             if best not in ranks:
                 break
-            ids = _merge_pair(ids, *best, ranks[best][1])
+            ids = merge_pair(ids, *best, ranks[best][1])
         if len(self._cache) < 200_000:
             self._cache[word] = ids
         return ids

@@ -145,8 +145,9 @@ def _module_name(relative: str) -> str:
 def stubbed_definitions(lab: str) -> dict[str, set[str]]:
     """module -> the top-level functions and classes that are stubs in lab `lab`'s view: those the lab forbids,
     and those of the grading modules that no graded kernel reaches."""
-    from ..cases import forbidden_names, registry
+    from ..cases import registry
     from ..forbidden import reference_table
+    from ..piece import forbidden_names
 
     trees = {module: ast.parse(data.decode()) for relative, data in _package_files(package_folder())
              if (module := _module_name(relative))}

@@ -347,7 +347,8 @@ def _autograde_class(app: Any, lab: str, force: bool, progress: bool, runner: An
 
 def _no_notebook(submission: Submission, lab: str, app: Any) -> Outcome:
     """A submitted folder without any notebook: nbgrader does not see it; the summary and its report say so."""
-    from ..steps.report import WriteGradingReport, report_no_notebook
+    from ..steps.intake import report_no_notebook
+    from ..steps.report import WriteGradingReport
 
     path = Path(app.coursedir.root, WriteGradingReport(config=app.config).report_path(submission.student, lab, lab))
     return Outcome(submission.student, "no notebook",

@@ -4,7 +4,7 @@
 Ids 0-255 are the bytes; merge k (a pair of ids) makes id 256 + k. `train_bpe` pre-tokenizes with GPT-2's regex
 (`gptcourse.GPT2_PATTERN`) and breaks ties between equally frequent pairs towards the lexicographically greatest
 pair of byte strings, as `gptcourse.BPETokenizer` does. The references are that class (and its module's
-`_merge_pair`) behind the student's interface: the student's merges are pairs of ids, the class's pairs of byte
+`merge_pair`) behind the student's interface: the student's merges are pairs of ids, the class's pairs of byte
 strings. A wrong result is compared with what the usual mistakes give (ties broken the other way, overlapping
 pairs merged twice, no pre-tokenization, decoding token by token), and the diagnostic names the first wrong merge
 or the first position where the ids differ, in bytes.
@@ -22,7 +22,7 @@ import regex
 import torch
 
 from ...checks import fail
-from ...text.bpe import GPT2_PATTERN, BPETokenizer, _merge_pair, pretoken_counts
+from ...text.bpe import GPT2_PATTERN, BPETokenizer, merge_pair, pretoken_counts
 from ...text.corpus import load_text
 from ..cases import Inputs, Outputs, given, sizes_rng
 from ..piece import Piece, declare
@@ -59,13 +59,13 @@ def trained_merges(text: str, vocab_size: int) -> list[Pair]:
 
 
 def merged_twice(word: Word, a: int, b: int, new: int) -> list[int]:
-    """`_merge_pair` with the mistake of reusing the right half of a replaced pair: every position that starts
+    """`merge_pair` with the mistake of reusing the right half of a replaced pair: every position that starts
     the pair (a, b) becomes `new`."""
     return [new if p == (a, b) else p[0] for p in zip(word, (*word[1:], None), strict=True)]
 
 
 def merged_losing_the_last(word: Word, a: int, b: int, new: int) -> list[int]:
-    """`_merge_pair` with the mistake of a loop that stops at len(word) - 1: an id after the last pair is lost."""
+    """`merge_pair` with the mistake of a loop that stops at len(word) - 1: an id after the last pair is lost."""
     out, j = [], 0
     while j < len(word) - 1:
         if (word[j], word[j + 1]) == (a, b):
@@ -98,7 +98,7 @@ def _pair_counts(words: Mapping[Word, int], weighted: bool = True, overlapping: 
     return counts
 
 
-def _merged(words: Mapping[Word, int], pair: Pair, new: int, merge: Callable[..., list[int]] = _merge_pair
+def _merged(words: Mapping[Word, int], pair: Pair, new: int, merge: Callable[..., list[int]] = merge_pair
             ) -> Counter[Word]:
     out: Counter[Word] = Counter()
     for word, n in words.items():
@@ -122,7 +122,7 @@ def slow_train(text: str, vocab_size: int, tie: str = "greatest", pretokenize: b
     while 256 + len(merges) < vocab_size and (counts := _pair_counts(words, weighted, overlapping)):
         top = max(counts.values())
         merges.append(TIE_RULES[tie]([p for p, n in counts.items() if n == top], vocab_of(merges)))
-        words = _merged(words, merges[-1], 255 + len(merges), merged_twice if overlap else _merge_pair)
+        words = _merged(words, merges[-1], 255 + len(merges), merged_twice if overlap else merge_pair)
     return merges
 
 
@@ -135,7 +135,7 @@ def encode_with(text: str, merges: list[Pair], newest_first: bool = False, preto
     for word in regex.findall(GPT2_PATTERN, text) if pretokenize else [text]:
         ids = [ord(c) for c in word] if code_points else list(word.encode("utf-8"))
         for k in order:
-            ids = (merged_twice if overlap else _merge_pair)(ids, *merges[k], 256 + k)
+            ids = (merged_twice if overlap else merge_pair)(ids, *merges[k], 256 + k)
         out.extend(ids)
     return out
 
@@ -281,7 +281,7 @@ def _merge_mistakes(inputs: Inputs) -> dict[str, Sequence[int]]:
         f"the right half of a replaced pair is used again: after replacing ids[i], ids[i + 1] by {new}, continue "
         "at i + 2 (so overlapping occurrences merge once: (97, 97, 97) with (97, 97) gives (256, 97))":
             merged_twice(ids, a, b, new),
-        "the pair was merged the wrong way round: (a, b) means a followed by b": _merge_pair(ids, b, a, new),
+        "the pair was merged the wrong way round: (a, b) means a followed by b": merge_pair(ids, b, a, new),
         "the last id is lost: a loop while i < len(ids) - 1 never keeps an id that follows the last pair; loop "
         "while i < len(ids), and keep ids[i] unless ids[i], ids[i + 1] is the pair":
             merged_losing_the_last(ids, a, b, new),
@@ -471,7 +471,7 @@ PIECES = declare(
                     lambda seed: {"ids": list(b"aaabdaaabac")})],
           hidden=[("hidden_short", "count_pairs of a single id (no pairs)", lambda seed: {"ids": [7]}),
                   ("hidden_random", "count_pairs of other ids", lambda seed: {"ids": _random_ids(seed)})]),
-    Piece("08", "merge_pair", lambda ids, pair, new_id: _merge_pair(ids, *pair, new_id), _merge_call,
+    Piece("08", "merge_pair", lambda ids, pair, new_id: merge_pair(ids, *pair, new_id), _merge_call,
           judge=partial(_judge_ids, "merge_pair", _merge_mistakes), forbidden=_FORBIDDEN,
           visible=[("visible", "merge_pair of 'aaabdaaabac' with (97, 98) 'ab' -> 256",
                     given(ids=list(b"aaabdaaabac"), pair=(97, 98), new_id=256)),

@@ -33,10 +33,11 @@ from nbformat.v4 import new_output
 from nbgrader import utils
 from nbgrader.preprocessors import NbGraderPreprocessor
 
-from ..cases import CaseId, forbidden_names
+from ..cases import CaseId
 from ..forbidden import Finding, find_forbidden
 from ..handles import HANDLES, named_payload
 from ..payload import MIME, judge_payload, reference_text
+from ..piece import forbidden_names
 from .report import add_line, cell_label
 
 STOP_REASON_CHARS = 300

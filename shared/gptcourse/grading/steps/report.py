@@ -83,37 +83,3 @@ class WriteGradingReport(NbGraderPreprocessor):
         nb.cells = [c for c in nb.cells if c.get("id") != REPORT_CELL_ID]
         nb.cells.insert(0, cell)
         return nb, resources
-
-
-def report_no_notebook(root: str | Path, folder: Path, student: str, lab: str, path: Path) -> str:
-    """Write the report of a submitted folder that holds no notebook; return its last line.
-
-    Where the intake refused what was submitted (a notebook that is a link, moved out on an earlier run), the report
-    gives its refusal lines (grading/refused/LAB/STUDENT.txt), as the first run's did. nbgrader does not see such
-    a folder: no gradebook row, or the 0 of the run that refused it; `nbgrader export` counts both as 0."""
-    from .intake import read_record
-
-    refused = read_record(root, lab, student)
-    if refused:
-        line = "no notebook is left to grade: what was submitted was refused (the lines above); it scores 0 points"
-    else:
-        held = sorted(p.name for p in folder.iterdir())
-        line = (f"no notebook was submitted (the folder holds {', '.join(held[:5]) or 'nothing'}): nothing to "
-                "grade; nbgrader records no submission, which exports as 0 points")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{student} {lab}: no submission\n" + "".join(f"- {each}\n" for each in [*refused, line]))
-    return line
-
-
-def report_folders_without_notebook(root: str | Path, notebooks: list[str], reports: WriteGradingReport) -> None:
-    """nbgrader's pre-convert hook, second part: the submitted folders of the lab (siblings of this submission's,
-    <submitted>/<student>/<lab>) that hold no notebook get their report, since nbgrader never converts them; a
-    folder whose student id is not allowed gets none (no path is made from it)."""
-    from .intake import student_id_problem
-
-    for folder in sorted({Path(path).parent for path in notebooks}):
-        lab = folder.name
-        for sibling in sorted(folder.parent.parent.glob(f"*/{lab}")):
-            student = sibling.parent.name
-            if student_id_problem(student) is None and sibling.is_dir() and not any(sibling.glob("*.ipynb")):
-                report_no_notebook(root, sibling, student, lab, reports.report_path(student, lab, lab))
