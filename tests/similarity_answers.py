@@ -447,7 +447,7 @@ def decode(ids: list[int], merges: list[tuple[int, int]]) -> str:
     },
 }
 
-# gptcourse.text.bpe's _merge_pair, train_merges (incremental counts and a heap), _encode_word's lowest-rank loop
+# gptcourse.text.bpe's merge_pair, train_merges (incremental counts and a heap), _encode_word's lowest-rank loop
 # and decode_bytes, adapted to the lab's ids, renamed and partly reordered.
 FROM_REFERENCE["08_bpe_tokenizer"] = {
     "count_pairs": '''

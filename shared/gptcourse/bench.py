@@ -19,7 +19,7 @@ table counts: it is the output projection), and 12 L C T the attention scores an
 multiply-adds per token per layer, x3 for forward + backward), counted over the full T x T square as nanoGPT
 does although a causal kernel skips half of it. MFU = tokens/s x FLOPs per token / peak.
 
-The peer is `transformers.GPT2LMHeadModel`, trained by the same step (`train.train_step`: loss, backward,
+The peer is `transformers.GPT2LMHeadModel`, trained by the same step (`training.loop.train_step`: loss, backward,
 clipping, AdamW), in two forms timed in the same rounds:
 - "HF GPT-2" (the target's peer): GPT2LMHeadModel(GPT2Config(n_layer, n_head, n_embd, n_positions, vocab_size)),
   the model at these sizes as transformers ships it, i.e. with GPT2Config's defaults: dropout 0.1 on embeddings,
@@ -62,11 +62,11 @@ from itertools import pairwise
 import torch
 from torch import nn
 
-from .inference.kv_cache import kv_cache_bytes
 from .inference.sampling import decode_layout, generate
 from .model.causal_attention import attention, fused_attention
 from .model.config import GPTConfig
 from .model.gpt import GPT
+from .model.kv_cache import kv_cache_bytes
 from .model.params import count_parameters, parameter_breakdown
 from .model.tiled_attention import flash_attention
 from .nanogpt_peer import ENV as NANOGPT_ENV

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..inference.kv_cache import LayerCache
 from .causal_attention import MultiHeadAttention
 from .config import GPTConfig
+from .kv_cache import LayerCache
 from .mlp import make_mlp
 from .norms import make_norm
 

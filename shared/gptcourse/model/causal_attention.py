@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..inference.kv_cache import LayerCache
+from .kv_cache import LayerCache
 from .positions import apply_rope
 
 

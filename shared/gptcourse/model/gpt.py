@@ -17,10 +17,10 @@ import math
 import torch
 from torch import nn
 
-from ..inference.kv_cache import KVCache
 from .block import DecoderBlock
 from .causal_attention import padding_mask
 from .config import GPTConfig
+from .kv_cache import KVCache
 from .norms import make_norm
 from .positions import LearnedPositions, RotaryEmbedding
 

@@ -20,11 +20,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from ...checks import CheckFailed, check_close, check_dtype, check_shape, fail, fmt_shape
-from ...inference.kv_cache import LayerCache
 from ...inference.sampling import generate
 from ...model.causal_attention import MultiHeadAttention, attention, repeat_kv
 from ...model.config import GPTConfig
 from ...model.gpt import GPT
+from ...model.kv_cache import LayerCache
 from ...model.mlp import make_mlp
 from ...model.norms import make_norm
 from ...model.positions import LearnedPositions, RotaryEmbedding, apply_rope
@@ -33,7 +33,7 @@ from ..fixtures import gpt_with_tokens, load_gpt_weights, reference_gpt
 from ..piece import Piece, declare
 from ..student import as_tensor, as_tensors, build_module, returns
 
-_CACHE = ("gptcourse.LayerCache", "gptcourse.KVCache", "gptcourse.inference.kv_cache")
+_CACHE = ("gptcourse.LayerCache", "gptcourse.KVCache", "gptcourse.model.kv_cache")
 _ATTENTION = ("gptcourse.attention", "gptcourse.fused_attention", "gptcourse.MultiHeadAttention",
               "gptcourse.model.causal_attention")
 _SAMPLING = ("gptcourse.filter_logits", "gptcourse.generate", "gptcourse.inference.sampling")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from ..model.config import GPTConfig
+    from .config import GPTConfig
 
 
 def kv_cache_bytes(config: GPTConfig, positions: int, batch: int = 1, dtype: torch.dtype = torch.float32) -> int:
