@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from itertools import pairwise
+from itertools import pairwise, zip_longest
 from typing import Any
 
 import regex
@@ -58,22 +58,20 @@ def trained_merges(text: str, vocab_size: int) -> list[Pair]:
 # ---- what the usual mistakes compute
 
 
-def merged_twice(word: Word, a: int, b: int, new: int) -> list[int]:
-    """`merge_pair` with the mistake of reusing the right half of a replaced pair: every position that starts
-    the pair (a, b) becomes `new`."""
-    return [new if p == (a, b) else p[0] for p in zip(word, (*word[1:], None), strict=True)]
-
-
-def merged_losing_the_last(word: Word, a: int, b: int, new: int) -> list[int]:
-    """`merge_pair` with the mistake of a loop that stops at len(word) - 1: an id after the last pair is lost."""
-    out, j = [], 0
-    while j < len(word) - 1:
-        if (word[j], word[j + 1]) == (a, b):
+def merged(word: Sequence[int], a: int, b: int, new: int, *, twice: bool = False, losing_the_last: bool = False
+           ) -> list[int]:
+    """`word` with each occurrence of the pair (a, b) replaced by `new`, left to right, or with one of the usual
+    mistakes: `twice` reuses the right half of a replaced pair (every position that starts the pair becomes `new`),
+    `losing_the_last` loops while i < len(word) - 1, so an id after the last pair is lost."""
+    out, used = [], False  # used: this id was the right half of the pair just replaced
+    for here, after in zip_longest(word, word[1:]):  # each id and the one after it (None after the last)
+        if used:
+            used = False
+        elif (here, after) == (a, b):
             out.append(new)
-            j += 2
-        else:
-            out.append(word[j])
-            j += 1
+            used = not twice
+        elif after is not None or not losing_the_last:
+            out.append(here)
     return out
 
 
@@ -98,11 +96,10 @@ def _pair_counts(words: Mapping[Word, int], weighted: bool = True, overlapping: 
     return counts
 
 
-def _merged(words: Mapping[Word, int], pair: Pair, new: int, merge: Callable[..., list[int]] = merge_pair
-            ) -> Counter[Word]:
+def _merged_words(words: Mapping[Word, int], pair: Pair, new: int, twice: bool = False) -> Counter[Word]:
     out: Counter[Word] = Counter()
     for word, n in words.items():
-        out[tuple(merge(word, *pair, new))] += n
+        out[tuple(merged(word, *pair, new, twice=twice))] += n
     return out
 
 
@@ -122,7 +119,7 @@ def slow_train(text: str, vocab_size: int, tie: str = "greatest", pretokenize: b
     while 256 + len(merges) < vocab_size and (counts := _pair_counts(words, weighted, overlapping)):
         top = max(counts.values())
         merges.append(TIE_RULES[tie]([p for p, n in counts.items() if n == top], vocab_of(merges)))
-        words = _merged(words, merges[-1], 255 + len(merges), merged_twice if overlap else merge_pair)
+        words = _merged_words(words, merges[-1], 255 + len(merges), twice=overlap)
     return merges
 
 
@@ -135,7 +132,7 @@ def encode_with(text: str, merges: list[Pair], newest_first: bool = False, preto
     for word in regex.findall(GPT2_PATTERN, text) if pretokenize else [text]:
         ids = [ord(c) for c in word] if code_points else list(word.encode("utf-8"))
         for k in order:
-            ids = (merged_twice if overlap else merge_pair)(ids, *merges[k], 256 + k)
+            ids = merged(ids, *merges[k], 256 + k, twice=overlap)
         out.extend(ids)
     return out
 
@@ -280,11 +277,11 @@ def _merge_mistakes(inputs: Inputs) -> dict[str, Sequence[int]]:
     mistakes = {
         f"the right half of a replaced pair is used again: after replacing ids[i], ids[i + 1] by {new}, continue "
         "at i + 2 (so overlapping occurrences merge once: (97, 97, 97) with (97, 97) gives (256, 97))":
-            merged_twice(ids, a, b, new),
-        "the pair was merged the wrong way round: (a, b) means a followed by b": merge_pair(ids, b, a, new),
+            merged(ids, a, b, new, twice=True),
+        "the pair was merged the wrong way round: (a, b) means a followed by b": merged(ids, b, a, new),
         "the last id is lost: a loop while i < len(ids) - 1 never keeps an id that follows the last pair; loop "
         "while i < len(ids), and keep ids[i] unless ids[i], ids[i + 1] is the pair":
-            merged_losing_the_last(ids, a, b, new),
+            merged(ids, a, b, new, losing_the_last=True),
         f"the ids were merged as text (str.replace on the joined ids): '{a} {b}' also matches where two other "
         "ids' digits run together ('15 9' holds '5 9'); compare ids, not strings: walk the list and replace each "
         "ids[i], ids[i + 1] equal to the pair": [int(t) for t in " ".join(map(str, ids)).replace(
@@ -347,7 +344,7 @@ def _why_not(got: Pair, want: Pair, text: str, merges: list[Pair]) -> str:
     """The counts of both pairs once the merges that agree are applied."""
     words = words_of(text)
     for k, pair in enumerate(merges):
-        words = _merged(words, pair, 256 + k)
+        words = _merged_words(words, pair, 256 + k)
     counts = _pair_counts(words)
     if counts[got] == counts[want]:
         return f"both occur {counts[want]} times, and a tie goes to the lexicographically greatest pair of byte strings"
