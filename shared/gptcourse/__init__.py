@@ -49,7 +49,7 @@ WHERE: dict[str, tuple[str, ...]] = {  # module (under gptcourse) -> the public 
     "model.block": ("DecoderBlock",),
     "model.causal_attention": ("AttentionHead", "MultiHeadAttention", "attention", "causal_mask", "fused_attention",
                                "padding_mask", "repeat_kv"),
-    "model.config": ("GPTConfig", "PRESETS", "preset"),
+    "model.config": ("GPTConfig", "LatentAttention", "MoESpec", "PRESETS", "preset"),
     "model.gpt": ("GPT",),
     "model.heads": ("RewardModel", "SequenceClassifier", "ValueHead", "last_real_token"),
     "model.load_balancing": ("load_balancing_loss", "router_z_loss"),
