@@ -114,3 +114,33 @@ def test_bad_moe_specs_are_named():
         GPTConfig(mlp="gelu", moe=MoESpec(n_experts=4, top_k=2))
     with pytest.raises(ValueError, match="capacity_factor"):
         MoESpec(n_experts=4, top_k=2, capacity_factor=0)
+
+
+def test_to_hf_and_from_hf_give_a_tiny_mixtral_with_the_same_logits_padding_included():
+    transformers = pytest.importorskip("transformers")
+    config = GPTConfig(vocab_size=50, context_length=32, d_model=16, n_heads=4, n_kv_heads=2, n_layers=2,
+                       position="rope", norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", d_ff=24, attn_bias=False,
+                       mlp_bias=False, tie_weights=False, rope_theta=1e6, moe=MoESpec(n_experts=4, top_k=2))
+    torch.manual_seed(0)
+    model = GPT(config).eval()
+    for p in model.parameters():  # larger than the init, so the experts' outputs matter
+        torch.nn.init.normal_(p, std=0.3) if p.dim() > 1 else None
+    hf = model.to_hf()
+    assert isinstance(hf, transformers.MixtralForCausalLM)
+    idx = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0  # left padding
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx), hf(idx).logits, rtol=0, atol=1e-4)
+        ours = model(idx, attention_mask=mask)
+        theirs = hf(idx, attention_mask=mask).logits
+        torch.testing.assert_close(ours[mask.bool()], theirs[mask.bool()], rtol=0, atol=1e-4)  # the real tokens
+        back = GPT.from_hf(hf)
+    assert back.config == config
+    for (name, a), (_, b) in zip(model.state_dict().items(), back.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_to_hf_refuses_what_mixtral_cannot_express():
+    with pytest.raises(ValueError, match="no shared expert"):
+        GPT(TINY.replace(n_kv_heads=None)).to_hf()
