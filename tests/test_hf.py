@@ -88,8 +88,8 @@ def test_from_our_random_weights_to_hf():
 
 
 def test_mismatched_models_are_refused():
-    with pytest.raises(TypeError, match="expected a transformers GPT2LMHeadModel, LlamaForCausalLM or "
-                                        "MistralForCausalLM, got GPT2Model"):
+    with pytest.raises(TypeError, match="expected a transformers GPT2LMHeadModel, LlamaForCausalLM, "
+                                        "MistralForCausalLM or MixtralForCausalLM, got GPT2Model"):
         GPT.from_hf(tiny_gpt2().transformer)
     with pytest.raises(ValueError, match="sliding-window attention is not supported: sliding_window=8"):
         GPT.from_hf(tiny_mistral(sliding_window=8))

@@ -48,7 +48,7 @@ WHERE: dict[str, tuple[str, ...]] = {  # module (under gptcourse) -> the public 
     "model.block": ("DecoderBlock",),
     "model.causal_attention": ("AttentionHead", "MultiHeadAttention", "attention", "causal_mask", "fused_attention",
                                "padding_mask", "repeat_kv"),
-    "model.config": ("GPTConfig", "PRESETS", "preset"),
+    "model.config": ("GPTConfig", "LatentAttention", "MoESpec", "PRESETS", "preset"),
     "model.gpt": ("GPT",),
     "model.heads": ("RewardModel", "SequenceClassifier", "ValueHead", "last_real_token"),
     "model.kv_cache": ("KVCache", "LayerCache", "kv_cache_bytes"),

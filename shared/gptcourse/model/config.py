@@ -20,6 +20,57 @@ _CHOICES = {
 }
 
 
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """A mixture of experts in place of each block's MLP (lesson 16): `n_experts` SwiGLU experts of width `d_ff`
+    (None: the config's `hidden_width`), `top_k` of them per token, plus a shared expert of width `shared_d_ff`
+    that every token goes through (DeepSeek's; 0 for none). The first `dense_layers` blocks keep a dense MLP
+    (DeepSeek-V3's first 3). `capacity_factor` caps each expert at ceil(factor N k / E) of a batch's N tokens
+    (Switch Transformer); the rest of its tokens are dropped (None: no cap)."""
+
+    n_experts: int
+    top_k: int
+    d_ff: int | None = None
+    shared_d_ff: int = 0
+    dense_layers: int = 0
+    capacity_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        if not _positive_int(self.n_experts) or not _positive_int(self.top_k) or self.top_k > self.n_experts:
+            raise ValueError(f"MoESpec needs 1 <= top_k <= n_experts, got top_k={self.top_k!r}, "
+                             f"n_experts={self.n_experts!r}")
+        if self.d_ff is not None and not _positive_int(self.d_ff):
+            raise ValueError(f"MoESpec.d_ff must be a positive int or None, got {self.d_ff!r}")
+        for name in ("shared_d_ff", "dense_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"MoESpec.{name} must be an int >= 0, got {value!r}")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise ValueError(f"MoESpec.capacity_factor must be > 0 or None, got {self.capacity_factor!r}")
+
+
+@dataclass(frozen=True)
+class LatentAttention:
+    """DeepSeek's multi-head latent attention, for parameter counts only (`GPT` does not build it): queries through
+    a rank-`q_rank` bottleneck, keys and values through a shared rank-`kv_rank` latent (cached instead of K and V,
+    lesson 11), each head's query and key of `nope_dim` + `rope_dim` features, its value of `v_dim`."""
+
+    q_rank: int
+    kv_rank: int
+    nope_dim: int
+    rope_dim: int
+    v_dim: int
+
+    def __post_init__(self) -> None:
+        for name in ("q_rank", "kv_rank", "nope_dim", "rope_dim", "v_dim"):
+            if not _positive_int(getattr(self, name)):
+                raise ValueError(f"LatentAttention.{name} must be a positive int, got {getattr(self, name)!r}")
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     """Hyper-parameters of a decoder-only Transformer.
@@ -45,6 +96,8 @@ class GPTConfig:
     lm_head_bias: bool = False
     rope_theta: float = 10000.0
     n_kv_heads: int | None = None  # H_kv, key/value heads: None = n_heads (MHA), 1 = multi-query, else grouped
+    moe: MoESpec | None = None  # a mixture of experts in place of the MLP (SwiGLU experts)
+    latent_attention: LatentAttention | None = None  # counted only: GPT does not build it
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_length", "d_model", "n_heads", "n_layers"):
@@ -74,6 +127,16 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.d_ff must be a positive int or None, got {self.d_ff!r}")
         if self.norm_eps <= 0:
             raise ValueError(f"GPTConfig.norm_eps must be > 0, got {self.norm_eps}")
+        if self.moe is not None:
+            if not isinstance(self.moe, MoESpec):
+                raise ValueError(f"GPTConfig.moe must be a MoESpec or None, got {type(self.moe).__name__}")
+            if self.mlp != "swiglu":
+                raise ValueError(f"a mixture of experts has SwiGLU experts: set mlp='swiglu' (got {self.mlp!r})")
+            if self.moe.dense_layers > self.n_layers:
+                raise ValueError(f"MoESpec.dense_layers={self.moe.dense_layers} is more than n_layers={self.n_layers}")
+        if self.latent_attention is not None and not isinstance(self.latent_attention, LatentAttention):
+            raise ValueError("GPTConfig.latent_attention must be a LatentAttention or None, got "
+                             f"{type(self.latent_attention).__name__}")
 
     @property
     def d_head(self) -> int:
@@ -137,6 +200,22 @@ PRESETS: dict[str, GPTConfig] = {
         vocab_size=32000, context_length=32768, d_model=4096, n_heads=32, n_layers=32, n_kv_heads=8,
         position="rope", norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", d_ff=14336,
         attn_bias=False, mlp_bias=False, tie_weights=False, rope_theta=1000000.0,
+    ),
+    # Mixtral-8x7B: Mistral-7B's attention, each MLP 8 SwiGLU experts of 14336, 2 per token
+    "mixtral-8x7b": GPTConfig(
+        vocab_size=32000, context_length=32768, d_model=4096, n_heads=32, n_layers=32, n_kv_heads=8,
+        position="rope", norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", d_ff=14336,
+        attn_bias=False, mlp_bias=False, tie_weights=False, rope_theta=1000000.0,
+        moe=MoESpec(n_experts=8, top_k=2),
+    ),
+    # DeepSeek-V3 (without its multi-token-prediction module): latent attention, 61 blocks, the first 3 with a
+    # dense SwiGLU of 18432, the others 256 routed experts of 2048 (8 per token) and one shared expert
+    "deepseek-v3": GPTConfig(
+        vocab_size=129280, context_length=163840, d_model=7168, n_heads=128, n_layers=61,
+        position="rope", norm="rmsnorm", norm_eps=1e-6, mlp="swiglu", d_ff=18432,
+        attn_bias=False, mlp_bias=False, tie_weights=False,
+        moe=MoESpec(n_experts=256, top_k=8, d_ff=2048, shared_d_ff=2048, dense_layers=3),
+        latent_attention=LatentAttention(q_rank=1536, kv_rank=512, nope_dim=128, rope_dim=64, v_dim=128),
     ),
 }
 

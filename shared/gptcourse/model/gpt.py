@@ -31,12 +31,16 @@ class GPT(nn.Module):
         if not isinstance(config, GPTConfig):
             raise TypeError(f"GPT expects a GPTConfig, got {type(config).__name__}")
         c = self.config = config
+        if c.latent_attention is not None:
+            raise ValueError("GPT does not build latent attention (GPTConfig.latent_attention): such a config is "
+                             "for count_parameters only")
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.pos_emb = LearnedPositions(c.context_length, c.d_model) if c.position == "learned" else None
         self.rope = (
             RotaryEmbedding(c.d_head, c.context_length, c.rope_theta) if c.position == "rope" else None
         )
-        self.blocks = nn.ModuleList(DecoderBlock(c) for _ in range(c.n_layers))
+        dense = c.n_layers if c.moe is None else c.moe.dense_layers  # the first blocks keep a dense MLP
+        self.blocks = nn.ModuleList(DecoderBlock(c, sparse=i >= dense) for i in range(c.n_layers))
         self.final_norm = make_norm(c.norm, c.d_model, c.norm_eps, c.norm_bias)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=c.lm_head_bias)
         if c.tie_weights:
@@ -51,7 +55,7 @@ class GPT(nn.Module):
                 nn.init.zeros_(p)
             elif p.dim() == 1:  # norm gains
                 nn.init.ones_(p)
-            elif name.endswith(("attn.out.weight", "mlp.fc_out.weight", "mlp.w_out.weight")):
+            elif name.endswith(("attn.out.weight", "mlp.fc_out.weight", "w_out.weight")):  # experts' too
                 nn.init.normal_(p, std=residual_std)
             else:
                 nn.init.normal_(p, std=0.02)
@@ -119,6 +123,11 @@ class GPT(nn.Module):
     ) -> torch.Tensor:
         """Token ids (B, T) -> next-token logits (B, T, V); `attention_mask` (B, T) for padded batches."""
         return self.lm_head(self.forward_hidden(idx, cache, attention_mask))
+
+    def router_logits(self) -> list[torch.Tensor]:
+        """Each mixture-of-experts block's router logits (B T, E) from the last forward, for
+        `load_balancing_loss`."""
+        return [block.router_logits for block in self.blocks if block.router_logits is not None]
 
     def new_cache(self) -> KVCache:
         return KVCache.empty(self.config.n_layers, self.config.context_length)

@@ -24,6 +24,8 @@ Our names <-> Hugging Face names (block i):
 
 GPT-2 stores its linear layers as `Conv1D` with weight (in, out), the transpose of `nn.Linear`'s (out, in).
 Llama's RoPE uses the "rotate half" layout, which is ours too, so q/k need no permutation.
+`MixtralForCausalLM` is a Mistral whose every MLP is a mixture of experts (`GPTConfig.moe`): our
+blocks.i.mlp.router is its mlp.gate, and each expert's w_in / w_out its fused experts' rows (`_mixtral_groups`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import GPTConfig
+from .config import GPTConfig, MoESpec
 from .gpt import GPT
 
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
@@ -45,7 +47,10 @@ def _kind(hf_model: nn.Module) -> str:
         return "llama"
     if name == "MistralForCausalLM":
         return "mistral"
-    raise TypeError(f"expected a transformers GPT2LMHeadModel, LlamaForCausalLM or MistralForCausalLM, got {name}")
+    if name == "MixtralForCausalLM":
+        return "mixtral"
+    raise TypeError(f"expected a transformers GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM or "
+                    f"MixtralForCausalLM, got {name}")
 
 
 def config_from_hf(hf_config: object, kind: str) -> GPTConfig:
@@ -78,13 +83,16 @@ def config_from_hf(hf_config: object, kind: str) -> GPTConfig:
     rope = getattr(c, "rope_parameters", None) or {"rope_theta": getattr(c, "rope_theta", 10000.0)}
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"only default RoPE is supported, got rope_type={rope['rope_type']!r}")
+    moe = None
+    if kind == "mixtral":  # every block a mixture of experts of width intermediate_size
+        moe = MoESpec(n_experts=c.num_local_experts, top_k=c.num_experts_per_tok)
     return GPTConfig(
         vocab_size=c.vocab_size, context_length=c.max_position_embeddings, d_model=c.hidden_size,
         n_heads=c.num_attention_heads, n_layers=c.num_hidden_layers, position="rope", norm="rmsnorm",
         norm_eps=c.rms_norm_eps, mlp="swiglu", d_ff=c.intermediate_size,
         attn_bias=getattr(c, "attention_bias", False), mlp_bias=getattr(c, "mlp_bias", False),  # Mistral has none
         tie_weights=c.tie_word_embeddings, rope_theta=float(rope["rope_theta"]),
-        n_kv_heads=None if n_kv_heads == c.num_attention_heads else n_kv_heads,
+        n_kv_heads=None if n_kv_heads == c.num_attention_heads else n_kv_heads, moe=moe,
     )
 
 
@@ -118,15 +126,41 @@ def _llama_groups(config: GPTConfig) -> list[tuple[str, list[str]]]:
         for s in suffixes:
             groups += [(f"{ours}attn.qkv.{s}", [f"{theirs}self_attn.{p}_proj.{s}" for p in "qkv"]),
                        (f"{ours}attn.out.{s}", [f"{theirs}self_attn.o_proj.{s}"])]
+        if config.moe is not None and i >= config.moe.dense_layers:
+            continue  # a mixture of experts: `_mixtral_groups`
         for s in ["weight"] + (["bias"] if config.mlp_bias else []):
             groups += [(f"{ours}mlp.w_in.{s}", [f"{theirs}mlp.gate_proj.{s}", f"{theirs}mlp.up_proj.{s}"]),
                        (f"{ours}mlp.w_out.{s}", [f"{theirs}mlp.down_proj.{s}"])]
     return groups
 
 
+def _mixtral_groups(config: GPTConfig, theirs: dict[str, torch.Tensor]) -> list[tuple[str, list[torch.Tensor]]]:
+    """(our name, [HF tensors, or views of them, concatenated along dim 0]) for each block's router and experts:
+    transformers 5 stores a block's experts fused, gate_up_proj (E, 2F, C) and down_proj (E, C, F); transformers 4
+    one module each, w1 (gate) and w3 (up) stacked into our w_in, w2 our w_out."""
+    groups = []
+    for i in range(config.n_layers):
+        ours, prefix = f"blocks.{i}.mlp.", f"model.layers.{i}."
+        if f"{prefix}mlp.experts.gate_up_proj" in theirs:
+            gate_up, down = theirs[f"{prefix}mlp.experts.gate_up_proj"], theirs[f"{prefix}mlp.experts.down_proj"]
+            groups.append((f"{ours}router.weight", [theirs[f"{prefix}mlp.gate.weight"]]))
+            for e in range(config.moe.n_experts):
+                groups += [(f"{ours}experts.{e}.w_in.weight", [gate_up[e]]),
+                           (f"{ours}experts.{e}.w_out.weight", [down[e]])]
+        else:
+            moe = f"{prefix}block_sparse_moe."
+            groups.append((f"{ours}router.weight", [theirs[f"{moe}gate.weight"]]))
+            for e in range(config.moe.n_experts):
+                expert = f"{moe}experts.{e}."
+                w_in = [theirs[f"{expert}w1.weight"], theirs[f"{expert}w3.weight"]]
+                groups += [(f"{ours}experts.{e}.w_in.weight", w_in),
+                           (f"{ours}experts.{e}.w_out.weight", [theirs[f"{expert}w2.weight"]])]
+    return groups
+
+
 @torch.no_grad()
 def from_hf(hf_model: nn.Module) -> GPT:
-    """A GPT with the same config and weights as a Hugging Face GPT-2, Llama or Mistral causal LM."""
+    """A GPT with the same config and weights as a Hugging Face GPT-2, Llama, Mistral or Mixtral causal LM."""
     kind = _kind(hf_model)
     config = config_from_hf(hf_model.config, kind)
     model = GPT(config)
@@ -137,13 +171,16 @@ def from_hf(hf_model: nn.Module) -> GPT:
     else:
         for name, hf_names in _llama_groups(config):
             ours[name].copy_(torch.cat([theirs[n] for n in hf_names], dim=0))
+        if kind == "mixtral":
+            for name, tensors in _mixtral_groups(config, theirs):
+                ours[name].copy_(torch.cat(tensors, dim=0))
     return model
 
 
 @torch.no_grad()
 def to_hf(model: GPT, family: str | None = None) -> nn.Module:
     """The Hugging Face model (GPT-2 for learned positions + LayerNorm + GELU, Llama for RoPE + RMSNorm +
-    SwiGLU, or Mistral with `family="mistral"`) with our weights copied in."""
+    SwiGLU, or Mistral with `family="mistral"`; Mixtral for a config with `moe`) with our weights copied in."""
     import transformers
 
     if family not in (None, "mistral"):
@@ -170,7 +207,15 @@ def to_hf(model: GPT, family: str | None = None) -> nn.Module:
             intermediate_size=c.hidden_width, num_attention_heads=c.n_heads, num_key_value_heads=c.kv_heads,
             num_hidden_layers=c.n_layers, rms_norm_eps=c.norm_eps, tie_word_embeddings=c.tie_weights,
             rope_theta=c.rope_theta)
-        if family == "mistral":
+        if c.moe is not None:
+            m = c.moe
+            if m.dense_layers or m.shared_d_ff or m.capacity_factor is not None or c.attn_bias or family:
+                raise ValueError(f"Mixtral has a mixture of experts in every block, no shared expert, no capacity "
+                                 f"factor and no attention biases; this config has {m} and attn_bias={c.attn_bias}")
+            hf = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+                **common | {"intermediate_size": m.d_ff or c.hidden_width}, sliding_window=None,
+                num_local_experts=m.n_experts, num_experts_per_tok=m.top_k, router_jitter_noise=0.0))
+        elif family == "mistral":
             if c.attn_bias or c.mlp_bias:
                 raise ValueError("Mistral has no attention or MLP biases; this config has some")
             hf = transformers.MistralForCausalLM(transformers.MistralConfig(**common, sliding_window=None))
@@ -178,10 +223,12 @@ def to_hf(model: GPT, family: str | None = None) -> nn.Module:
             hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
                 **common, attention_bias=c.attn_bias, mlp_bias=c.mlp_bias))
         theirs = hf.state_dict()
-        for name, hf_names in _llama_groups(c):
-            sizes = [theirs[n].size(0) for n in hf_names]
-            for hf_name, part in zip(hf_names, ours[name].split(sizes, dim=0), strict=True):
-                theirs[hf_name].copy_(part)
+        groups = [(name, [theirs[n] for n in hf_names]) for name, hf_names in _llama_groups(c)]
+        if c.moe is not None:
+            groups += _mixtral_groups(c, theirs)
+        for name, tensors in groups:  # each HF tensor (or a view of one) gets its rows of ours
+            for tensor, part in zip(tensors, ours[name].split([t.size(0) for t in tensors], dim=0), strict=True):
+                tensor.copy_(part)
     else:
         raise ValueError(f"no Hugging Face equivalent for position={c.position!r}, norm={c.norm!r}, mlp={c.mlp!r}: "
                          "expected GPT-2's (learned, layernorm, gelu) or Llama's (rope, rmsnorm, swiglu)")

@@ -6,6 +6,7 @@ it, gathered by index (`index_select`) and scattered back weighted (`index_add_`
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -46,14 +47,19 @@ class MoE(nn.Module):
 
     `forward` returns the output (B, T, C) and the router logits (B T, E), which the load-balancing loss needs.
     `shared_d_ff` > 0 adds DeepSeek's shared expert, which every token goes through with weight 1.
+    `capacity_factor` caps each expert at ceil(factor N top_k / E) tokens of the N in a call; the tokens past the
+    cap (in token order) are dropped from that expert, and `dropped` counts the (token, expert) pairs dropped.
     """
 
     def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int, order: Routing = "softmax_then_topk",
-                 renormalize: bool = True, shared_d_ff: int = 0) -> None:
+                 renormalize: bool = True, shared_d_ff: int = 0, capacity_factor: float | None = None) -> None:
         super().__init__()
         if not 1 <= top_k <= n_experts:
             raise ValueError(f"top_k must be between 1 and n_experts = {n_experts}, got {top_k}")
+        if capacity_factor is not None and not capacity_factor > 0:
+            raise ValueError(f"capacity_factor must be > 0 or None, got {capacity_factor!r}")
         self.top_k, self.order, self.renormalize = top_k, order, renormalize
+        self.capacity_factor, self.dropped = capacity_factor, 0
         self.router = nn.Linear(d_model, n_experts, bias=False)
         self.experts = nn.ModuleList(SwiGLU(d_model, d_ff) for _ in range(n_experts))
         self.shared_expert = SwiGLU(d_model, shared_d_ff) if shared_d_ff > 0 else None
@@ -64,8 +70,13 @@ class MoE(nn.Module):
         router_logits = self.router(tokens)  # (N, E)
         weights, chosen = top_k_routing(router_logits, self.top_k, self.order, self.renormalize)  # (N, top_k)
         out = torch.zeros_like(tokens)  # (N, C)
+        capacity = self.capacity(B * T)
+        self.dropped = 0
         for e, expert in enumerate(self.experts):
             token, slot = (chosen == e).nonzero(as_tuple=True)  # each (N_e,): which tokens, in which top-k slot
+            if capacity is not None and token.numel() > capacity:
+                self.dropped += token.numel() - capacity
+                token, slot = token[:capacity], slot[:capacity]  # the first tokens in order fill the expert
             if token.numel() == 0:
                 continue
             y = expert(tokens.index_select(0, token))  # (N_e, C): this expert's tokens only
@@ -73,3 +84,9 @@ class MoE(nn.Module):
         if self.shared_expert is not None:
             out = out + self.shared_expert(tokens)  # (N, C)
         return out.reshape(B, T, C), router_logits  # (B, T, C), (N, E)
+
+    def capacity(self, n_tokens: int) -> int | None:
+        """The most tokens one expert takes from a call with `n_tokens` tokens: ceil(factor N k / E), or None."""
+        if self.capacity_factor is None:
+            return None
+        return math.ceil(self.capacity_factor * n_tokens * self.top_k / len(self.experts))

@@ -1,0 +1,125 @@
+"""Lab 16 graded by real nbgrader: full marks for the solution, 0 for the untouched release, and each known
+mistake loses exactly the points of the tests it should fail, in-process with a message that names it."""
+
+from __future__ import annotations
+
+import pytest
+from lab_roundtrip import RoundTrip, Validation, check_named_mistake
+
+LAB = "16_mixture_of_experts"
+ROUTE = '''
+def route(router_logits, top_k):
+    probs = F.softmax(router_logits, dim={axis})
+    weights, experts = {pick}
+    return {weights}, experts
+'''
+RIGHT_ROUTE = {"axis": "-1", "pick": "probs.topk(top_k, dim=-1)", "weights": "weights / weights.sum(-1, keepdim=True)"}
+BY_POSITION = ("(lambda e: (probs.gather(1, e), e))((torch.arange(probs.shape[0])[:, None] + torch.arange(top_k))"
+               " % probs.shape[1])")
+DISPATCH = '''
+def dispatch_combine(x, weights, experts, expert_fns):
+    y = torch.zeros_like(x)
+    for e, fn in enumerate(expert_fns):
+        token, slot = (experts == e).nonzero(as_tuple=True)
+        if token.numel() == 0:
+            continue
+        {combine}
+    return y
+'''
+RIGHT_DISPATCH = "y.index_add_(0, token, fn(x[token]) * weights[token, slot, None])"
+DENSE = '''
+def dispatch_combine(x, weights, experts, expert_fns):
+    y = torch.zeros_like(x)
+    for e, fn in enumerate(expert_fns):
+        gate = (weights * (experts == e)).sum(-1, keepdim=True)  # (N, 1): 0 where e is not chosen
+        y = y + gate * fn(x)
+    return y
+'''
+BALANCE = '''
+def load_balancing_loss(router_logits, top_k, attention_mask=None):
+    n, e = router_logits.shape
+    probs = F.softmax(router_logits, dim=-1)
+    top = probs.topk(top_k, dim=-1)
+    routed = F.one_hot(top.indices, e).sum(1).float()
+    real = torch.ones(n) if {no_mask} else attention_mask.reshape(n).float()
+    kept = {kept}
+    share = (routed * real[:, None]).sum(0) / real.sum()
+    mean = (kept * real[:, None]).sum(0) / real.sum()
+    return {factor} * (share * mean).sum()
+'''
+RIGHT_BALANCE = {"no_mask": "attention_mask is None", "kept": "probs", "factor": "e"}
+COUNTS = '''
+def moe_parameter_counts(config):
+    c, v, n, m = config.d_model, config.vocab_size, config.n_layers, config.moe
+    kv = config.kv_heads * config.d_head
+    attention = 2 * c * c + 2 * c * kv
+    expert = 3 * c * (m.d_ff or config.hidden_width)
+    shared = {shared}
+    embeddings = v * c * (1 if config.tie_weights else 2)
+    rest = n * (attention + 2 * c) + c + embeddings + m.dense_layers * 3 * c * config.hidden_width
+    sparse = n - m.dense_layers
+    router = {router}
+    total = rest + sparse * (router + m.n_experts * expert + shared)
+    active = rest + sparse * (router + {active} * expert + shared)
+    return total, active
+'''
+RIGHT_COUNTS = {"shared": "3 * c * m.shared_d_ff", "router": "c * m.n_experts", "active": "m.top_k"}
+ROUTE_TESTS = {"test_route", "test_route_hidden"}
+DISPATCH_TESTS = {"test_dispatch_combine", "test_dispatch_combine_hidden"}
+BALANCE_TESTS = {"test_load_balancing_loss", "test_load_balancing_loss_hidden"}
+COUNT_TESTS = {"test_moe_parameter_counts", "test_moe_parameter_counts_mixtral", "test_moe_parameter_counts_hidden"}
+# student -> ({solution cell grade_id: what they wrote}, a case it fails, what that case's message says)
+CASES = {
+    "route-not-renormalised": ({"route": ROUTE.format(**RIGHT_ROUTE | {"weights": "weights"})},
+                               "16.route.visible", "not renormalised"),
+    "route-softmax-after-top-k": ({"route": ROUTE.format(**RIGHT_ROUTE | {"weights": "F.softmax(weights, dim=-1)"})},
+                                  "16.route.visible", "a second softmax ran over the top-k probabilities"),
+    "route-by-position": ({"route": ROUTE.format(**RIGHT_ROUTE | {"pick": BY_POSITION})}, "16.route.visible",
+                          "routed by their position"),
+    "route-softmax-over-tokens": ({"route": ROUTE.format(**RIGHT_ROUTE | {"axis": "0"})}, "16.route.visible",
+                                  "the softmax ran over the tokens"),
+    "dispatch-dense": ({"dispatch_combine": DENSE}, "16.dispatch_combine.visible", "the dense computation"),
+    "dispatch-unweighted": ({"dispatch_combine": DISPATCH.format(combine="y.index_add_(0, token, fn(x[token]))")},
+                            "16.dispatch_combine.visible", "without their routing weights"),
+    "dispatch-overwrite": ({"dispatch_combine": DISPATCH.format(
+        combine="y[token] = fn(x[token]) * weights[token, slot, None]")}, "16.dispatch_combine.visible",
+        "a token's later expert overwrites"),
+    "balance-on-top-k-probabilities": ({"load_balancing_loss": BALANCE.format(**RIGHT_BALANCE | {
+        "kept": "torch.zeros_like(probs).scatter(1, top.indices, top.values)"})}, "16.load_balancing_loss.visible",
+        "averaged over the top-k probabilities only"),
+    "balance-padding-counted": ({"load_balancing_loss": BALANCE.format(**RIGHT_BALANCE | {"no_mask": "True"})},
+                                "16.load_balancing_loss.hidden_padding", "the padding tokens were counted"),
+    "balance-without-e": ({"load_balancing_loss": BALANCE.format(**RIGHT_BALANCE | {"factor": "1"})},
+                          "16.load_balancing_loss.visible", "the factor E is missing"),
+    "counts-shared-as-routed": ({"moe_parameter_counts": COUNTS.format(**RIGHT_COUNTS | {
+        "shared": "expert if m.shared_d_ff else 0"})}, "16.moe_parameter_counts.visible",
+        "the shared expert was counted as a routed expert"),
+    "counts-every-expert-active": ({"moe_parameter_counts": COUNTS.format(**RIGHT_COUNTS | {
+        "active": "m.n_experts"})}, "16.moe_parameter_counts.visible", "the active count holds every expert"),
+    "counts-no-router": ({"moe_parameter_counts": COUNTS.format(**RIGHT_COUNTS | {"router": "0"})},
+                         "16.moe_parameter_counts.mixtral", "the router was left out"),
+}
+
+# the test cells each student fails: all of its piece's, but the padding mistake (only hidden_padding is padded)
+# and the shared expert's (Mixtral has none)
+FAILS = {student: {"route": ROUTE_TESTS, "dispatch": DISPATCH_TESTS, "balance": BALANCE_TESTS,
+                   "counts": COUNT_TESTS}[student.split("-")[0]] for student in CASES}
+FAILS["balance-padding-counted"] = {"test_load_balancing_loss_hidden"}
+FAILS["counts-shared-as-routed"] = COUNT_TESTS - {"test_moe_parameter_counts_mixtral"}
+WRONG = {student: (answers, FAILS[student]) for student, (answers, _, _) in CASES.items()}
+
+
+@pytest.mark.parametrize("student", sorted(CASES))
+def test_each_named_mistake_gets_its_message(student):
+    answers, test_id, says = CASES[student]
+    check_named_mistake(LAB, answers, test_id, says)
+
+
+class TestLab16(RoundTrip):
+    LAB = LAB
+    WRONG = WRONG
+    TOTAL = 18
+    VALIDATE = Validation("dispatch-dense", 1, (
+        'check("16.dispatch_combine.visible", dispatch_combine)',
+        "this is the dense computation",
+    ))
