@@ -7,8 +7,8 @@ release it generates must be the committed labs/LAB; one autograde batch grades 
 release and every mistake; lab-specific tests are methods of the subclass and can use the same `scores`.
 `check_named_mistake` checks, in-process, that a mistake's message names it (the round trip checks its scores);
 `failing_cells` says, in-process, which test cells a student fails (for students kept out of the slow round trip).
-`check_blind_student` grades a blind-written student in-process, every case of every test cell, visible and hidden
-(the round trip's nbgrader is too slow for dozens of students a lab).
+`check_blind_student` grades a blind-written student in-process, every case of every test cell, visible and hidden,
+and reads each message; `blind_round_trip` puts the same students in WRONG, so that nbgrader grades them too.
 """
 
 from __future__ import annotations
@@ -124,6 +124,17 @@ def check_blind_student(lab: str, path: Path, student: str, fails: set[str]) -> 
     names = blind_names(path)[student]
     unnamed = {test_id: message for test_id, message in (visible or said).items() if not re.search(names, message)}
     assert not unnamed, f"{student}: these messages do not match {names!r}: {unnamed}"
+
+
+def blind_round_trip(path: Path, fails: dict[str, set[str]]) -> dict[str, tuple[dict[str, str], set[str]]]:
+    """WRONG's rows for the blind students of `path` that `fails` lists (student -> the test cells it fails): each
+    graded by nbgrader as "blind-" + its name in lower case (a student id is [a-z0-9-]: att-scale-by-D grades as
+    blind-att-scale-by-d)."""
+    students = blind_students(path)
+    rows = {f"blind-{student.lower()}": (students[student], set(cells)) for student, cells in fails.items()}
+    bad = sorted(student for student in rows if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,63}", student))
+    assert len(rows) == len(fails) and not bad, f"{path.name}: names that are no student id, or clash: {bad}"
+    return rows
 
 
 def check_named_mistake(lab: str, answers: dict[str, str], test_id: str, says: str) -> None:

@@ -165,6 +165,8 @@ BLIND_FAILS = {
     "decode-errors-ignore": DECODE_TESTS - {"test_decode"},
     "uses-reference-bpe": COUNT_TESTS | MERGE_TESTS | TRAIN_TESTS | ENCODE_TESTS | DECODE_TESTS,
 }
+# Not in the round trip (issue 42's finding): with them the `nbgrader autograde` process grew to 20.7 GB resident
+# on a 23 GB machine and the OOM killer ended it (one lab-08 student alone: 3.5 GB); not yet explained.
 
 
 @pytest.mark.parametrize("student", sorted(BLIND_FAILS))
