@@ -6,9 +6,8 @@ and VALIDATE (a mistake, how many cells `nbgrader validate` must report, and wha
 release it generates must be the committed labs/LAB; one autograde batch grades the solution, the untouched
 release and every mistake; lab-specific tests are methods of the subclass and can use the same `scores`.
 `check_named_mistake` checks, in-process, that a mistake's message names it (the round trip checks its scores);
-`failing_cells` says, in-process, which test cells a student fails (for students kept out of the slow round trip).
-`check_blind_student` grades a blind-written student in-process, every case of every test cell, visible and hidden
-(the round trip's nbgrader is too slow for dozens of students a lab).
+`check_blind_student` grades a blind-written student in-process, every case of every test cell, visible and hidden,
+and reads each message; `blind_round_trip` puts the same students in WRONG, so that nbgrader grades them too.
 """
 
 from __future__ import annotations
@@ -35,12 +34,14 @@ def files(folder: Path) -> dict[str, bytes]:
 
 def solved_namespace(lab: str, answers: dict[str, str]) -> dict:
     """The namespace of the solution's non-test cells of `lab`, run in order with `answers` ({grade_id: source})
-    in place of those cells."""
-    namespace: dict = {}
-    for cell in nbformat.read(ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4).cells:
+    in place of those cells, as a kernel runs them: in `__main__` (the checks of forbidden references look there
+    for what the student defined)."""
+    namespace: dict = {"__name__": "__main__"}
+    for cell in _cells(lab):
         grading = cell.metadata.get("nbgrader", {})
         if cell.cell_type == "code" and not grading.get("grade"):
-            exec(answers.get(grading["grade_id"], cell.source), namespace)
+            source = answers.get(grading["grade_id"], cell.source)
+            exec(compile(source, f"<cell {grading['grade_id']}>", "exec"), namespace)
     return namespace
 
 
@@ -57,20 +58,6 @@ def after_description(message: str, test_id: str) -> str:
     message, what = " ".join(message.split()), " ".join(get_case(test_id).what.split())
     assert what in message
     return message.split(what, 1)[1]
-
-
-def failing_cells(lab: str, answers: dict[str, str]) -> dict[str, str]:
-    """{grade_id: message} of the test cells of `lab`'s solution (hidden tests included) that fail, in-process, with
-    `answers` in place of its solution cells: each cell's source run as the notebook runs it, in order."""
-    namespace, failed = solved_namespace(lab, answers), {}
-    for cell in nbformat.read(ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4).cells:
-        grading = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and grading.get("grade"):
-            try:
-                exec(cell.source, namespace)
-            except CheckFailed as failure:
-                failed[grading["grade_id"]] = str(failure)
-    return failed
 
 
 def graded_cells(lab: str) -> dict[str, list[str]]:
@@ -116,15 +103,27 @@ def check_blind_student(lab: str, path: Path, student: str, fails: set[str]) -> 
     a student that fails no such visible case must be named by each hidden one it fails (the graded feedback shows
     those messages). A piece that calls the student's (train_step its next_token_loss) fails too, with that
     piece's message; a banned student is named by the grader's line about the reference it uses."""
+    names = blind_names(path)[student]
+    assert names, f"{student} has no '# Names:' line: what a message that names its mistake matches"
     failed = failures(lab, blind_students(path)[student])
     assert set(failed) == fails, f"{student} fails {sorted(failed)}, expected {sorted(fails)}: {failed}"
     pieces = blind_pieces(path)[student]
     said = {test_id: message for by_case in failed.values() for test_id, message in by_case.items()
             if message != "banned" and CaseId.parse(test_id).piece in pieces}
     visible = {test_id: message for test_id, message in said.items() if not CaseId.parse(test_id).hidden}
-    names = blind_names(path)[student]
     unnamed = {test_id: message for test_id, message in (visible or said).items() if not re.search(names, message)}
     assert not unnamed, f"{student}: these messages do not match {names!r}: {unnamed}"
+
+
+def blind_round_trip(path: Path, fails: dict[str, set[str]]) -> dict[str, tuple[dict[str, str], set[str]]]:
+    """WRONG's rows for the blind students of `path` that `fails` lists (student -> the test cells it fails): each
+    graded by nbgrader as "blind-" + its name in lower case (a student id is [a-z0-9-]: att-scale-by-D grades as
+    blind-att-scale-by-d)."""
+    students = blind_students(path)
+    rows = {f"blind-{student.lower()}": (students[student], set(cells)) for student, cells in fails.items()}
+    bad = sorted(student for student in rows if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,63}", student))
+    assert len(rows) == len(fails) and not bad, f"{path.name}: names that are no student id, or clash: {bad}"
+    return rows
 
 
 def check_named_mistake(lab: str, answers: dict[str, str], test_id: str, says: str) -> None:

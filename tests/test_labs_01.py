@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lab_roundtrip import RoundTrip, Validation, check_blind_student, check_named_mistake
+from lab_roundtrip import RoundTrip, Validation, blind_round_trip, check_blind_student, check_named_mistake
 
 LAB = "01_tokens_and_embeddings"
 EMBEDDING = '''
@@ -59,6 +59,35 @@ SAYS = {
                                     "max(ids) + 1"),
 }
 
+@pytest.mark.parametrize("student", sorted(SAYS))
+def test_each_named_mistake_gets_its_message(student):
+    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
+
+
+# Written blind to the tests (issue 42), as written: student -> the test cells it fails, each case of each cell run
+# in-process (`check_blind_student`) and each cell by nbgrader (the round trip). Before issue 42
+# onehot-num-classes-default passed every visible case (the visible batch held the last id), onehot-float32-cast
+# every case (no table was float64), and the messages for tok-unsorted-set, emb-positions-over-batch-axis and
+# emb-scaled-by-sqrt-d named nothing, nor did the raw IndexError of emb-positions-are-token-ids and broadcast error
+# of emb-full-context-positions.
+# emb-dropout-added is left out: the lab's modules are graded in eval mode, where its dropout is the identity,
+# and it adds no parameter (nanoGPT drops out its embeddings too).
+BLIND_FILE = Path(__file__).with_name("lab01_blind.cells")
+TOKENIZER_TESTS = {"test_CharTokenizer", "test_CharTokenizer_hidden"}
+ONE_HOT_TESTS = {"test_one_hot_embed", "test_one_hot_embed_hidden"}
+EMBEDDING_TESTS = {"test_TokenAndPositionEmbedding", "test_TokenAndPositionEmbedding_hidden"}
+BLIND_FAILS = {
+    **dict.fromkeys(("tok-unsorted-set", "tok-first-appearance-order", "tok-unknown-maps-to-zero", "tok-bare-keyerror",
+                     "tok-error-does-not-name-char", "tok-vocab-size-len-text", "tok-decode-joins-with-space"),
+                    TOKENIZER_TESTS),
+    **dict.fromkeys(("onehot-num-classes-default", "onehot-indexes-table", "onehot-f-embedding"), ONE_HOT_TESTS),
+    "onehot-float32-cast": {"test_one_hot_embed_hidden"},  # only the float64 table shows it
+    **dict.fromkeys(("emb-positions-are-token-ids", "emb-positions-over-batch-axis", "emb-full-context-positions",
+                     "emb-scaled-by-sqrt-d"), EMBEDDING_TESTS),
+}
+WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
+
+
 class TestLab01(RoundTrip):
     LAB = LAB
     WRONG = WRONG
@@ -80,33 +109,6 @@ class TestLab01(RoundTrip):
                   if r["assignment"] == LAB}
         assert totals["solution"] == (11.0, 11.0) and totals["untouched"] == (0.0, 11.0)
         assert totals["no-positions"] == (6.0, 11.0)
-
-
-@pytest.mark.parametrize("student", sorted(SAYS))
-def test_each_named_mistake_gets_its_message(student):
-    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
-
-
-# Written blind to the tests (issue 42), as written: student -> the test cells it fails, each case of each cell run
-# in-process (`check_blind_student`), not in the round trip. Before issue 42 onehot-num-classes-default passed every
-# visible case (the visible batch held the last id), onehot-float32-cast every case (no table was float64), and
-# the messages for tok-unsorted-set, emb-positions-over-batch-axis and emb-scaled-by-sqrt-d named nothing, nor did
-# the raw IndexError of emb-positions-are-token-ids and broadcast error of emb-full-context-positions.
-# emb-dropout-added is left out: the lab's modules are graded in eval mode, where its dropout is the identity,
-# and it adds no parameter (nanoGPT drops out its embeddings too).
-BLIND_FILE = Path(__file__).with_name("lab01_blind.cells")
-TOKENIZER_TESTS = {"test_CharTokenizer", "test_CharTokenizer_hidden"}
-ONE_HOT_TESTS = {"test_one_hot_embed", "test_one_hot_embed_hidden"}
-EMBEDDING_TESTS = {"test_TokenAndPositionEmbedding", "test_TokenAndPositionEmbedding_hidden"}
-BLIND_FAILS = {
-    **dict.fromkeys(("tok-unsorted-set", "tok-first-appearance-order", "tok-unknown-maps-to-zero", "tok-bare-keyerror",
-                     "tok-error-does-not-name-char", "tok-vocab-size-len-text", "tok-decode-joins-with-space"),
-                    TOKENIZER_TESTS),
-    **dict.fromkeys(("onehot-num-classes-default", "onehot-indexes-table", "onehot-f-embedding"), ONE_HOT_TESTS),
-    "onehot-float32-cast": {"test_one_hot_embed_hidden"},  # only the float64 table shows it
-    **dict.fromkeys(("emb-positions-are-token-ids", "emb-positions-over-batch-axis", "emb-full-context-positions",
-                     "emb-scaled-by-sqrt-d"), EMBEDDING_TESTS),
-}
 
 
 @pytest.mark.parametrize("student", sorted(BLIND_FAILS))

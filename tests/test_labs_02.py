@@ -6,7 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lab_roundtrip import RoundTrip, Validation, blind_students, check_blind_student, check_named_mistake, failures
+from lab_roundtrip import (
+    RoundTrip,
+    Validation,
+    blind_round_trip,
+    blind_students,
+    check_blind_student,
+    check_named_mistake,
+    failures,
+)
 from reference_routes import copied_references
 
 LAB = "02_causal_attention"
@@ -56,6 +64,35 @@ def test_a_mask_without_its_diagonal_is_named(case, says):
     check_named_mistake(LAB, WRONG["mask-diagonal-masked"][0], case, says)
 
 
+# Written blind to the tests (issue 42), as written: student -> the test cells it fails, each case of each cell run
+# in-process (`check_blind_student`) and each cell by nbgrader (the round trip). A wrong mask fails the attention
+# and the head that use it too. Before issue 42 att-transpose-1-2 got a raw shape error on (B, H, T, D) inputs, and
+# no message named head-query-key-swapped or head-scale-by-d-model. att-calls-gptcourse and att-sdpa-output use what
+# the lab forbids: the grader's scan of the cells zeroes their piece (`forbidden.find_forbidden`) and the head, which
+# calls it.
+BLIND_FILE = Path(__file__).with_name("lab02_blind.cells")
+MASK_TESTS = {"test_causal_mask", "test_causal_mask_hidden"}
+HEAD_TESTS = {"test_AttentionHead", "test_AttentionHead_hidden"}
+BLIND_FAILS = {
+    **dict.fromkeys(("mask-upper-triangle", "mask-float-ones", "mask-true-means-blocked"),
+                    MASK_TESTS | ATTENTION_TESTS | {"test_attention_causal"}),
+    "mask-excludes-diagonal": MASK_TESTS | ATTENTION_TESTS,
+    **dict.fromkeys(("att-no-scale", "att-scale-by-D"), ATTENTION_TESTS),
+    **dict.fromkeys(("att-softmax-over-queries", "att-mask-after-softmax", "att-mask-fills-zero", "att-returns-scores"),
+                    ATTENTION_TESTS | {"test_attention_causal"}),
+    "att-transpose-1-2": {"test_attention_hidden"},  # right on (B, T, D); only the hidden case is (B, H, T, D)
+    **dict.fromkeys(("head-no-bias", "head-query-key-swapped", "head-scale-by-d-model", "head-fused-qkv",
+                     "head-subclass-gptcourse"), HEAD_TESTS),
+    **dict.fromkeys(("att-calls-gptcourse", "att-sdpa-output"), ATTENTION_TESTS | {"test_attention_causal"}),
+}
+WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
+# In the graded kernel gptcourse.causal_mask raises ("not available while lab 02 is graded": the package view), so
+# attention and the head, which call the student's mask, fail too; in-process, where the whole package imports,
+# they pass: this student is graded by nbgrader alone.
+WRONG |= blind_round_trip(BLIND_FILE, {"mask-calls-gptcourse": MASK_TESTS | ATTENTION_TESTS
+                                                                | {"test_attention_causal"}})
+
+
 class TestLab02(RoundTrip):
     LAB = LAB
     WRONG = WRONG
@@ -82,28 +119,6 @@ class TestLab02(RoundTrip):
                     [error] = cell.outputs
                     assert error.ename == "CheckFailed" and len(error.traceback) == 1, (student, grade_id)
                     assert "check(" not in error.traceback[0] and "Traceback" not in error.traceback[0]
-
-
-# Written blind to the tests (issue 42), as written: student -> the test cells it fails, each case of each cell run
-# in-process (`check_blind_student`), not in the round trip. A wrong mask fails the attention and the head that use
-# it too. Before issue 42 att-transpose-1-2 got a raw shape error on (B, H, T, D) inputs, and no message named
-# head-query-key-swapped or head-scale-by-d-model. Left out: att-calls-gptcourse, att-sdpa-output and
-# mask-calls-gptcourse, which the grader's scan of the cells finds and zeroes (`forbidden.find_forbidden`) but an
-# in-process check does not (issue 42's forbidden-calls work).
-BLIND_FILE = Path(__file__).with_name("lab02_blind.cells")
-MASK_TESTS = {"test_causal_mask", "test_causal_mask_hidden"}
-HEAD_TESTS = {"test_AttentionHead", "test_AttentionHead_hidden"}
-BLIND_FAILS = {
-    **dict.fromkeys(("mask-upper-triangle", "mask-float-ones", "mask-true-means-blocked"),
-                    MASK_TESTS | ATTENTION_TESTS | {"test_attention_causal"}),
-    "mask-excludes-diagonal": MASK_TESTS | ATTENTION_TESTS,
-    **dict.fromkeys(("att-no-scale", "att-scale-by-D"), ATTENTION_TESTS),
-    **dict.fromkeys(("att-softmax-over-queries", "att-mask-after-softmax", "att-mask-fills-zero", "att-returns-scores"),
-                    ATTENTION_TESTS | {"test_attention_causal"}),
-    "att-transpose-1-2": {"test_attention_hidden"},  # right on (B, T, D); only the hidden case is (B, H, T, D)
-    **dict.fromkeys(("head-no-bias", "head-query-key-swapped", "head-scale-by-d-model", "head-fused-qkv",
-                     "head-subclass-gptcourse"), HEAD_TESTS),
-}
 
 
 @pytest.mark.parametrize("student", sorted(BLIND_FAILS))

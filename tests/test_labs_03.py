@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lab_roundtrip import RoundTrip, Validation, check_blind_student
+from lab_roundtrip import RoundTrip, Validation, blind_round_trip, check_blind_student
 
 LAB = "03_multi_head_attention_and_rope"
 MHA = '''
@@ -53,23 +53,13 @@ def rope_tables(d_head, T, theta=10000.0):
 '''}, {"test_rope_tables", "test_rope_tables_hidden"}),
 }
 
-class TestLab03(RoundTrip):
-    LAB = LAB
-    WRONG = WRONG
-    TOTAL = 20
-    VALIDATE = Validation('rope-on-v', 1, (
-        'check("03.MultiHeadAttention.rope", MultiHeadAttention)',
-        "RoPE is applied to v as well",
-    ))
-
-
 # Written blind to the tests (issue 42), as written: student -> the test cells it fails, each case of each cell run
-# in-process (`check_blind_student`), not in the round trip. A wrong split, merge or RoPE fails the
+# in-process (`check_blind_student`) and each cell by nbgrader (the round trip). A wrong split, merge or RoPE fails the
 # MultiHeadAttention that uses it too. Before issue 42 rope-own-tables passed every visible case (the visible tables
 # were of positions 0..T-1), tables-theta-hardcoded got a message that named nothing, and so did
-# mha-qkv-per-head-layout, mha-one-wide-head and, but for the causal case, mha-sdpa-not-causal. Left out:
-# rope-calls-gptcourse and mha-wraps-gptcourse-functions, which the grader's scan of the cells finds and zeroes
-# (`forbidden.find_forbidden`) but an in-process check does not (issue 42's forbidden-calls work).
+# mha-qkv-per-head-layout, mha-one-wide-head and, but for the causal case, mha-sdpa-not-causal.
+# rope-calls-gptcourse and mha-wraps-gptcourse-functions call the references the lab forbids: the grader's scan of
+# the cells zeroes every piece that forbids them (`forbidden.find_forbidden`), apply_rope and MultiHeadAttention.
 BLIND_FILE = Path(__file__).with_name("lab03_blind.cells")
 MHA_TESTS = MHA_VALUES | {"test_MultiHeadAttention_causal"}
 TABLE_TESTS = {"test_rope_tables", "test_rope_tables_hidden"}
@@ -87,7 +77,19 @@ BLIND_FAILS = {
     **dict.fromkeys(("mha-rope-on-values", "mha-rope-only-q"), MHA_ROPE),
     **dict.fromkeys(("mha-qkv-per-head-layout", "mha-no-output-projection", "mha-one-wide-head"), MHA_VALUES),
     "mha-sdpa-not-causal": MHA_TESTS,
+    **dict.fromkeys(("rope-calls-gptcourse", "mha-wraps-gptcourse-functions"), ROPE_TESTS | MHA_TESTS),
 }
+WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
+
+
+class TestLab03(RoundTrip):
+    LAB = LAB
+    WRONG = WRONG
+    TOTAL = 20
+    VALIDATE = Validation('rope-on-v', 1, (
+        'check("03.MultiHeadAttention.rope", MultiHeadAttention)',
+        "RoPE is applied to v as well",
+    ))
 
 
 @pytest.mark.parametrize("student", sorted(BLIND_FAILS))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lab_roundtrip import RoundTrip, Validation, check_blind_student, check_named_mistake
+from lab_roundtrip import RoundTrip, Validation, blind_round_trip, check_blind_student, check_named_mistake
 
 LAB = "06_parameter_counting"
 BREAKDOWN = '''
@@ -102,8 +102,9 @@ def test_each_named_mistake_gets_its_message(student):
 BREAKDOWNS = {"test_parameter_breakdown", "test_parameter_breakdown_gpt2", "test_parameter_breakdown_llama",
               "test_parameter_breakdown_hidden"}
 HIDDEN = {"test_parameter_breakdown_hidden", "test_count_parameters_hidden"}
-# Written blind to the tests (issue 42), as written, graded in-process (check_blind_student): student -> the
-# test cells it must fail. Before the fix swiglu-bias-F, d-ff-default-4C, ignores-lm-head-bias and
+# Written blind to the tests (issue 42), as written, graded in-process (check_blind_student) and by nbgrader (the
+# round trip): student -> the test cells
+# it must fail. Before the fix swiglu-bias-F, d-ff-default-4C, ignores-lm-head-bias and
 # total-hardcoded-published failed only hidden cases, with a message that named nothing (or, for the head's bias,
 # not the config field), and no message named rmsnorm-with-bias (llama2-7b's blamed the attention biases),
 # attn-one-bias or one-norm-per-block (gpt2-small's blamed LayerNorm's beta alone). builds-gpt-and-counts and
@@ -125,6 +126,7 @@ BLIND_FAILS = {
     "total-hardcoded-published": {"test_count_parameters_hidden"},
     "total-ignores-breakdown-ties": TOTALS,
 }
+WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 
 
 @pytest.mark.parametrize("student", sorted(BLIND_FAILS))

@@ -6,7 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lab_roundtrip import RoundTrip, Validation, blind_students, check_blind_student, check_named_mistake, failures
+from lab_roundtrip import (
+    RoundTrip,
+    Validation,
+    blind_round_trip,
+    blind_students,
+    check_blind_student,
+    check_named_mistake,
+    failures,
+)
 
 LAB = "07_training_and_generation"
 STEP = '''
@@ -88,8 +96,9 @@ LOSS_TESTS = {"test_next_token_loss", "test_next_token_loss_hidden"}
 PROBS_TESTS = {"test_next_token_probs", "test_next_token_probs_top_k", "test_next_token_probs_hidden"}
 TOP_K_TESTS = {"test_next_token_probs_top_k", "test_next_token_probs_hidden"}
 SAMPLE_TESTS = {"test_sample_next_token_greedy", "test_sample_next_token", "test_sample_next_token_hidden"}
-# Written blind to the tests (issue 42), as written, graded in-process (check_blind_student): student -> the
-# test cells it must fail (train_step and sample_next_token call the student's loss and probabilities). Before the
+# Written blind to the tests (issue 42), as written, graded in-process (check_blind_student) and by nbgrader (the
+# round trip): student -> the test cells
+# it must fail (train_step and sample_next_token call the student's loss and probabilities). Before the
 # fix sample-greedy-by-tiny-temperature passed every cell (a draw at temperature 1e-6 is the argmax, but it moves
 # the generator), and loss-transposed-targets, step-clip-value, step-loss-after-update,
 # probs-temperature-after-softmax and probs-topk-batch-threshold got only "largest error ... at index ...".
@@ -112,6 +121,7 @@ BLIND_FAILS = {
     "sample-greedy-by-tiny-temperature": {"test_sample_next_token_greedy"},
     "uses-reference-filter": PROBS_TESTS | SAMPLE_TESTS,
 }
+WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 
 
 @pytest.mark.parametrize("student", sorted(BLIND_FAILS))

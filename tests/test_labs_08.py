@@ -165,6 +165,10 @@ BLIND_FAILS = {
     "decode-errors-ignore": DECODE_TESTS - {"test_decode"},
     "uses-reference-bpe": COUNT_TESTS | MERGE_TESTS | TRAIN_TESTS | ENCODE_TESTS | DECODE_TESTS,
 }
+# Not in the round trip (issue 42's finding): with them the `nbgrader autograde` process grew to 20.7 GB resident
+# on a 23 GB machine and the OOM killer ended it. Graded alone, a student that fails train_bpe takes that process to
+# about 3 GB (pairs-no-overlap 3.5 GB, WRONG's count-pairs-without-overlaps 2.8 GB), the solution 0.33 GB; in-process
+# the same failures() peaks at 0.25 GB. Not yet explained.
 
 
 @pytest.mark.parametrize("student", sorted(BLIND_FAILS))

@@ -3,17 +3,10 @@ mistake loses exactly the points of the tests it should fail."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-import nbformat
 import pytest
-from lab_roundtrip import RoundTrip, Validation, check_named_mistake
-from nbgrader_course import ROOT
-
-from gptcourse.checks import CheckFailed
-from gptcourse.grading import check
-from gptcourse.grading.cases import lab_cases
+from lab_roundtrip import RoundTrip, Validation, blind_round_trip, check_blind_student, check_named_mistake
 
 LAB = "12_flash_attention"
 MERGE = '''
@@ -180,37 +173,23 @@ WRONG = {
                                         FUNCTION_TESTS),
 }
 
-# Wrong implementations written blind to these tests (issue 42), one file each in tests/lab12_students/: the cells
-# it writes ("# %% grade_id" sections), the piece, the mistake, where learners make it, and "# Names:", a regex that
-# the first message of its piece must match (written before the messages were seen) -> the cells it must fail
-STUDENTS = Path(__file__).parent / "lab12_students"
-BLIND = {
-    "bwd_autograd": BACKWARD_TESTS | FUNCTION_TESTS, "bwd_every_tile": BACKWARD_TESTS | FUNCTION_TESTS,
-    "bwd_full_matrix": BACKWARD_TESTS | FUNCTION_TESTS, "bwd_gqa_sum_wrong_order": BACKWARD_TESTS | FUNCTION_TESTS,
-    "bwd_no_mask": BACKWARD_TESTS | FUNCTION_TESTS, "bwd_scores_unscaled": BACKWARD_TESTS | FUNCTION_TESTS,
-    "fa_autograd_through_tiles": FUNCTION_TESTS, "fa_p_on_ctx_attr": FUNCTION_TESTS, "fa_save_p": FUNCTION_TESTS,
-    "fa_three_grads": FUNCTION_TESTS,
-    "fwd_every_tile": ALL_FORWARD, "fwd_full_matrix": ALL_FORWARD, "fwd_gqa_repeat": OUTPUT_TESTS,
-    "fwd_keys_untiled": FORWARD_TESTS, "fwd_lse_without_max": OUTPUT_TESTS,
-    "fwd_mask_only_diagonal_tile": OUTPUT_TESTS, "fwd_scale_twice": OUTPUT_TESTS,
-    "fwd_skip_by_first_query": ALL_FORWARD, "fwd_tail_block_dropped": ALL_FORWARD,
-    "os_alpha_inverted": MERGE_TESTS | OUTPUT_TESTS, "os_o_not_rescaled": MERGE_TESTS | OUTPUT_TESTS,
-    "os_unshifted_exp": {"test_online_softmax_max_moves"},
-    "os_wrong_max": {"test_online_softmax"} | OUTPUT_TESTS,
+# Written blind to the tests (issue 42), as written: student -> the test cells it fails (tests/lab12_blind.cells;
+# each "# Names:" regex was written before the messages were seen).
+BLIND_FILE = Path(__file__).with_name("lab12_blind.cells")
+BLIND_FAILS = {
+    **dict.fromkeys(("bwd-autograd", "bwd-every-tile", "bwd-full-matrix", "bwd-gqa-sum-wrong-order", "bwd-no-mask",
+                     "bwd-scores-unscaled"), BACKWARD_TESTS | FUNCTION_TESTS),
+    **dict.fromkeys(("fa-autograd-through-tiles", "fa-p-on-ctx-attr", "fa-save-p", "fa-three-grads"), FUNCTION_TESTS),
+    **dict.fromkeys(("fwd-every-tile", "fwd-full-matrix", "fwd-skip-by-first-query", "fwd-tail-block-dropped"),
+                    ALL_FORWARD),
+    **dict.fromkeys(("fwd-gqa-repeat", "fwd-lse-without-max", "fwd-mask-only-diagonal-tile", "fwd-scale-twice"),
+                    OUTPUT_TESTS),
+    "fwd-keys-untiled": FORWARD_TESTS,
+    **dict.fromkeys(("os-alpha-inverted", "os-o-not-rescaled"), MERGE_TESTS | OUTPUT_TESTS),
+    "os-unshifted-exp": {"test_online_softmax_max_moves"},
+    "os-wrong-max": {"test_online_softmax"} | OUTPUT_TESTS,
 }
-
-
-def blind_student(name: str) -> tuple[dict[str, str], str, str]:
-    """({grade_id: code}, the piece, the regex its message must match) of tests/lab12_students/NAME.py."""
-    text = (STUDENTS / f"{name}.py").read_text()
-    parts = re.split(r"^# %% (\S+)\n", text, flags=re.M)
-    piece = re.search(r"^# Piece: (\w+)", text, flags=re.M).group(1)
-    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}, piece, re.search(
-        r"^# Names: (.*)$", text, flags=re.M).group(1)
-
-
-# a student id is [a-z0-9-]: bwd_no_mask grades as blind-bwd-no-mask
-WRONG |= {"blind-" + name.replace("_", "-"): (blind_student(name)[0], fails) for name, fails in BLIND.items()}
+WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # bwd-no-mask grades as blind-bwd-no-mask
 
 # student -> (a case their code fails, what its message says)
 SAYS = {
@@ -251,21 +230,6 @@ def test_each_named_mistake_gets_its_message(student):
     check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
 
 
-@pytest.mark.parametrize("student", sorted(BLIND))
-def test_each_blind_mistake_is_named_by_its_piece(student):
-    """The first message of the student's piece (visible cases first) matches the file's "# Names:" regex."""
-    answers, piece, names = blind_student(student)
-    namespace: dict = {}
-    for cell in nbformat.read(ROOT / "solutions" / LAB / f"{LAB}.ipynb", as_version=4).cells:
-        grading = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "code" and not grading.get("grade"):
-            exec(answers.get(grading["grade_id"], cell.source), namespace)
-    cases = sorted((case for case in lab_cases("12") if case.id.split(".")[1] == piece), key=lambda c: c.hidden)
-    for case in cases:
-        try:
-            check(case.id, namespace[piece])
-        except CheckFailed as failed:
-            message = " ".join(str(failed).split())
-            assert re.search(names, message, flags=re.I), message
-            return
-    pytest.fail(f"{student} passes every case of {piece}")
+@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
+def test_each_blind_student_fails_its_cells_named(student):
+    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])

@@ -172,8 +172,8 @@ def _states_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 def _causal_call(cls: Any, inputs: Inputs) -> Outputs:
     model = _built(cls, inputs)
     copies = perturbed_copies(inputs["idx"], dim=1, vocab_size=inputs["config"].vocab_size)  # (T + 1, B, T)
-    with torch.no_grad():
-        outputs = [as_tensor(model(ids.clone()), f"{_describe(inputs['config'])}") for ids in copies]
+    outputs = [as_tensor(_forward(model, inputs | {"idx": ids}, "forward"), f"{_describe(inputs['config'])}")
+               for ids in copies]  # each call's positions watched: token ids as positions are named
     if len({tuple(o.shape) for o in outputs}) != 1:
         raise fail("the model's output shape changes when one token changes")
     return {"outputs": torch.stack(outputs)}  # (T + 1, B, T, V)
@@ -216,9 +216,14 @@ def _tying_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "self.lm_head.weight = self.tok_emb.weight")
     for kind, config in (("tied", tied), ("untied", untied)):
         missing = sum(parameter_breakdown(config).values()) - got[f"{kind}_count"]
-        if config.n_layers > 1 and missing == (config.n_layers - 1) * sum(block_breakdown(config).values()):
+        block = sum(block_breakdown(config).values())
+        if config.n_layers > 1 and missing == (config.n_layers - 1) * block:
             raise fail(f"parameters of {_describe(config)}: {missing:,} too few, (N - 1) = {config.n_layers - 1} "
                        f"blocks' worth: {SHARED_BLOCKS}")
+        if missing == config.n_layers * block:
+            raise fail(f"parameters of {_describe(config)}: {missing:,} too few, all N = {config.n_layers} blocks' "
+                       "worth: the blocks are not registered as submodules (a plain Python list hides them from "
+                       "parameters(), state_dict() and .to()): self.blocks = nn.ModuleList(...)")
     check_parameter_count(got["tied_count"], tied, f"parameters of {_describe(tied)}")
     if not got["tied_shared"]:
         raise fail(f"{_describe(tied)}: lm_head.weight must be the very tensor tok_emb.weight (tie them with "
