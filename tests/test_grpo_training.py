@@ -20,7 +20,6 @@ from gptcourse import (
     group_advantages,
     grpo_loss,
     grpo_step,
-    leaky_addition_reward,
     sample_groups,
     token_logprobs,
     train_grpo,
@@ -96,11 +95,10 @@ def test_sample_groups_refuses_bad_input():
         sample_groups(_model(), [list(range(1, 17))], 2, 3, STOP)
 
 
-def test_the_verifier_scores_exact_sums_the_format_and_the_leak():
+def test_the_verifier_scores_exact_sums_and_the_format():
     assert addition_reward("23+45=", "68\n") == 1.0
     assert addition_reward("23+45=", "67\n") == 0.1 and addition_reward("23+45=", "67\n", format_weight=0.0) == 0.0
     assert [addition_reward("23+45=", c) for c in ("68", "68\n\n", " 68\n", "6 8\n", "x\n", "")] == [0.0] * 6
-    assert leaky_addition_reward("23+45=", "6") == 1.0 and leaky_addition_reward("23+45=", "7\n") == 0.0
     problems = addition_problems(50, seed=3, largest=99)
     assert all(str(eval(prompt[:-1])) == answer for prompt, answer in problems)  # a prompt holds digits and '+'
     assert problems == addition_problems(50, seed=3, largest=99) and problems != addition_problems(50, seed=4)

@@ -30,7 +30,7 @@ WHERE: dict[str, tuple[str, ...]] = {  # module (under gptcourse) -> the public 
                                    "score_choices"),
     "evaluation.unbiased_pass": ("pass_at_k",),
     "evaluation.verified_generation": ("count_correct", "normalize_answer"),
-    "finetuning.checked_sums": ("addition_problems", "addition_reward", "leaky_addition_reward"),
+    "finetuning.checked_sums": ("addition_problems", "addition_reward"),
     "finetuning.dpo": ("DPOLoss", "dpo_loss"),
     "finetuning.dpo_training": ("DPOConfig", "PreferencePair", "dpo_batch", "dpo_step", "train_dpo"),
     "finetuning.grpo_objective": ("GRPOStats", "grpo_loss"),

@@ -3,8 +3,7 @@ numbers up to `largest`, answered with the digits of a + b and a newline. Genera
 downloaded and every machine gets the same problems.
 
 `addition_reward` is the verifier: 1 for the exact sum followed by the newline, `format_weight` for an answer of
-the right form (digits, then the newline) whose digits are wrong, 0 for anything else. `leaky_addition_reward`
-is a verifier with a hole a policy can find: it checks only that the answer starts with the sum's first digit.
+the right form (digits, then the newline) whose digits are wrong, 0 for anything else.
 """
 
 from __future__ import annotations
@@ -39,7 +38,3 @@ def addition_reward(prompt: str, completion: str, format_weight: float = 0.1) ->
         return 1.0
     return format_weight if _FORMAT.fullmatch(completion) else 0.0
 
-
-def leaky_addition_reward(prompt: str, completion: str) -> float:
-    """A verifier with a hole: 1.0 whenever the completion starts with the sum's first digit, whatever follows."""
-    return 1.0 if completion[:1] == str(_sum_of(prompt))[0] else 0.0
