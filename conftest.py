@@ -93,10 +93,12 @@ LONGEST_FIRST = ("tests/test_grading_batch.py", "tests/browser/test_hub.py", "te
                  "lessons/08_bpe_tokenizer.ipynb", "tests/test_labs_01.py", "tests/test_labs_05.py",
                  "lessons/09_training_by_hand.ipynb", "tests/test_grading_memory.py", "tests/test_labs_03.py",
                  "tests/test_labs_11.py", "tests/test_labs_12.py", "tests/test_labs_13.py", "tests/test_labs_14.py",
-                 "tests/test_labs_16.py", "tests/test_bench.py",
+                 "tests/test_labs_15.py", "tests/test_labs_16.py", "tests/test_bench.py",
                  "tests/test_labs_02.py",
                  "lessons/07_training_and_generation.ipynb", "lessons/13_preference_optimization.ipynb",
-                 "lessons/14_evaluating_language_models.ipynb", "lessons/16_mixture_of_experts.ipynb")
+                 "lessons/14_evaluating_language_models.ipynb",
+                 "lessons/15_reinforcement_learning_with_verifiable_rewards.ipynb",
+                 "lessons/16_mixture_of_experts.ipynb")
 # by the summed --durations of a CI run, longest first; the files added since (hub, cluster, labs 12-13, lesson 13)
 # placed by their durations when run alone
 

@@ -1,0 +1,145 @@
+"""Lab 15 graded by real nbgrader: full marks for the solution, 0 for the untouched release, and each known
+mistake of GRPO loses exactly the points of the tests it should fail; in-process, each mistake's message names it."""
+
+from __future__ import annotations
+
+import pytest
+from lab_roundtrip import RoundTrip, Validation, check_named_mistake
+
+LAB = "15_reinforcement_learning_with_verifiable_rewards"
+ADVANTAGES = '''
+def group_advantages(rewards, group_size):
+    groups = rewards.view({view})
+    advantages = groups - groups.mean(dim=1, keepdim=True)
+    if {guard}:
+        advantages = advantages / ({std} + {eps})
+    return {sign}advantages.reshape(-1)
+'''
+RIGHT_ADVANTAGES = {"view": "-1, group_size", "guard": "group_size > 1", "std": "groups.std(dim=1, keepdim=True)",
+                    "eps": "1e-4", "sign": ""}
+KL = '''
+def kl_k3(logprobs, ref_logprobs):
+    r = {r}
+    return {estimate}
+'''
+RIGHT_KL = {"r": "ref_logprobs - logprobs", "estimate": "torch.exp(r) - r - 1"}
+LOSS = '''
+def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, clip_eps, beta):
+    ratio = torch.exp(logprobs - {old})
+    adv = advantages[:, None]
+    surrogate = {bound}(ratio * adv, {clipped})
+    per_token = -surrogate {kl_sign} beta * kl_k3(logprobs, {kl_to})
+    return {reduce}
+'''
+RIGHT_LOSS = {"old": "old_logprobs.detach()", "bound": "torch.min",
+              "clipped": "torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv", "kl_sign": "+",
+              "kl_to": "ref_logprobs", "reduce": "((per_token * mask).sum(-1) / mask.sum(-1)).mean()"}
+STEP = '''
+def grpo_step(policy, reference, optimizer, batch, clip_eps, beta):
+    ids, attention_mask, completion_mask, old_logprobs, advantages = batch
+
+    def token_logprobs(model):
+        logits = {forward}
+        return F.log_softmax({scores}, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+    logprobs = token_logprobs(policy)
+    {reference}
+    loss = grpo_loss(logprobs, {old}, ref_logprobs, advantages, completion_mask, clip_eps, beta)
+    {update}
+    return loss
+'''
+RIGHT_STEP = {"forward": "model(ids, attention_mask=attention_mask)", "scores": "logits[:, :-1]",
+              "reference": "with torch.no_grad():\n        ref_logprobs = token_logprobs(reference)",
+              "old": "old_logprobs", "update": "optimizer.zero_grad()\n    loss.backward()\n    optimizer.step()"}
+
+
+def advantages(**changes: str) -> dict[str, str]:
+    return {"group_advantages": ADVANTAGES.format(**RIGHT_ADVANTAGES | changes)}
+
+
+def kl(**changes: str) -> dict[str, str]:
+    return {"kl_k3": KL.format(**RIGHT_KL | changes)}
+
+
+def loss(**changes: str) -> dict[str, str]:
+    return {"grpo_loss": LOSS.format(**RIGHT_LOSS | changes)}
+
+
+def step(**changes: str) -> dict[str, str]:
+    return {"grpo_step": STEP.format(**RIGHT_STEP | changes)}
+
+
+ADV_TESTS = {"test_group_advantages", "test_group_advantages_hidden"}
+KL_TESTS = {"test_kl_k3", "test_kl_k3_hidden"}
+LOSS_TESTS = {"test_grpo_loss", "test_grpo_loss_reference", "test_grpo_loss_hidden"}
+STEP_TESTS = {"test_grpo_step", "test_grpo_step_hidden"}  # a step uses the student's grpo_loss and kl_k3
+# student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
+WRONG = {
+    "adv-no-eps": (advantages(eps="0"), ADV_TESTS),
+    "adv-population-std": (advantages(std="groups.std(dim=1, keepdim=True, unbiased=False)"), ADV_TESTS),
+    "adv-batch-mean": (advantages(view="1, -1"), ADV_TESTS),
+    "adv-sign-flipped": (advantages(sign="-"), ADV_TESTS),
+    "adv-groups-transposed": (advantages(view="group_size, -1"), ADV_TESTS),
+    # a group of one: std of one number is NaN; only the hidden groups of one show it
+    "adv-groups-of-one-divided": (advantages(guard="True"), {"test_group_advantages_hidden"}),
+    "kl-wrong-direction": (kl(r="logprobs - ref_logprobs"), KL_TESTS | LOSS_TESTS | STEP_TESTS),
+    "kl-k1": (kl(estimate="-r"), KL_TESTS | LOSS_TESTS | STEP_TESTS),
+    "kl-detached": (kl(estimate="(torch.exp(r) - r - 1).detach()"), KL_TESTS | LOSS_TESTS | STEP_TESTS),
+    # the step's old log-probabilities carry no graph: only the loss's own cases catch it
+    "loss-old-not-detached": (loss(old="old_logprobs"), LOSS_TESTS),
+    "loss-clip-product": (loss(clipped="torch.clamp(ratio * adv, 1 - clip_eps, 1 + clip_eps)"),
+                          LOSS_TESTS | STEP_TESTS),
+    "loss-clip-upper-only": (loss(clipped="torch.clamp(ratio, max=1 + clip_eps) * adv"), LOSS_TESTS | STEP_TESTS),
+    "loss-max-not-min": (loss(bound="torch.max"), LOSS_TESTS | STEP_TESTS),
+    "loss-kl-subtracted": (loss(kl_sign="-"), LOSS_TESTS | STEP_TESTS),
+    "loss-kl-to-old": (loss(kl_to="old_logprobs"), LOSS_TESTS | STEP_TESTS),
+    "loss-padding-counted": (loss(reduce="per_token.mean()"), LOSS_TESTS | STEP_TESTS),
+    "loss-tokens-of-the-batch": (loss(reduce="(per_token * mask).sum() / mask.sum()"), LOSS_TESTS | STEP_TESTS),
+    "step-no-zero-grad": (step(update="loss.backward()\n    optimizer.step()"), STEP_TESTS),
+    "step-reference-with-graph": (step(reference="ref_logprobs = token_logprobs(reference).detach()"), STEP_TESTS),
+    "step-policy-as-reference": (step(reference="ref_logprobs = logprobs.detach()"), STEP_TESTS),
+    "step-not-shifted": (step(scores="logits[:, 1:]"), STEP_TESTS),
+    "step-old-from-policy": (step(old="logprobs.detach()"), STEP_TESTS),
+    "step-no-mask": (step(forward="model(ids)"), STEP_TESTS),
+}
+# student -> (a case their code fails, what its message says)
+SAYS = {
+    "adv-no-eps": ("15.group_advantages.visible", "have all rewards equal, so their std is 0"),
+    "adv-population-std": ("15.group_advantages.visible", "the standard deviation is the population one"),
+    "adv-batch-mean": ("15.group_advantages.visible", "over the whole batch, not over each group"),
+    "adv-sign-flipped": ("15.group_advantages.visible", "the sign is flipped"),
+    "adv-groups-transposed": ("15.group_advantages.visible", "the groups were read as rewards.view(group_size, -1)"),
+    "adv-groups-of-one-divided": ("15.group_advantages.hidden_one", "for groups of one"),
+    "kl-wrong-direction": ("15.kl_k3.visible", "the log-ratio is the wrong way round"),
+    "kl-k1": ("15.kl_k3.visible", "this is k1"),
+    "kl-detached": ("15.kl_k3.visible", "the KL estimates do not require grad"),
+    "loss-old-not-detached": ("15.grpo_loss.visible", "the old log-probabilities were not detached"),
+    "loss-clip-product": ("15.grpo_loss.visible", "the clip is applied to ratio * advantage"),
+    "loss-clip-upper-only": ("15.grpo_loss.visible", "only the upper side is clipped"),
+    "loss-max-not-min": ("15.grpo_loss.visible", "max where PPO takes min"),
+    "loss-kl-subtracted": ("15.grpo_loss.reference", "the KL penalty is subtracted"),
+    "loss-kl-to-old": ("15.grpo_loss.reference", "the KL is measured to the old log-probabilities"),
+    "loss-padding-counted": ("15.grpo_loss.visible", "the padding positions are counted"),
+    "loss-tokens-of-the-batch": ("15.grpo_loss.visible", "the tokens of the whole batch are averaged together"),
+    "step-no-zero-grad": ("15.grpo_step.visible", "the gradients left in .grad by the last step were added to"),
+    "step-reference-with-graph": ("15.grpo_step.visible", "the reference's forward pass built a graph"),
+    "step-policy-as-reference": ("15.grpo_step.visible", "the reference model was never run"),
+    "step-not-shifted": ("15.grpo_step.visible", "each token was scored with the logits at its own position"),
+    "step-old-from-policy": ("15.grpo_step.visible", "the batch's old log-probabilities were not used"),
+    "step-no-mask": ("15.grpo_step.visible", "had no attention mask"),
+}
+
+
+class TestLab15(RoundTrip):
+    LAB = LAB
+    WRONG = WRONG
+    TOTAL = 18
+    VALIDATE = Validation("loss-clip-upper-only", 3, (
+        'check("15.grpo_loss.visible", grpo_loss)',
+        "only the upper side is clipped",
+    ))
+
+
+@pytest.mark.parametrize("student", sorted(SAYS))
+def test_each_named_mistake_gets_its_message(student):
+    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
