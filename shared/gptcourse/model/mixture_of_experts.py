@@ -22,8 +22,11 @@ def top_k_routing(router_logits: torch.Tensor, top_k: int, order: Routing = "sof
                   renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's `top_k` experts and their weights, from router logits (N, E): both (N, top_k), best first.
 
-    "softmax_then_topk" (Mixtral in transformers, Qwen-MoE, DeepSeek) keeps the top-k probabilities of all E;
-    `renormalize` rescales them to sum to 1 (Mixtral does, Qwen-MoE's `norm_topk_prob=False` does not).
+    "softmax_then_topk" (Mixtral in transformers, Qwen-MoE, DeepSeek-V2) keeps the top-k probabilities of all E;
+    `renormalize` rescales them to sum to 1 (Mixtral and Qwen3's MoE models do; Qwen1.5/Qwen2-MoE's
+    `norm_topk_prob=False` does not). With top_k = 1, renormalising makes every weight 1 and leaves the router no
+    gradient from the task loss (the Switch Transformer keeps the probability). DeepSeek-V3 routes otherwise: a
+    sigmoid per expert, the top k chosen with a per-expert bias added, the kept sigmoids renormalised.
     "topk_then_softmax" (Mistral's reference Mixtral code) takes a softmax over the k chosen logits only, which is
     the same as softmax-then-top-k renormalised: exp(l_i) / sum over the chosen j of exp(l_j) either way.
     """
