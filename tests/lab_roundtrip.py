@@ -115,15 +115,27 @@ def check_blind_student(lab: str, path: Path, student: str, fails: set[str]) -> 
     a student that fails no such visible case must be named by each hidden one it fails (the graded feedback shows
     those messages). A piece that calls the student's (train_step its next_token_loss) fails too, with that
     piece's message; a banned student is named by the grader's line about the reference it uses."""
+    names = blind_names(path)[student]
+    assert names, f"{student} has no '# Names:' line: what a message that names its mistake matches"
     failed = failures(lab, blind_students(path)[student])
     assert set(failed) == fails, f"{student} fails {sorted(failed)}, expected {sorted(fails)}: {failed}"
     pieces = blind_pieces(path)[student]
     said = {test_id: message for by_case in failed.values() for test_id, message in by_case.items()
             if message != "banned" and CaseId.parse(test_id).piece in pieces}
     visible = {test_id: message for test_id, message in said.items() if not CaseId.parse(test_id).hidden}
-    names = blind_names(path)[student]
     unnamed = {test_id: message for test_id, message in (visible or said).items() if not re.search(names, message)}
     assert not unnamed, f"{student}: these messages do not match {names!r}: {unnamed}"
+
+
+def blind_round_trip(path: Path, fails: dict[str, set[str]]) -> dict[str, tuple[dict[str, str], set[str]]]:
+    """WRONG's rows for the blind students of `path` that `fails` lists (student -> the test cells it fails): each
+    graded by nbgrader as "blind-" + its name in lower case (a student id is [a-z0-9-]: att-scale-by-D grades as
+    blind-att-scale-by-d)."""
+    students = blind_students(path)
+    rows = {f"blind-{student.lower()}": (students[student], set(cells)) for student, cells in fails.items()}
+    bad = sorted(student for student in rows if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,63}", student))
+    assert len(rows) == len(fails) and not bad, f"{path.name}: names that are no student id, or clash: {bad}"
+    return rows
 
 
 def check_named_mistake(lab: str, answers: dict[str, str], test_id: str, says: str) -> None:
