@@ -3,8 +3,17 @@ mistake of GRPO loses exactly the points of the tests it should fail; in-process
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from lab_roundtrip import RoundTrip, Validation, check_named_mistake
+from lab_roundtrip import (
+    RoundTrip,
+    Validation,
+    blind_round_trip,
+    blind_students,
+    check_blind_student,
+    check_named_mistake,
+)
 
 LAB = "15_reinforcement_learning_with_verifiable_rewards"
 ADVANTAGES = '''
@@ -70,6 +79,7 @@ def step(**changes: str) -> dict[str, str]:
 
 
 ADV_TESTS = {"test_group_advantages", "test_group_advantages_hidden"}
+ONE_TESTS = {"test_group_advantages_one", "test_group_advantages_hidden"}  # groups of one only
 KL_TESTS = {"test_kl_k3", "test_kl_k3_hidden"}
 LOSS_TESTS = {"test_grpo_loss", "test_grpo_loss_reference", "test_grpo_loss_hidden"}
 STEP_TESTS = {"test_grpo_step", "test_grpo_step_hidden"}  # a step uses the student's grpo_loss and kl_k3
@@ -77,11 +87,11 @@ STEP_TESTS = {"test_grpo_step", "test_grpo_step_hidden"}  # a step uses the stud
 WRONG = {
     "adv-no-eps": (advantages(eps="0"), ADV_TESTS),
     "adv-population-std": (advantages(std="groups.std(dim=1, keepdim=True, unbiased=False)"), ADV_TESTS),
-    "adv-batch-mean": (advantages(view="1, -1"), ADV_TESTS),
+    "adv-batch-mean": (advantages(view="1, -1"), ADV_TESTS | ONE_TESTS),  # groups of one: the batch's std
     "adv-sign-flipped": (advantages(sign="-"), ADV_TESTS),
-    "adv-groups-transposed": (advantages(view="group_size, -1"), ADV_TESTS),
-    # a group of one: std of one number is NaN; only the hidden groups of one show it
-    "adv-groups-of-one-divided": (advantages(guard="True"), {"test_group_advantages_hidden"}),
+    "adv-groups-transposed": (advantages(view="group_size, -1"), ADV_TESTS | ONE_TESTS),
+    # a group of one: std of one number is NaN; only the groups of one show it
+    "adv-groups-of-one-divided": (advantages(guard="True"), ONE_TESTS),
     "kl-wrong-direction": (kl(r="logprobs - ref_logprobs"), KL_TESTS | LOSS_TESTS | STEP_TESTS),
     "kl-k1": (kl(estimate="-r"), KL_TESTS | LOSS_TESTS | STEP_TESTS),
     "kl-detached": (kl(estimate="(torch.exp(r) - r - 1).detach()"), KL_TESTS | LOSS_TESTS | STEP_TESTS),
@@ -109,7 +119,7 @@ SAYS = {
     "adv-batch-mean": ("15.group_advantages.visible", "over the whole batch, not over each group"),
     "adv-sign-flipped": ("15.group_advantages.visible", "the sign is flipped"),
     "adv-groups-transposed": ("15.group_advantages.visible", "the groups were read as rewards.view(group_size, -1)"),
-    "adv-groups-of-one-divided": ("15.group_advantages.hidden_one", "for groups of one"),
+    "adv-groups-of-one-divided": ("15.group_advantages.one", "for groups of one"),
     "kl-wrong-direction": ("15.kl_k3.visible", "the log-ratio is the wrong way round"),
     "kl-k1": ("15.kl_k3.visible", "this is k1"),
     "kl-detached": ("15.kl_k3.visible", "the KL estimates do not require grad"),
@@ -129,11 +139,49 @@ SAYS = {
     "step-no-mask": ("15.grpo_step.visible", "had no attention mask"),
 }
 
+# Written blind to the tests (/work/notes/blind/lab15_blind.cells, by a reader who saw only the student notebook and
+# the lesson), as written: student -> the test cells it fails, each case of each cell run in-process
+# (`check_blind_student`) and each cell by nbgrader (the round trip). Before this table adv-no-group-of-one-guard
+# passed every visible case (no visible group of one); the messages for adv-interleaved-groups,
+# adv-nan-to-num-instead-of-eps, loss-padding-counted, step-unshifted-targets and step-attention-mask-as-loss-mask
+# named nothing, and loss-ratio-detached was told its old log-probabilities were not detached (its gradient and the
+# undetached one agree while the old log-probabilities carry a graph: the loss is now also run without one).
+# k3-missing-minus-one passes the step's cells: a constant -1 per token moves no gradient, so the step is right.
+# step-calls-package imports gptcourse.grpo_step, which every piece of the lab forbids: the scan zeroes every cell.
+BLIND_FILE = Path(__file__).with_name("lab15_blind.cells")
+BLIND = blind_students(BLIND_FILE)
+BLIND_FAILS = {
+    **dict.fromkeys(("adv-std-without-epsilon", "adv-batch-mean-not-group", "adv-population-std",
+                     "adv-interleaved-groups", "adv-dr-grpo-no-std", "adv-nan-to-num-instead-of-eps"), ADV_TESTS),
+    "adv-no-group-of-one-guard": ONE_TESTS,
+    **dict.fromkeys(("k3-reversed-ratio", "k3-k1-estimator", "k3-no-gradient"), KL_TESTS | LOSS_TESTS | STEP_TESTS),
+    "k3-missing-minus-one": KL_TESTS | LOSS_TESTS,
+    "loss-old-not-detached": LOSS_TESTS,  # the step's old log-probabilities carry no graph
+    **dict.fromkeys(("loss-token-level-mean", "loss-padding-counted", "loss-clip-the-product", "loss-max-not-min",
+                     "loss-kl-subtracted", "loss-ratio-without-exp", "loss-one-sided-clip", "loss-ratio-detached"),
+                    LOSS_TESTS | STEP_TESTS),
+    **dict.fromkeys(("step-reference-from-policy", "step-no-zero-grad", "step-reference-with-grad",
+                     "step-no-attention-mask", "step-unshifted-targets", "step-attention-mask-as-loss-mask",
+                     "step-old-from-current", "step-zero-grad-after-backward"), STEP_TESTS),
+    "step-calls-package": ADV_TESTS | ONE_TESTS | KL_TESTS | LOSS_TESTS | STEP_TESTS,
+}
+WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
+# blind student -> (a case it fails, what its message says): the mistakes named for these students
+BLIND_SAYS = {
+    "adv-no-group-of-one-guard": ("15.group_advantages.one", "for groups of one"),
+    "adv-interleaved-groups": ("15.group_advantages.visible", "the groups were taken as interleaved"),
+    "adv-nan-to-num-instead-of-eps": ("15.group_advantages.visible", "eps is missing from the denominator"),
+    "loss-padding-counted": ("15.grpo_loss.visible", "the padding positions are counted"),
+    "loss-ratio-detached": ("15.grpo_loss.visible", "the whole ratio was detached"),
+    "step-unshifted-targets": ("15.grpo_step.visible", "the targets are not shifted"),
+    "step-attention-mask-as-loss-mask": ("15.grpo_step.visible", "the prompt's tokens are counted in the loss"),
+}
+
 
 class TestLab15(RoundTrip):
     LAB = LAB
     WRONG = WRONG
-    TOTAL = 18
+    TOTAL = 19
     VALIDATE = Validation("loss-clip-upper-only", 3, (
         'check("15.grpo_loss.visible", grpo_loss)',
         "only the upper side is clipped",
@@ -143,3 +191,13 @@ class TestLab15(RoundTrip):
 @pytest.mark.parametrize("student", sorted(SAYS))
 def test_each_named_mistake_gets_its_message(student):
     check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
+
+
+@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
+def test_each_blind_student_fails_its_tests_named(student):
+    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])
+
+
+@pytest.mark.parametrize("student", sorted(BLIND_SAYS))
+def test_each_blind_mistake_gets_its_message(student):
+    check_named_mistake(LAB, BLIND[student], *BLIND_SAYS[student])

@@ -44,6 +44,7 @@ FORBIDDEN = ("gptcourse.group_advantages", "gptcourse.kl_k3", "gptcourse.grpo_lo
              "gptcourse.finetuning.kl_estimators", "gptcourse.finetuning.grpo_objective",
              "gptcourse.finetuning.grpo_training")
 EPS = 1e-4  # the advantages' epsilon, TRL's
+HUGE_LOSS = 1e6  # no loss of the cases' real tokens comes near it; the pads' e^30 ratios and KL terms pass it
 TINY = GPTConfig(vocab_size=11, context_length=12, d_model=16, n_heads=2, n_layers=1, mlp="relu")
 
 
@@ -61,16 +62,20 @@ def _adv_call(fn: Any, inputs: Inputs) -> Outputs:
 
 
 def _advantages(rewards: torch.Tensor, g: int, *, eps: float = EPS, unbiased: bool = True, scale: bool = True,
-                over: str = "group", sign: int = 1) -> torch.Tensor:
+                over: str = "group", sign: int = 1, nan_to_zero: bool = False) -> torch.Tensor:
     """The advantages by hand, with a switch per known mistake: the population std (`unbiased`), no division by
-    the std, the mean and std over the whole batch or over rewards.view(G, -1)'s rows (`over`), the sign flipped."""
+    the std, the mean and std over the whole batch, over rewards.view(G, -1)'s rows or its columns (the groups
+    taken as interleaved) (`over`), the sign flipped, the NaN of all-equal groups set to 0 (`nan_to_zero`, with
+    eps 0: nan_to_num in place of eps)."""
     n = rewards.numel()
-    groups = {"group": rewards.view(-1, g), "batch": rewards.view(1, n),
-              "transposed": rewards.view(g, -1)}[over]  # (P, G): one row per group (or what the mistake takes)
+    groups = {"group": rewards.view(-1, g), "batch": rewards.view(1, n), "transposed": rewards.view(g, -1),
+              "interleaved": rewards.view(g, -1).t()}[over]  # (P, G): one row per group (or what the mistake takes)
     centred = groups - groups.mean(dim=1, keepdim=True)
     if scale and groups.size(1) > 1:
         centred = centred / (groups.std(dim=1, keepdim=True, unbiased=unbiased) + eps)
-    return (sign * centred).reshape(-1)
+    if nan_to_zero:
+        centred = torch.nan_to_num(centred, nan=0.0)
+    return (sign * (centred.t() if over == "interleaved" else centred)).reshape(-1)
 
 
 ADV_MISTAKES = {
@@ -83,8 +88,12 @@ ADV_MISTAKES = {
     "each other, rewards.view(-1, group_size) then the mean and std over dim=1": {"over": "batch"},
     "the groups were read as rewards.view(group_size, -1), group_size rows of N / group_size rewards: each group "
     "is a row of rewards.view(-1, group_size), its group_size answers one after another": {"over": "transposed"},
-    "eps is missing from the denominator (only a group whose rewards are all equal shows it): (reward - mean) / "
-    "(std + 1e-4)": {"eps": 0.0},
+    "the groups were taken as interleaved, answer j of every prompt together (the columns of "
+    "rewards.view(group_size, -1)): each group is group_size answers one after another, a row of "
+    "rewards.view(-1, group_size), the mean and std over dim=1": {"over": "interleaved"},
+    "eps is missing from the denominator: the NaN of the groups whose rewards are all equal was set to 0 (as "
+    "nan_to_num does), but every other group is divided by its bare std too; divide every group by (std + 1e-4), "
+    "which also gives the all-equal groups their 0": {"eps": 0.0, "nan_to_zero": True},
 }
 
 
@@ -102,6 +111,12 @@ def _adv_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "divide by (std + 1e-4), and such a group's advantages are exactly 0 (it teaches nothing)")
     mistakes = {why: _advantages(rewards, g, **flags) for why, flags in ADV_MISTAKES.items()}
     check_close(advantages, expected["advantages"], "the advantages", atol=1e-4, mistakes=mistakes)
+    # An all-equal group's float32 mean is off by up to ~1e-8, which / 1e-4 is up to ~1e-4: hence atol=1e-4 above.
+    # Elsewhere eps missing moves each advantage by eps / std >= 1.4e-4 of itself (std <= 0.71 for rewards in
+    # [0, 1]): the groups whose rewards differ are compared again, tighter than that.
+    differ = ~(rewards.view(-1, g) == rewards.view(-1, g)[:, :1]).all(dim=1).repeat_interleave(g)  # (N,)
+    check_close(advantages[differ], expected["advantages"][differ], "the advantages of the groups whose rewards "
+                "differ", atol=1e-6, rtol=1e-5, mistakes={why: wrong[differ] for why, wrong in mistakes.items()})
 
 
 def _adv_drawn(p: int, g: int, seed: int, uniform: tuple[int, ...] = ()) -> Inputs:
@@ -210,18 +225,23 @@ def _loss_inputs(lengths: list[int], t: int, clip_eps: float, beta: float, seed:
 def _loss_call(fn: Any, inputs: Inputs) -> Outputs:
     """The old log-probabilities arrive as `logprobs + (old - logprobs)`: numbers as given, with a graph back to
     `logprobs`, as `old_logprobs = logprobs` on the batch's first update would have. Only a loss that detaches them
-    gets the right gradient."""
-    logprobs = inputs["logprobs"].clone().requires_grad_()
-    old = logprobs + (inputs["old_logprobs"] - inputs["logprobs"])
-    args = (logprobs, old, *(inputs[k].clone() for k in LOSS_ARGS[2:]))
-    what = f"grpo_loss(logprobs {fmt_shape(logprobs.shape)}, ..., clip_eps={inputs['clip_eps']}, " \
+    gets the right gradient. The loss is called a second time with old log-probabilities that carry no graph
+    (`grad_plain`): a wrong gradient there is not the old log-probabilities' doing."""
+    what = f"grpo_loss(logprobs {fmt_shape(inputs['logprobs'].shape)}, ..., clip_eps={inputs['clip_eps']}, " \
            f"beta={inputs['beta']})"
-    loss = fn(*args, inputs["clip_eps"], inputs["beta"])
-    if not isinstance(loss, torch.Tensor):
-        raise fail(f"{what} returned {type(loss).__name__}, expected the loss, a torch.Tensor")
-    grad = torch.autograd.grad(loss.sum(), logprobs, allow_unused=True)[0] if loss.requires_grad else None
-    return {"loss": as_tensor(loss, what), "grad": torch.zeros_like(logprobs) if grad is None else grad,
-            "differentiable": loss.requires_grad}
+
+    def run(graph: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        logprobs = inputs["logprobs"].clone().requires_grad_()
+        old = logprobs + (inputs["old_logprobs"] - inputs["logprobs"]) if graph else inputs["old_logprobs"].clone()
+        loss = fn(logprobs, old, *(inputs[k].clone() for k in LOSS_ARGS[2:]), inputs["clip_eps"], inputs["beta"])
+        if not isinstance(loss, torch.Tensor):
+            raise fail(f"{what} returned {type(loss).__name__}, expected the loss, a torch.Tensor")
+        grad = torch.autograd.grad(loss.sum(), logprobs, allow_unused=True)[0] if loss.requires_grad else None
+        return as_tensor(loss, what), torch.zeros_like(logprobs) if grad is None else grad, loss.requires_grad
+
+    loss, grad, differentiable = run(graph=True)
+    grad_plain = run(graph=False)[1]
+    return {"loss": loss, "grad": grad, "grad_plain": grad_plain, "differentiable": differentiable}
 
 
 def _reference_loss(*args: Any) -> torch.Tensor:
@@ -230,16 +250,19 @@ def _reference_loss(*args: Any) -> torch.Tensor:
 
 
 def _loss_by_hand(logprobs: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
-                  clip_eps: float, beta: float, *, detach_old: bool = True, clip: str = "ratio", bound: str = "min",
+                  clip_eps: float, beta: float, *, detach_old: bool = True, detach_ratio: bool = False,
+                  clip: str = "ratio", bound: str = "min",
                   ratio: str = "exp", kl: str = "k3", kl_sign: int = 1, reduce: str = "sequence",
                   kl_to: str = "ref", kl_weight: float = 1.0) -> torch.Tensor:
-    """The loss by hand, with a switch per known mistake: the old log-probabilities not detached; the clip on the
+    """The loss by hand, with a switch per known mistake: the old log-probabilities not detached, or the whole
+    ratio detached (`detach_ratio`); the clip on the
     wrong term, on one side, or missing (`clip`); max for min (`bound`); the ratio as a log-ratio or inverted; the
     KL the wrong way round, missing, subtracted (`kl_weight` -1), or to the old policy; the tokens averaged another
     way (`reduce`)."""
     old = old.detach() if detach_old else old
     adv = adv[:, None]  # (B, 1)
     r = {"exp": torch.exp(logprobs - old), "log": logprobs - old, "inverted": torch.exp(old - logprobs)}[ratio]
+    r = r.detach() if detach_ratio else r
     unclipped = r * adv
     clipped = {"ratio": torch.clamp(r, 1 - clip_eps, 1 + clip_eps) * adv,
                "product": torch.clamp(r * adv, 1 - clip_eps, 1 + clip_eps),
@@ -264,6 +287,9 @@ LOSS_MISTAKES = {
     "the old log-probabilities were not detached: they are the sampling policy's, a constant of the loss. With "
     "a graph back to logprobs (old_logprobs = logprobs on a batch's first update) the ratio's gradient cancels; "
     "use old_logprobs.detach()": {"detach_old": False},
+    "the whole ratio was detached (exp(logprobs - old_logprobs).detach()): the surrogate has no gradient and only "
+    "the KL penalty trains the policy; detach old_logprobs alone, exp(logprobs - old_logprobs.detach())":
+        {"detach_ratio": True},
     "the clip is applied to ratio * advantage, not to the ratio: clamp(ratio, 1 - eps, 1 + eps) * advantage":
         {"clip": "product"},
     "only the upper side is clipped: clamp(ratio, 1 - eps, 1 + eps) bounds it below too (it matters when the "
@@ -297,20 +323,27 @@ def _loss_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         raise fail("the loss is inf or NaN: the padding positions hold values that must never enter it (here "
                    "ratios of e^30); multiply each token's loss by the mask before summing, or use "
                    "masked_fill, and divide by the real tokens")
+    if float(got["loss"].abs()) > HUGE_LOSS:
+        raise fail(f"the loss is {float(got['loss']):.4g}, where the answers' real tokens give a few units at most: "
+                   "the padding positions are counted (they hold ratios and KL terms of about e^30 here). Mask each "
+                   "token's whole loss, the surrogate and the KL penalty, before summing, (per_token * mask).sum(-1), "
+                   "and divide by the real tokens, mask.sum(-1)")
     mistakes = {why: _loss_by_hand(*args, **flags) for why, flags in LOSS_MISTAKES.items()}
     check_close(got["loss"], expected["loss"], "the loss", atol=1e-5, mistakes=mistakes)
     check_differentiable(got["differentiable"], "compute it from `logprobs` with torch operations, without .item() "
                                                 "or .detach() on the policy's log-probabilities")
 
-    def grad_of(flags: dict[str, Any]) -> torch.Tensor:
-        return _loss_call(lambda *a: _loss_by_hand(*a, **flags), inputs)["grad"]
+    def grads_of(flags: dict[str, Any]) -> Outputs:
+        return _loss_call(lambda *a: _loss_by_hand(*a, **flags), inputs)
 
     pads = inputs["mask"] == 0
     if bool((got["grad"][pads] != 0).any()):
         raise fail("the loss has a gradient at the padding positions: they are not tokens of any answer; mask "
                    "each token's loss before summing (the tokens' loss times the mask)")
-    check_close(got["grad"], expected["grad"], "the gradient of the loss with respect to logprobs", atol=1e-5,
-                mistakes={why: grad_of(flags) for why, flags in LOSS_MISTAKES.items()})
+    wrong = {why: grads_of(flags) for why, flags in LOSS_MISTAKES.items()}
+    for grad in ("grad_plain", "grad"):  # old log-probabilities without a graph first: the ratio's own gradient
+        check_close(got[grad], expected[grad], "the gradient of the loss with respect to logprobs", atol=1e-5,
+                    mistakes={why: outputs[grad] for why, outputs in wrong.items()})
 
 
 def _loss_hidden(seed: int) -> Inputs:
@@ -415,21 +448,25 @@ def _step_call(fn: Any, inputs: Inputs) -> Outputs:
 
 def _by_hand_step(policy: GPT, reference: GPT, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, ...],
                   clip_eps: float, beta: float, *, zero_grad: bool = True, shift: int = 1,
-                  old_from_policy: bool = False) -> None:
+                  targets: str = "next", old_from_policy: bool = False, loss_mask: str = "completion") -> None:
     """grpo_step by hand, with a switch per known mistake: the stale gradients kept; each token read from the
-    logits at its own position (`shift` 0); the batch's old log-probabilities replaced by the policy's own."""
+    logits at its own position (`shift` 0), or the logits[:, :-1] gathered at ids[:, :-1] (`targets` "current");
+    the batch's old log-probabilities replaced by the policy's own; the attention mask as the loss's mask, prompt
+    included (`loss_mask`)."""
     ids, attention_mask, completion_mask, old_logprobs, advantages = batch
+    mask = completion_mask if loss_mask == "completion" else attention_mask[:, 1:].float()  # (N, T - 1)
+    target = ids[:, 1:] if targets == "next" else ids[:, :-1]  # (N, T - 1)
 
     def logprobs_of(model: GPT) -> torch.Tensor:
         logits = model(ids, attention_mask=attention_mask)  # (N, T, V)
         scores = logits[:, :-1] if shift == 1 else logits[:, 1:]  # (N, T - 1, V)
-        return F.log_softmax(scores, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # (N, T - 1)
+        return F.log_softmax(scores, dim=-1).gather(-1, target[..., None]).squeeze(-1)  # (N, T - 1)
 
     logprobs = logprobs_of(policy)
     with torch.no_grad():
         ref = logprobs_of(reference)
     old = logprobs.detach() if old_from_policy else old_logprobs
-    loss = _reference_loss(logprobs, old, ref, advantages, completion_mask, clip_eps, beta)
+    loss = _reference_loss(logprobs, old, ref, advantages, mask, clip_eps, beta)
     if zero_grad:
         optimizer.zero_grad()
     loss.backward()
@@ -444,6 +481,11 @@ STEP_MISTAKES = {
     "the batch's old log-probabilities were not used: the ratio compares the policy with the one that sampled "
     "(batch[3]); with the policy's own log-probabilities it is 1 and nothing is ever clipped":
         {"old_from_policy": True},
+    "the targets are not shifted: log_softmax(logits[:, :-1]) was gathered at ids[:, :-1], each token scored as "
+    "its own prediction; the logits at position j predict the token at j + 1, so gather at ids[:, 1:]":
+        {"targets": "current"},
+    "the prompt's tokens are counted in the loss: attention_mask[:, 1:] covers the prompt as well as the answer; "
+    "the loss's mask is completion_mask (batch[2]), 1 on the answer's tokens only": {"loss_mask": "attention"},
 }
 
 
@@ -490,7 +532,9 @@ def _step_case(prompts: list[int], answers: list[int], clip_eps: float, beta: fl
 PIECES = declare(
     Piece("15", "group_advantages", group_advantages, _adv_call, judge=_adv_judge, forbidden=FORBIDDEN,
           visible=[("visible", "group_advantages of 3 groups of 4 rewards (0, 0.1 or 1), the second group all equal",
-                    lambda seed: _adv_drawn(3, 4, seed, uniform=(1,)))],
+                    lambda seed: _adv_drawn(3, 4, seed, uniform=(1,))),
+                   ("one", "group_advantages of 4 groups of one answer each (group_size = 1)",
+                    lambda seed: _adv_drawn(4, 1, seed))],
           hidden=[("hidden_sizes", "group_advantages with other group sizes and numbers of groups", _adv_hidden),
                   ("hidden_one", "group_advantages with groups of one", lambda seed: _adv_drawn(5, 1, seed)),
                   ("hidden_all_equal", "group_advantages where every group's rewards are all equal",
