@@ -77,8 +77,8 @@ def _routing(logits: torch.Tensor, k: int, *, scores: str = "softmax", weights: 
     sigmoid (`scores` "sigmoid") or the logits themselves ("logits"); the chosen scores kept as they are
     (`weights` "raw") or a softmax over them ("softmax again"); the k smallest (`largest`); each token's experts
     by its position (`by_position`)."""
-    score = {"softmax": lambda: F.softmax(logits.double(), dim=axis), "sigmoid": lambda: torch.sigmoid(
-        logits.double()), "logits": logits.double}[scores]()  # (N, E)
+    double = logits.double()
+    score = {"softmax": F.softmax(double, dim=axis), "sigmoid": torch.sigmoid(double), "logits": double}[scores]
     n, e = logits.shape
     if by_position:
         experts = (torch.arange(n)[:, None] + torch.arange(k)) % e  # (N, k): token n to n, n + 1, ... mod E
@@ -176,6 +176,7 @@ def _dispatch_expected(inputs: Inputs) -> Outputs:
         for weight, e in zip(inputs["weights"][n].tolist(), inputs["experts"][n].tolist(), strict=True):
             y[n] += weight * experts[e](x[n : n + 1])[0]
     routed = torch.bincount(inputs["experts"].flatten(), minlength=len(experts))  # (E,)
+    # one call an expert with tokens (an idle one: none, or one on no row; the judge allows either)
     return {"y": y, "rows": routed, "calls": (routed > 0).long()}
 
 
