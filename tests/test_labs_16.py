@@ -3,8 +3,10 @@ mistake loses exactly the points of the tests it should fail, in-process with a 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from lab_roundtrip import RoundTrip, Validation, check_named_mistake
+from lab_roundtrip import RoundTrip, Validation, blind_round_trip, check_blind_student, check_named_mistake
 
 LAB = "16_mixture_of_experts"
 ROUTE = '''
@@ -88,7 +90,7 @@ CASES = {
         "kept": "torch.zeros_like(probs).scatter(1, top.indices, top.values)"})}, "16.load_balancing_loss.visible",
         "averaged over the top-k probabilities only"),
     "balance-padding-counted": ({"load_balancing_loss": BALANCE.format(**RIGHT_BALANCE | {"no_mask": "True"})},
-                                "16.load_balancing_loss.hidden_padding", "the padding tokens were counted"),
+                                "16.load_balancing_loss.visible", "the padding tokens were counted"),
     "balance-without-e": ({"load_balancing_loss": BALANCE.format(**RIGHT_BALANCE | {"factor": "1"})},
                           "16.load_balancing_loss.visible", "the factor E is missing"),
     "counts-shared-as-routed": ({"moe_parameter_counts": COUNTS.format(**RIGHT_COUNTS | {
@@ -100,13 +102,44 @@ CASES = {
                          "16.moe_parameter_counts.mixtral", "the router was left out"),
 }
 
-# the test cells each student fails: all of its piece's, but the padding mistake (only hidden_padding is padded)
-# and the shared expert's (Mixtral has none)
+# the test cells each student fails: all of its piece's, but the shared expert's (Mixtral has none)
 FAILS = {student: {"route": ROUTE_TESTS, "dispatch": DISPATCH_TESTS, "balance": BALANCE_TESTS,
                    "counts": COUNT_TESTS}[student.split("-")[0]] for student in CASES}
-FAILS["balance-padding-counted"] = {"test_load_balancing_loss_hidden"}
 FAILS["counts-shared-as-routed"] = COUNT_TESTS - {"test_moe_parameter_counts_mixtral"}
 WRONG = {student: (answers, FAILS[student]) for student, (answers, _, _) in CASES.items()}
+
+# Written blind to the tests (tests/lab16_blind.cells), checked in-process against every test cell, hidden included,
+# and by nbgrader in the round trip below. Before these fixes dc-per-token-calls, dc-empty-expert-crash,
+# lb-padding-counted, lb-mask-only-counts, lb-mask-column-major, pc-untied-always and
+# pc-expert-width-from-config-dff passed every visible check (none counted the calls; no visible expert went
+# without a token, no visible batch was padded, no visible config was tied or left d_ff None), and the messages for
+# route-logits-as-weights, route-sigmoid-gates, dc-weight-by-expert-index, lb-soft-counts, lb-top1-counts-only,
+# pc-router-not-active, pc-shared-counted-as-routed, pc-mha-attention and pc-no-final-norm gave numbers only.
+# route-softmax-of-topk-logits-shortcut is right (a softmax of the top-k logits is the renormalised top-k
+# probabilities): it fails nothing.
+BLIND_FILE = Path(__file__).with_name("lab16_blind.cells")
+BLIND_FAILS = {
+    **dict.fromkeys(("route-no-renormalise", "route-softmax-over-tokens", "route-logits-as-weights",
+                     "route-smallest-k", "route-sigmoid-gates"), ROUTE_TESTS),
+    "route-softmax-of-topk-logits-shortcut": set(),
+    **dict.fromkeys(("dc-dense-masked", "dc-per-token-calls", "dc-unweighted", "dc-assign-not-add",
+                     "dc-weight-by-expert-index", "dc-routed-by-position", "dc-first-slot-weight-only",
+                     "dc-empty-expert-crash"), DISPATCH_TESTS),
+    **dict.fromkeys(("lb-post-topk-probs", "lb-padding-counted", "lb-f-sums-to-one", "lb-no-E-factor",
+                     "lb-mask-only-counts", "lb-soft-counts", "lb-mask-column-major", "lb-top1-counts-only"),
+                    BALANCE_TESTS),
+    # every piece forbids the package's references: the grader's scan zeroes all four
+    "lb-calls-package": ROUTE_TESTS | DISPATCH_TESTS | BALANCE_TESTS | COUNT_TESTS,
+    # the mistakes in terms Mixtral has too (the router, the final norm, two matrices, the embeddings, GQA)
+    **dict.fromkeys(("pc-router-not-active", "pc-swiglu-two-matrices", "pc-active-without-embeddings",
+                     "pc-no-final-norm", "pc-mha-attention"), COUNT_TESTS),
+    # Mixtral has no shared expert, no dense block and is untied
+    **dict.fromkeys(("pc-shared-counted-as-routed", "pc-dense-layers-ignored", "pc-untied-always",
+                     "pc-shared-not-active"), COUNT_TESTS - {"test_moe_parameter_counts_mixtral"}),
+    # Mixtral sets d_ff
+    "pc-expert-width-from-config-dff": COUNT_TESTS - {"test_moe_parameter_counts_mixtral"},
+}
+WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 
 
 @pytest.mark.parametrize("student", sorted(CASES))
@@ -123,3 +156,8 @@ class TestLab16(RoundTrip):
         'check("16.dispatch_combine.visible", dispatch_combine)',
         "this is the dense computation",
     ))
+
+
+@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
+def test_each_blind_student_fails_exactly_its_cells_each_visible_one_naming_it(student):
+    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])

@@ -24,6 +24,7 @@ from ...model.gpt import GPT
 from ...model.load_balancing import load_balancing_loss
 from ...model.mixture_of_experts import MoE, top_k_routing
 from ..cases import Inputs, Outputs, sized, tensor_rng
+from ..fixtures import check_close_lazily
 from ..piece import Piece, declare
 from ..student import TensorsMade, as_number, as_tensor
 
@@ -70,20 +71,22 @@ def _route_call(fn: Any, inputs: Inputs) -> Outputs:
     return {"weights": _dense(weights, experts.long(), e)}
 
 
-def _routing(logits: torch.Tensor, k: int, *, weights: str = "renormalised", axis: int = -1,
-             largest: bool = True, by_position: bool = False) -> torch.Tensor:
-    """A routing (N, E), right or with one of the usual mistakes: the chosen probabilities kept as they are
-    (`weights` "raw"), a softmax over them ("softmax again"), the chosen logits ("logits"); the softmax over
-    `axis`; the k smallest (`largest`); each token's experts by its position (`by_position`)."""
-    probs = F.softmax(logits.double(), dim=axis)  # (N, E)
+def _routing(logits: torch.Tensor, k: int, *, scores: str = "softmax", weights: str = "renormalised",
+             axis: int = -1, largest: bool = True, by_position: bool = False) -> torch.Tensor:
+    """A routing (N, E), right or with one of the usual mistakes: the experts scored by a softmax over `axis`, a
+    sigmoid (`scores` "sigmoid") or the logits themselves ("logits"); the chosen scores kept as they are
+    (`weights` "raw") or a softmax over them ("softmax again"); the k smallest (`largest`); each token's experts
+    by its position (`by_position`)."""
+    double = logits.double()
+    score = {"softmax": F.softmax(double, dim=axis), "sigmoid": torch.sigmoid(double), "logits": double}[scores]
     n, e = logits.shape
     if by_position:
         experts = (torch.arange(n)[:, None] + torch.arange(k)) % e  # (N, k): token n to n, n + 1, ... mod E
     else:
-        experts = probs.topk(k, dim=-1, largest=largest).indices  # (N, k): the logits' order, along `axis`
-    chosen = probs.gather(1, experts)  # (N, k)
+        experts = score.topk(k, dim=-1, largest=largest).indices  # (N, k): the logits' order, along `axis`
+    chosen = score.gather(1, experts)  # (N, k)
     value = {"renormalised": chosen / chosen.sum(-1, keepdim=True), "raw": chosen,
-             "softmax again": F.softmax(chosen, dim=-1), "logits": logits.double().gather(1, experts)}[weights]
+             "softmax again": F.softmax(chosen, dim=-1)}[weights]
     return _dense(value, experts, e)
 
 
@@ -96,7 +99,13 @@ def _route_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "them by their sum; a softmax of probabilities flattens them toward 1/k": _routing(logits, k,
                                                                                           weights="softmax again"),
         "the weights are the chosen logits, without a softmax: take the softmax over the E experts, then the top "
-        "k, then renormalise": _routing(logits, k, weights="logits"),
+        "k, then renormalise": _routing(logits, k, scores="logits", weights="raw"),
+        "the weights are the chosen logits divided by their sum, without a softmax: a logit can be negative, so "
+        "a weight can be negative or blow up where the logits nearly cancel; take the softmax over the E experts "
+        "first, then the top k, then renormalise the probabilities": _routing(logits, k, scores="logits"),
+        "the experts were scored by a sigmoid of each logit (DeepSeek-V3's gates), not a softmax over the E "
+        "experts: the lab's router takes the softmax over each token's E logits, then the top k, then "
+        "renormalises": _routing(logits, k, scores="sigmoid"),
         "the softmax ran over the tokens (dim=0): each token's router probabilities are a softmax over its own E "
         "logits, dim=-1": _routing(logits, k, axis=0),
         "the k *smallest* logits were chosen: topk(k, dim=-1) takes the largest (largest=True)":
@@ -129,10 +138,10 @@ def _dispatch_inputs(n: int, c: int, e: int, k: int, seed: int, idle: int | None
 
 
 class _Expert:
-    """One expert, SwiGLU with the case's weights, that counts the token rows it is called on."""
+    """One expert, SwiGLU with the case's weights, that counts the calls and the token rows it is called on."""
 
     def __init__(self, w_in: torch.Tensor, w_out: torch.Tensor, index: int) -> None:
-        self.w_in, self.w_out, self.index, self.rows = w_in, w_out, index, 0
+        self.w_in, self.w_out, self.index, self.rows, self.calls = w_in, w_out, index, 0, 0
 
     def __call__(self, h: Any) -> torch.Tensor:
         c = self.w_in.shape[0]
@@ -141,6 +150,7 @@ class _Expert:
             raise fail(f"expert_fns[{self.index}] was called with {given}: an expert takes the rows of its tokens, "
                        f"a (tokens, C) = (n, {c}) tensor, x[token_ids]")
         self.rows += h.shape[0]
+        self.calls += 1
         gate, value = (h @ self.w_in).chunk(2, dim=-1)  # each (n, F)
         return (F.silu(gate) * value) @ self.w_out  # (n, C)
 
@@ -154,7 +164,8 @@ def _dispatch_call(fn: Any, inputs: Inputs) -> Outputs:
     experts = _experts(inputs)
     what = f"dispatch_combine(x {fmt_shape(inputs['x'].shape)}, weights, experts, {len(experts)} expert_fns)"
     y = as_tensor(fn(inputs["x"].clone(), inputs["weights"].clone(), inputs["experts"].clone(), list(experts)), what)
-    return {"y": y, "rows": torch.tensor([expert.rows for expert in experts])}
+    return {"y": y, "rows": torch.tensor([expert.rows for expert in experts]),
+            "calls": torch.tensor([expert.calls for expert in experts])}
 
 
 def _dispatch_expected(inputs: Inputs) -> Outputs:
@@ -165,13 +176,15 @@ def _dispatch_expected(inputs: Inputs) -> Outputs:
         for weight, e in zip(inputs["weights"][n].tolist(), inputs["experts"][n].tolist(), strict=True):
             y[n] += weight * experts[e](x[n : n + 1])[0]
     routed = torch.bincount(inputs["experts"].flatten(), minlength=len(experts))  # (E,)
-    return {"y": y, "rows": routed}
+    # one call an expert with tokens (an idle one: none, or one on no row; the judge allows either)
+    return {"y": y, "rows": routed, "calls": (routed > 0).long()}
 
 
 def _combined(inputs: Inputs, *, weighted: str = "own", overwrite: bool = False) -> torch.Tensor:
     """The output (N, C), right or with one of the usual mistakes: each expert's output added with its slot's
     weight (`weighted` "own"), with weight 1 ("none"), with the first slot's weight ("first"); only the first slot
-    ("first only"); written over the row instead of added (`overwrite`: the last expert in index order stays)."""
+    ("first only"), with the weight in the column of the expert's index, e mod k ("expert index"); written over
+    the row instead of added (`overwrite`: the last expert in index order stays)."""
     experts, x, weights, chosen = _experts(inputs), inputs["x"], inputs["weights"], inputs["experts"]
     y = torch.zeros_like(x)
     for e, expert in enumerate(experts):
@@ -180,13 +193,29 @@ def _combined(inputs: Inputs, *, weighted: str = "own", overwrite: bool = False)
             token = token[slot == 0]
             slot = slot[slot == 0]
         w = {"own": weights[token, slot], "none": torch.ones(len(token)), "first": weights[token, 0],
-             "first only": weights[token, slot]}[weighted]
+             "first only": weights[token, slot], "expert index": weights[token, e % weights.shape[1]]}[weighted]
         out = expert(x[token]) * w[:, None]  # (N_e, C)
         if overwrite:
             y[token] = out
         else:
             y.index_add_(0, token, out)
     return y
+
+
+def _dispatch_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
+    return {
+        "the experts' outputs were added without their routing weights: multiply each by its token's weight for "
+        "that expert, weights[token_ids, slot]": _combined(inputs, weighted="none"),
+        "every expert's output was weighted by the token's first weight, weights[:, 0]: each slot has its own "
+        "weight, weights[token_ids, slot]": _combined(inputs, weighted="first"),
+        "only each token's first expert was added: all k experts a token is routed to contribute, weighted":
+            _combined(inputs, weighted="first only"),
+        "expert e's outputs were weighted by column e (mod k) of weights, weights[token_ids, e]: weights is "
+        "(N, top_k), its columns are a token's slots, not the experts; take the weight of the slot that chose e, "
+        "weights[token_ids, slot]": _combined(inputs, weighted="expert index"),
+        "the outputs were written into the rows (y[token_ids] = ...), so a token's later expert overwrites the "
+        "earlier one: add them, y.index_add_(0, token_ids, out)": _combined(inputs, overwrite=True),
+    }
 
 
 def _dispatch_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -198,20 +227,23 @@ def _dispatch_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                        "to them: this is the dense computation, every expert on every token, then masked (E / k "
                        "times the work). Give each expert only its tokens: token_ids, slot = (experts == e)"
                        ".nonzero(as_tuple=True), expert_fns[e](x[token_ids])")
+        idle = [e for e in range(len(rows)) if int(routed[e]) == 0 and int(rows[e]) > 0]
+        used = routed[routed > 0]  # the routed counts of the experts that got a token, in index order
+        if idle and torch.equal(rows[: len(used)], used):
+            raise fail(f"expert {idle[0]} was routed no token, yet ran on {int(rows[idle[0]])} rows, and the experts "
+                       f"saw {rows.tolist()} rows where {routed.tolist()} were routed: the expert functions were "
+                       "taken by their position among the experts that got a token (experts.unique()), so each "
+                       "expert after an empty one ran another's tokens; call expert_fns[e] for expert e itself")
         raise fail(f"the experts saw {rows.tolist()} token rows, but {routed.tolist()} were routed to them (one row "
                    "per token and slot that chose the expert): call each expert once on exactly its tokens")
-    label = "the combined output"
-    mistakes = {
-        "the experts' outputs were added without their routing weights: multiply each by its token's weight for "
-        "that expert, weights[token_ids, slot]": _combined(inputs, weighted="none"),
-        "every expert's output was weighted by the token's first weight, weights[:, 0]: each slot has its own "
-        "weight, weights[token_ids, slot]": _combined(inputs, weighted="first"),
-        "only each token's first expert was added: all k experts a token is routed to contribute, weighted":
-            _combined(inputs, weighted="first only"),
-        "the outputs were written into the rows (y[token_ids] = ...), so a token's later expert overwrites the "
-        "earlier one: add them, y.index_add_(0, token_ids, out)": _combined(inputs, overwrite=True),
-    }
-    check_close(got["y"], expected["y"], label, atol=1e-5, rtol=1e-4, mistakes=mistakes)
+    calls = got["calls"]
+    if bool((calls > 1).any()):
+        e = int((calls > 1).nonzero()[0])
+        raise fail(f"expert {e} was called {int(calls[e])} times for its {int(routed[e])} tokens (the experts were "
+                   f"called {calls.tolist()} times): call each expert once, on all of its tokens in one batch, "
+                   "expert_fns[e](x[token_ids]); a call per token runs N k small matrix products instead of E large "
+                   "ones")
+    check_close_lazily(got["y"], expected["y"], "the combined output", lambda: _dispatch_mistakes(inputs))
 
 
 @sized
@@ -253,20 +285,30 @@ def _lb_expected(inputs: Inputs) -> Outputs:
 
 
 def _balance(logits: torch.Tensor, k: int, mask: torch.Tensor | None, *, probs_of: str = "all",
-             first_only: bool = False, per_slot: bool = False, times_e: bool = True) -> torch.Tensor:
+             counts: str = "top-k", masked: str = "both", times_e: bool = True) -> torch.Tensor:
     """E sum_e f_e P_e, right or with one of the usual mistakes: P_e from the top-k probabilities (`probs_of`
     "top-k": as they are, "renormalised": divided by their sum) or from the logits ("logits"); f_e from the first
-    choice only (`first_only`) or divided by k (`per_slot`); without the factor E (`times_e`)."""
+    choice only (`counts` "first"), the first choice counted k times ("first k times"), divided by k ("per
+    slot"), or k P_e, the probabilities for counts ("soft"); the mask on f_e only (`masked` "counts only"), on
+    neither ("none"), or flattened column-major ("transposed"); without the factor E (`times_e`)."""
     n, e = logits.shape
-    real = torch.ones(n, dtype=torch.float64) if mask is None else mask.flatten().double()  # (N,)
+    if mask is None or masked == "none":
+        mask = torch.ones(n)
+    flat = mask.t().flatten() if masked == "transposed" else mask.flatten()  # (N,): B T, row by row
+    real = flat.double()
     probs = F.softmax(logits.double(), dim=-1)  # (N, E)
     top = probs.topk(k, dim=-1)
-    routed = F.one_hot(top.indices[:, :1] if first_only else top.indices, e).sum(1).double()  # (N, E)
+    first = counts in ("first", "first k times")
+    routed = F.one_hot(top.indices[:, :1] if first else top.indices, e).sum(1).double()  # (N, E)
     kept = {"all": probs, "logits": logits.double(),
             "top-k": _dense(top.values, top.indices, e),
             "renormalised": _dense(top.values / top.values.sum(-1, keepdim=True), top.indices, e)}[probs_of]
-    share = (routed * real[:, None]).sum(0) / real.sum() / (k if per_slot else 1)  # (E,)
     mean = (kept * real[:, None]).sum(0) / real.sum()  # (E,)
+    if masked == "counts only":
+        mean = kept.mean(0)
+    share = (routed * real[:, None]).sum(0) / real.sum()  # (E,)
+    share = {"top-k": share, "first": share, "first k times": k * share, "per slot": share / k,
+             "soft": k * mean}[counts]
     return (e if times_e else 1) * (share * mean).sum()
 
 
@@ -281,21 +323,33 @@ def _lb_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "P_e was averaged over the logits: take the softmax first, P_e is a mean probability":
             _balance(logits, k, mask, probs_of="logits"),
         "f_e counts only each token's first choice: a token is routed to all of its k experts, and f_e counts "
-        "each of them (the shares sum to k)": _balance(logits, k, mask, first_only=True),
+        "each of them (the shares sum to k)": _balance(logits, k, mask, counts="first"),
+        "f_e counts each token's first choice (argmax) k times: a token is routed to its top k experts, and f_e "
+        "counts each of them once (the shares sum to k)": _balance(logits, k, mask, counts="first k times"),
         "f_e was divided by k (shares that sum to 1): transformers' and Mixtral's f_e count a token once for each "
-        "of its k experts, so the shares sum to k": _balance(logits, k, mask, per_slot=True),
+        "of its k experts, so the shares sum to k": _balance(logits, k, mask, counts="per slot"),
+        "f_e is k P_e, the probabilities standing in for the counts: f_e is the share of the tokens routed to "
+        "expert e by top-k, counted (it has no gradient; P_e carries it)": _balance(logits, k, mask, counts="soft"),
         "the factor E is missing: the loss is E * sum_e f_e P_e (1 at perfect balance with k = 1)":
             _balance(logits, k, mask, times_e=False),
     }
     if mask is not None:
-        mistakes["the padding tokens were counted: f_e and P_e are means over the real tokens only, where "
-                 "attention_mask is 1"] = _balance(logits, k, None)
+        mistakes |= {
+            "the padding tokens were counted: f_e and P_e are means over the real tokens only, where "
+            "attention_mask is 1": _balance(logits, k, mask, masked="none"),
+            "the mask was applied to f_e only, P_e averaged the padding too: both are means over the real tokens, "
+            "where attention_mask is 1": _balance(logits, k, mask, masked="counts only"),
+            "the (B, T) mask was flattened column by column (attention_mask.T), so it no longer lines up with the "
+            "tokens, which are B T row by row: attention_mask.reshape(-1)": _balance(logits, k, mask,
+                                                                                      masked="transposed"),
+        }
     return mistakes
 
 
 def _lb_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    check_known_mistakes(got["loss"], expected["loss"], _lb_mistakes(inputs), "the load-balancing loss", atol=1e-5,
-                         rtol=1e-5)
+    if not torch.allclose(got["loss"], expected["loss"], atol=1e-5, rtol=1e-5):
+        check_known_mistakes(got["loss"], expected["loss"], _lb_mistakes(inputs), "the load-balancing loss",
+                             atol=1e-5, rtol=1e-5)
     check_close(got["loss"], expected["loss"], "the load-balancing loss", atol=1e-5, rtol=1e-5)
 
 
@@ -311,6 +365,7 @@ def _lb_hidden(r: random.Random, seed: int) -> Inputs:
 BASE = {"vocab_size": 500, "context_length": 64, "d_model": 32, "n_heads": 4, "n_layers": 4, "position": "rope",
         "norm": "rmsnorm", "mlp": "swiglu", "d_ff": 48, "attn_bias": False, "mlp_bias": False,
         "tie_weights": False}
+SMALL_TIED = BASE | {"n_kv_heads": 2, "d_ff": None, "tie_weights": True}
 MIXTRAL = {"vocab_size": 32000, "context_length": 32768, "d_model": 4096, "n_heads": 32, "n_layers": 32,
            "n_kv_heads": 8, "position": "rope", "norm": "rmsnorm", "mlp": "swiglu", "d_ff": 14336,
            "attn_bias": False, "mlp_bias": False, "tie_weights": False}
@@ -358,19 +413,21 @@ def _count_expected(inputs: Inputs) -> Outputs:
 
 def _counts(config: GPTConfig, *, shared_as_routed: bool = False, no_shared_active: bool = False,
             no_router: bool = False, all_sparse: bool = False, two_matrices: bool = False,
-            no_embeddings_active: bool = False, all_active: bool = False) -> tuple[int, int]:
+            no_embeddings_active: bool = False, all_active: bool = False, untied: bool = False,
+            all_heads_kv: bool = False, width_4c: bool = False) -> tuple[int, int]:
     """(total, active) by hand, right or with one of the usual mistakes (each switch one)."""
     c, v, n, m = config.d_model, config.vocab_size, config.n_layers, config.moe
-    kv = config.kv_heads * config.d_head
+    kv = c if all_heads_kv else config.kv_heads * config.d_head
     attention = 2 * c * c + 2 * c * kv
     mats = 2 if two_matrices else 3
-    dense_mlp, expert = mats * c * config.hidden_width, mats * c * (m.d_ff or config.hidden_width)
+    width = (config.d_ff or 4 * c) if width_4c else config.hidden_width
+    dense_mlp, expert = mats * c * width, mats * c * (m.d_ff or width)
     shared = mats * c * m.shared_d_ff
     if shared_as_routed and m.shared_d_ff:
         shared = expert  # the shared expert given the routed experts' width
     router = 0 if no_router else c * m.n_experts
     dense = 0 if all_sparse else m.dense_layers
-    embeddings = v * c + (0 if config.tie_weights else v * c)
+    embeddings = v * c + (0 if config.tie_weights and not untied else v * c)
     rest = n * (attention + 2 * c) + c  # attention, the blocks' norms, the final norm
 
     def total(experts: int, with_shared: bool = True, with_embeddings: bool = True) -> int:
@@ -396,7 +453,40 @@ COUNT_MISTAKES = {
         {"two_matrices": True},
     "the embeddings and the output projection were left out of the active count: the published active counts "
     "(Mixtral's 12.9B) count them, as every token uses the table and the head": {"no_embeddings_active": True},
+    "the output projection was counted though tie_weights=True: a tied model's head is its token table, V x C "
+    "counted once": {"untied": True},
+    "the attention was counted with as many key and value heads as query heads (4 C^2): with grouped-query "
+    "attention the key and value projections are C x n_kv_heads d_head each": {"all_heads_kv": True},
+    "the MLP width for d_ff=None was taken as 4 C: the width is config.hidden_width, d_ff or the MLP's default "
+    "(2 C for SwiGLU), and an expert's is moe.d_ff or that same hidden_width": {"width_4c": True},
 }
+
+
+def _count_terms(config: GPTConfig) -> dict[str, int]:
+    """The parts of the count a student may leave out, each by its size in the total (all of them are active)."""
+    c, n, m = config.d_model, config.n_layers, config.moe
+    sparse = n - m.dense_layers
+    return {f"the final norm, C = {c:,} parameters after the last block": c,
+            f"the blocks' norms, 2 C = {2 * c:,} per block": 2 * n * c,
+            f"the router, a C x E = {c * m.n_experts:,} matrix in each of the {sparse} sparse blocks":
+                sparse * c * m.n_experts,
+            f"the shared expert, 3 C moe.shared_d_ff = {3 * c * m.shared_d_ff:,} in each of the {sparse} sparse "
+            "blocks, beside the n_experts routed ones (it has a width of its own and every token uses it)":
+                sparse * 3 * c * m.shared_d_ff}
+
+
+def _missing_term(pair: tuple[int, int], want: tuple[int, int], config: GPTConfig) -> str | None:
+    """What was left out, if the counts are short by exactly one term (two of the same size: both named): of both
+    counts, or of the active one."""
+    short = (want[0] - pair[0], want[1] - pair[1])
+    both = [term for term, size in _count_terms(config).items() if size and short == (size, size)]
+    active = [term for term, size in _count_terms(config).items() if size and short == (0, size)]
+    if both:
+        return "; or ".join(both) + f", was left out (short by {short[0]:,} in both)"
+    if active:
+        said = f", was left out of the active count (short by {short[1]:,}): every token uses it"
+        return "; or ".join(active) + said
+    return None
 
 
 def _count_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -411,8 +501,10 @@ def _count_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 if pair == wrong and wrong != want:
                     raise fail(f"{what}: {pair[0]:,} total and {pair[1]:,} active, expected {want[0]:,} and "
                                f"{want[1]:,}: {why}")
+            missing = _missing_term(pair, want, config)
+            said = f": {missing}" if missing else ""
             raise fail(f"{what}: {pair[0]:,} total and {pair[1]:,} active, expected {want[0]:,} and {want[1]:,} "
-                       f"(off by {pair[0] - want[0]:+,} and {pair[1] - want[1]:+,})")
+                       f"(off by {pair[0] - want[0]:+,} and {pair[1] - want[1]:+,}){said}")
         if int(got[f"{i}.made"]) >= config.d_model:
             raise fail(f"{what} gave the right counts, but made a tensor of {int(got[f'{i}.made']):,} elements on "
                        "the way: it built layers (on the meta device or not) and counted their tensors; write the "
@@ -422,14 +514,14 @@ def _count_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 @sized
 def _count_hidden(r: random.Random, seed: int) -> Inputs:
     configs = []
-    for i in range(3):  # the first with a shared expert, the second with a dense block, the third top_k < E
-        h = r.choice([2, 4, 8])
+    for i in range(3):  # the first with a shared expert and one kv head, the second tied with a dense block, the
+        h = r.choice([2, 4, 8])  # third with the default widths (d_ff=None) and top_k < E
         e = r.randint(2, 16)
         fields = BASE | {"vocab_size": r.randint(100, 5000), "d_model": h * r.choice([8, 16]), "n_heads": h,
-                         "n_kv_heads": r.choice([None, 1, h]), "n_layers": r.randint(2, 6), "d_ff": r.randint(8, 96),
-                         "tie_weights": r.random() < 0.5}
+                         "n_kv_heads": 1 if i == 0 else r.choice([None, 1, h]), "n_layers": r.randint(2, 6),
+                         "d_ff": None if i == 2 else r.randint(8, 96), "tie_weights": i == 1 or r.random() < 0.5}
         moe = {"n_experts": e, "top_k": r.randint(1, e - 1 if i == 2 else e),
-               "d_ff": r.choice([None, r.randint(4, 48)]),
+               "d_ff": None if i == 2 else r.choice([None, r.randint(4, 48)]),
                "shared_d_ff": r.randint(4, 48) if i == 0 else r.choice([0, r.randint(4, 48)]),
                "dense_layers": r.randint(1 if i == 1 else 0, fields["n_layers"] - 1)}  # a sparse block at least
         configs.append((fields, moe))
@@ -448,8 +540,8 @@ PIECES = declare(
                   ("hidden_sizes", "route with other sizes and top_k", _route_hidden)]),
     Piece("16", "dispatch_combine", None, _dispatch_call, expected=_dispatch_expected, judge=_dispatch_judge,
           forbidden=FORBIDDEN,
-          visible=[("visible", "dispatch_combine of 10 tokens (C=8) to 4 experts, 2 each",
-                    lambda seed: _dispatch_inputs(10, 8, 4, 2, seed))],
+          visible=[("visible", "dispatch_combine of 10 tokens (C=8) to 5 experts, 2 each, expert 2 chosen by none",
+                    lambda seed: _dispatch_inputs(10, 8, 5, 2, seed, idle=2))],
           hidden=[("hidden_idle", "dispatch_combine where one expert gets no token",
                    lambda seed: _dispatch_inputs(9, 6, 5, 2, seed, idle=3)),
                   ("hidden_top1", "dispatch_combine with top_k=1", lambda seed: _dispatch_inputs(8, 4, 3, 1, seed)),
@@ -457,8 +549,9 @@ PIECES = declare(
                    lambda seed: _dispatch_inputs(6, 4, 3, 3, seed)),
                   ("hidden_sizes", "dispatch_combine with other sizes", _dispatch_hidden)]),
     Piece("16", "load_balancing_loss", None, _lb_call, expected=_lb_expected, judge=_lb_judge, forbidden=FORBIDDEN,
-          visible=[("visible", "load_balancing_loss of 2 x 6 tokens, 4 experts, top_k=2, a router that favours "
-                    "expert 0", lambda seed: _lb_inputs(2, 6, 4, 2, seed, skew=1.5))],
+          visible=[("visible", "load_balancing_loss of 2 x 6 tokens right-padded to 5 and 4 real ones, 4 experts, "
+                    "top_k=2, a router that favours expert 0",
+                    lambda seed: _lb_inputs(2, 6, 4, 2, seed, padded=True, skew=1.5))],
           hidden=[("hidden_padding", "load_balancing_loss with right padding (attention_mask)",
                    lambda seed: _lb_inputs(3, 5, 4, 2, seed, padded=True)),
                   ("hidden_top1", "load_balancing_loss with top_k=1", lambda seed: _lb_inputs(2, 5, 6, 1, seed)),
@@ -466,11 +559,13 @@ PIECES = declare(
     Piece("16", "moe_parameter_counts", None, _count_call, expected=_count_expected, judge=_count_judge,
           forbidden=FORBIDDEN,
           visible=[("visible", "moe_parameter_counts of a small config (8 experts, top_k=2, a shared expert of "
-                    "its own width, the first block dense)",
+                    "its own width, the first block dense), then one tied, with grouped-query attention and the "
+                    "default widths (d_ff=None)",
                     lambda seed: _count_inputs((BASE, {"n_experts": 8, "top_k": 2, "d_ff": 16, "shared_d_ff": 24,
-                                                       "dense_layers": 1}))),
+                                                       "dense_layers": 1}), (SMALL_TIED, {"n_experts": 4, "top_k": 2,
+                                                                                          "dense_layers": 1}))),
                    ("mixtral", "moe_parameter_counts of Mixtral-8x7B (46.7B total, 12.9B active)",
                     lambda seed: _count_inputs((MIXTRAL, {"n_experts": 8, "top_k": 2})))],
           hidden=[("hidden_sizes", "moe_parameter_counts of other configs (grouped-query attention, tied, shared "
-                   "experts, dense blocks)", _count_hidden)]),
+                   "experts, dense blocks, d_ff=None)", _count_hidden)]),
 )
