@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lab_roundtrip import RoundTrip, Validation, check_blind_student, check_named_mistake
+from lab_roundtrip import RoundTrip, Validation, blind_round_trip, check_blind_student, check_named_mistake
 
 from gptcourse.checks import CheckFailed
 from gptcourse.grading.labs.lab08 import _train_judge, slow_merges, trained_merges
@@ -149,12 +149,12 @@ MERGE_TESTS = {"test_merge_pair", "test_merge_pair_overlap", "test_merge_pair_hi
 TRAIN_TESTS = {"test_train_bpe", "test_train_bpe_ties", "test_train_bpe_hidden"}
 ENCODE_TESTS = {"test_encode", "test_encode_hidden"}
 DECODE_TESTS = {"test_decode", "test_decode_split", "test_decode_hidden"}
-# Written blind to the tests (issue 42), as written, graded in-process (check_blind_student): student -> the
-# test cells it must fail (train_bpe and encode call the student's count_pairs and merge_pair). Before the fix
-# merge-str-replace passed every cell (no case's ids ran their digits into the pair's), decode-errors-ignore every
-# visible one (no visible byte was invalid, though the lab asks for errors="replace"), and pairs-stride-two's
-# message named a missing pair, not the stride. uses-reference-bpe imports gptcourse.BPETokenizer, which every
-# piece forbids: the grader's scan zeroes all five.
+# Written blind to the tests (issue 42), as written, graded in-process (check_blind_student) and by nbgrader (the
+# round trip): student -> the test cells it must fail (train_bpe and encode call the student's count_pairs and
+# merge_pair). Before the fix merge-str-replace passed every cell (no case's ids ran their digits into the pair's),
+# decode-errors-ignore every visible one (no visible byte was invalid, though the lab asks for errors="replace"), and
+# pairs-stride-two's message named a missing pair, not the stride. uses-reference-bpe imports gptcourse.BPETokenizer,
+# which every piece forbids: the grader's scan zeroes all five.
 BLIND_FILE = Path(__file__).with_name("lab08_blind.cells")
 BLIND_FAILS = {
     "pairs-stride-two": COUNT_TESTS | TRAIN_TESTS,
@@ -169,8 +169,7 @@ BLIND_FAILS = {
     "decode-errors-ignore": DECODE_TESTS - {"test_decode"},
     "uses-reference-bpe": COUNT_TESTS | MERGE_TESTS | TRAIN_TESTS | ENCODE_TESTS | DECODE_TESTS,
 }
-# Not yet in the round trip (issue 42's finding, explained and fixed: see
-# test_a_mistake_that_doubles_a_token_is_followed_only_so_far).
+WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 
 
 @pytest.mark.parametrize("student", sorted(BLIND_FAILS))
