@@ -6,7 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lab_roundtrip import RoundTrip, Validation, check_blind_student, check_named_mistake
+import torch
+from lab_roundtrip import RoundTrip, Validation, blind_round_trip, check_blind_student, check_named_mistake
+
+from gptcourse.checks import CheckFailed
+from gptcourse.grading.labs.lab08 import _train_judge, slow_merges, trained_merges
 
 LAB = "08_bpe_tokenizer"
 MERGE = '''
@@ -145,12 +149,12 @@ MERGE_TESTS = {"test_merge_pair", "test_merge_pair_overlap", "test_merge_pair_hi
 TRAIN_TESTS = {"test_train_bpe", "test_train_bpe_ties", "test_train_bpe_hidden"}
 ENCODE_TESTS = {"test_encode", "test_encode_hidden"}
 DECODE_TESTS = {"test_decode", "test_decode_split", "test_decode_hidden"}
-# Written blind to the tests (issue 42), as written, graded in-process (check_blind_student): student -> the
-# test cells it must fail (train_bpe and encode call the student's count_pairs and merge_pair). Before the fix
-# merge-str-replace passed every cell (no case's ids ran their digits into the pair's), decode-errors-ignore every
-# visible one (no visible byte was invalid, though the lab asks for errors="replace"), and pairs-stride-two's
-# message named a missing pair, not the stride. uses-reference-bpe imports gptcourse.BPETokenizer, which every
-# piece forbids: the grader's scan zeroes all five.
+# Written blind to the tests (issue 42), as written, graded in-process (check_blind_student) and by nbgrader (the
+# round trip): student -> the test cells it must fail (train_bpe and encode call the student's count_pairs and
+# merge_pair). Before the fix merge-str-replace passed every cell (no case's ids ran their digits into the pair's),
+# decode-errors-ignore every visible one (no visible byte was invalid, though the lab asks for errors="replace"), and
+# pairs-stride-two's message named a missing pair, not the stride. uses-reference-bpe imports gptcourse.BPETokenizer,
+# which every piece forbids: the grader's scan zeroes all five.
 BLIND_FILE = Path(__file__).with_name("lab08_blind.cells")
 BLIND_FAILS = {
     "pairs-stride-two": COUNT_TESTS | TRAIN_TESTS,
@@ -165,10 +169,7 @@ BLIND_FAILS = {
     "decode-errors-ignore": DECODE_TESTS - {"test_decode"},
     "uses-reference-bpe": COUNT_TESTS | MERGE_TESTS | TRAIN_TESTS | ENCODE_TESTS | DECODE_TESTS,
 }
-# Not in the round trip (issue 42's finding): with them the `nbgrader autograde` process grew to 20.7 GB resident
-# on a 23 GB machine and the OOM killer ended it. Graded alone, a student that fails train_bpe takes that process to
-# about 3 GB (pairs-no-overlap 3.5 GB, WRONG's count-pairs-without-overlaps 2.8 GB), the solution 0.33 GB; in-process
-# the same failures() peaks at 0.25 GB. Not yet explained.
+WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 
 
 @pytest.mark.parametrize("student", sorted(BLIND_FAILS))
@@ -184,6 +185,21 @@ class TestLab08(RoundTrip):
         'check("08.decode.split", decode)',
         "join the bytes of all the tokens first and decode once",
     ))
+
+
+def test_a_mistake_that_doubles_a_token_is_followed_only_so_far():
+    """Issue 42's finding: with merge_pair's overlap mistake a word never shrinks, so a run of spaces merges (x, x)
+    again and again, each token twice the last; the judge built those bytes for every mistake, whatever the
+    student's merges, and one student's hidden text took `nbgrader autograde` to 3.5 GB (a class, past 20 GB)."""
+    doubling = list(slow_merges(" " * 40, 320, overlap=True))
+    assert doubling[:3] == [(32, 32), (256, 256), (257, 257)]
+    assert doubling[-1] is None and len(doubling) < 64  # abandoned once a token passes MAX_TOKEN_BYTES
+    # a student whose merges follow the doubling as far as any trainer could: judged, not named, no 2 ** 64 bytes built
+    inputs = {"text": " " * 40, "vocab_size": 320}
+    got = {"merges": torch.tensor(doubling[:-1], dtype=torch.int64)}
+    with pytest.raises(CheckFailed, match=r"merge 5 \(making id 261\) is \(260, 260\)") as failed:
+        _train_judge(got, {"merges": torch.tensor(trained_merges(**inputs))}, inputs)
+    assert "merged twice" not in str(failed.value)
 
 
 @pytest.mark.parametrize("student", sorted(SAYS))

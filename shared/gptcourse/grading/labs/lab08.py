@@ -13,7 +13,7 @@ or the first position where the ids differ, in bytes.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from itertools import pairwise, zip_longest
 from typing import Any
@@ -103,6 +103,7 @@ def _merged_words(words: Mapping[Word, int], pair: Pair, new: int, twice: bool =
     return out
 
 
+MAX_TOKEN_BYTES = 1 << 20  # a mistake's token longer than this is followed no further (`slow_merges`)
 TIE_RULES: dict[str, Callable[[list[Pair], dict[int, bytes]], Pair]] = {
     "greatest": lambda tied, vocab: max(tied, key=lambda p: (vocab[p[0]], vocab[p[1]])),
     "least": lambda tied, vocab: min(tied, key=lambda p: (vocab[p[0]], vocab[p[1]])),
@@ -112,15 +113,25 @@ TIE_RULES: dict[str, Callable[[list[Pair], dict[int, bytes]], Pair]] = {
 }
 
 
-def slow_train(text: str, vocab_size: int, tie: str = "greatest", pretokenize: bool = True, weighted: bool = True,
-               overlap: bool = False, overlapping: bool = True) -> list[Pair]:
-    """A plain trainer, right or with one of the usual mistakes, for the diagnostics."""
-    words, merges = words_of(text, pretokenize), []
-    while 256 + len(merges) < vocab_size and (counts := _pair_counts(words, weighted, overlapping)):
+def slow_merges(text: str, vocab_size: int, tie: str = "greatest", pretokenize: bool = True, weighted: bool = True,
+                overlap: bool = False, overlapping: bool = True) -> Iterator[Pair | None]:
+    """A plain trainer's merges, one at a time, right or with one of the usual mistakes, for the diagnostics.
+
+    Lazy, so that a judge stops at the first merge that is not the student's: a merge's bytes are made only once
+    the next merge is asked for. Where a further merge would follow a token longer than `MAX_TOKEN_BYTES` (only
+    `overlap` gets there: its words never shrink, and (x, x) merged again and again doubles a token each time),
+    it yields None, which is no merge, and stops.
+    """
+    words, vocab = words_of(text, pretokenize), vocab_of([])
+    while len(vocab) < vocab_size and (counts := _pair_counts(words, weighted, overlapping)):
+        if len(vocab[len(vocab) - 1]) > MAX_TOKEN_BYTES:  # the newest token
+            yield None
+            return
         top = max(counts.values())
-        merges.append(TIE_RULES[tie]([p for p, n in counts.items() if n == top], vocab_of(merges)))
-        words = _merged_words(words, merges[-1], 255 + len(merges), twice=overlap)
-    return merges
+        a, b = TIE_RULES[tie]([p for p, n in counts.items() if n == top], vocab)
+        yield a, b
+        vocab[len(vocab)] = vocab[a] + vocab[b]
+        words = _merged_words(words, (a, b), len(vocab) - 1, twice=overlap)
 
 
 def encode_with(text: str, merges: list[Pair], newest_first: bool = False, pretokenize: bool = True,
@@ -193,10 +204,16 @@ def first_difference(got: list[int], expected: list[int], vocab: Mapping[int, by
     return f"{what}: {where}. From there you have {_show(got[k:], vocab)}, expected {_show(expected[k:], vocab)}"
 
 
-def _check_mistakes(got: list[Any], expected: list[Any], mistakes: Mapping[str, Sequence[Any]], what: str) -> None:
-    """Fails naming the first mistake whose result is `got` (and not the expected one)."""
+_END = object()  # what `_check_mistakes` pairs with the extra items of the longer of two results
+
+
+def _check_mistakes(got: list[Any], expected: list[Any], mistakes: Mapping[str, Iterable[Any]], what: str) -> None:
+    """Fails naming the first mistake whose result is `got` (and not the expected one); a lazy result is followed
+    only as far as it agrees with `got`."""
+    if got == expected:
+        return
     for why, wrong in mistakes.items():
-        if list(wrong) == got and list(wrong) != expected:
+        if all(w == g for w, g in zip_longest(wrong, got, fillvalue=_END)):
             raise fail(f"{what}: {why}.")
 
 
@@ -310,9 +327,9 @@ def _train_call(fn: Any, inputs: Inputs) -> Outputs:
     return {"merges": torch.tensor(list(value), dtype=torch.int64).reshape(-1, 2)}  # (M, 2)
 
 
-def _train_mistakes(inputs: Inputs) -> dict[str, list[Pair]]:
-    def train(**mistake: Any) -> list[Pair]:
-        return slow_train(inputs["text"], inputs["vocab_size"], **mistake)
+def _train_mistakes(inputs: Inputs) -> dict[str, Iterator[Pair | None]]:
+    def train(**mistake: Any) -> Iterator[Pair | None]:
+        return slow_merges(inputs["text"], inputs["vocab_size"], **mistake)
 
     return {
         "ties are broken the other way: among equally frequent pairs take the lexicographically *greatest* pair of "
