@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checks import check_causal, check_close, check_shape, fail, fmt_shape, perturbed_copies
+from ..checks import CheckFailed, check_causal, check_close, check_shape, fail, fmt_shape, perturbed_copies
 from ..model.config import GPTConfig
 from ..model.gpt import GPT
 from .cases import Inputs, Outputs, tensor_rng
@@ -209,3 +209,27 @@ def check_reference_step(got: Outputs, untrained: GPT, never_run: str | None, un
     if torch.equal(got["policy"], flat_parameters(untrained)):
         raise fail("the policy's parameters did not change: call loss.backward() and then optimizer.step() (in "
                    "that order, after optimizer.zero_grad(): step() uses the gradients that backward() computed)")
+
+
+STALE_GRADIENTS = ("the gradients left in .grad by the last step were added to: call optimizer.zero_grad() before "
+                   "loss.backward(), or every step adds the old gradients to the new ones")
+
+
+def update_by_hand(optimizer: torch.optim.Optimizer, loss: torch.Tensor, zero_grad: bool) -> None:
+    """A by-hand step's update: zero_grad (skipped for the `STALE_GRADIENTS` mistake), backward, step."""
+    if zero_grad:
+        optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def check_stepped_policy(got: Outputs, expected: Outputs, mistakes: Callable[[], Mapping[str, torch.Tensor]],
+                         calls: str) -> None:
+    """The policy after a step against the reference step's (the known `mistakes` computed only when off); where
+    it is off, the message adds `calls`: which of the student's own functions the step ran, to fix first."""
+    try:
+        check_close_lazily(got["policy"], expected["policy"], "the policy's parameters after the step", mistakes)
+    except CheckFailed as failed:
+        if "largest error" not in str(failed):
+            raise
+        raise fail(f"{failed} {calls}: if their tests fail, fix them first") from None

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ...checks import CheckFailed, check_close, check_shape, fail, fmt_shape
+from ...checks import check_close, check_shape, fail, fmt_shape
 from ...finetuning.dpo import dpo_loss
 from ...finetuning.dpo_training import dpo_step
 from ...finetuning.log_likelihood import sequence_logprobs
@@ -29,11 +29,13 @@ from ...model.config import GPTConfig
 from ...model.gpt import GPT
 from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
 from ..fixtures import (
-    check_close_lazily,
+    STALE_GRADIENTS,
     check_reference_step,
+    check_stepped_policy,
     mistaken,
     policy_and_reference,
     reference_step_outputs,
+    update_by_hand,
 )
 from ..piece import Piece, declare
 from ..student import as_tensor, as_tensors
@@ -261,15 +263,11 @@ def _by_hand_step(policy: GPT, reference: GPT, optimizer: torch.optim.Optimizer,
     with torch.no_grad():
         ref_logps = sequence_logprobs(reference, ids, mask, labels)  # (2B,)
     loss = dpo_loss(*split(policy_logps), *split(ref_logps), beta).loss
-    if zero_grad:
-        optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
+    update_by_hand(optimizer, loss, zero_grad)
 
 
 STEP_MISTAKES = {
-    "the gradients left in .grad by the last step were added to: call optimizer.zero_grad() before "
-    "loss.backward(), or every step adds the old gradients to the new ones": {"zero_grad": False},
+    STALE_GRADIENTS: {"zero_grad": False},
     "chosen and rejected are swapped: the batch holds the B chosen rows first, then the B rejected ones, so "
     "chosen, rejected = logps.chunk(2)": {"halves": "swapped"},
     "the rows are split into even and odd ones: the batch holds the B chosen rows first, then the B rejected "
@@ -283,14 +281,8 @@ def _step_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "place every margin is 0 and the loss does not hold the policy near the reference"), unmasked=(
         "run the policy and the reference with model(ids, attention_mask=attention_mask), or the real tokens "
         "attend to the pads"))
-    try:
-        check_close_lazily(got["policy"], expected["policy"], "the policy's parameters after the step",
-                           lambda: mistaken(_step_call, _by_hand_step, STEP_MISTAKES, inputs, "policy"))
-    except CheckFailed as failed:
-        if "largest error" not in str(failed):
-            raise
-        raise fail(f"{failed} dpo_step calls your sequence_logprobs and dpo_loss: if their tests fail, fix them "
-                   "first") from None
+    check_stepped_policy(got, expected, lambda: mistaken(_step_call, _by_hand_step, STEP_MISTAKES, inputs, "policy"),
+                         "dpo_step calls your sequence_logprobs and dpo_loss")
 
 
 # ---- adapters_disabled(model): a context manager; inside, every LoRALinear computes its base layer alone

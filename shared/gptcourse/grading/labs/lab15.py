@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ...checks import CheckFailed, check_close, check_shape, fail, fmt_shape
+from ...checks import check_close, check_shape, fail, fmt_shape
 from ...finetuning.group_baseline import group_advantages
 from ...finetuning.grpo_objective import grpo_loss
 from ...finetuning.grpo_training import grpo_step, token_logprobs
@@ -28,13 +28,15 @@ from ...model.config import GPTConfig
 from ...model.gpt import GPT
 from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
 from ..fixtures import (
-    check_close_lazily,
+    STALE_GRADIENTS,
     check_differentiable,
     check_reference_step,
     check_scalar_loss,
+    check_stepped_policy,
     mistaken,
     policy_and_reference,
     reference_step_outputs,
+    update_by_hand,
 )
 from ..piece import Piece, declare
 from ..student import as_tensor
@@ -429,15 +431,11 @@ def _by_hand_step(policy: GPT, reference: GPT, optimizer: torch.optim.Optimizer,
         ref = logprobs_of(reference)
     old = logprobs.detach() if old_from_policy else old_logprobs
     loss = _reference_loss(logprobs, old, ref, advantages, mask, clip_eps, beta)
-    if zero_grad:
-        optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
+    update_by_hand(optimizer, loss, zero_grad)
 
 
 STEP_MISTAKES = {
-    "the gradients left in .grad by the last step were added to: call optimizer.zero_grad() before "
-    "loss.backward(), or every step adds the old gradients to the new ones": {"zero_grad": False},
+    STALE_GRADIENTS: {"zero_grad": False},
     "each token was scored with the logits at its own position: the logits at position j predict the token at "
     "j + 1, so log_softmax(logits[:, :-1]) gathered at ids[:, 1:]": {"shift": 0},
     "the batch's old log-probabilities were not used: the ratio compares the policy with the one that sampled "
@@ -456,14 +454,8 @@ def _step_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         "the KL penalty is to the reference's log-probabilities (here it differs from the policy); the policy or "
         "the old log-probabilities in its place hold the policy near the wrong model"), unmasked=(
         "run the policy and the reference with model(ids, attention_mask=attention_mask)"))
-    try:
-        check_close_lazily(got["policy"], expected["policy"], "the policy's parameters after the step",
-                           lambda: mistaken(_step_call, _by_hand_step, STEP_MISTAKES, inputs, "policy"))
-    except CheckFailed as failed:
-        if "largest error" not in str(failed):
-            raise
-        raise fail(f"{failed} grpo_step calls your grpo_loss (and through it kl_k3): if their tests fail, fix them "
-                   "first") from None
+    check_stepped_policy(got, expected, lambda: mistaken(_step_call, _by_hand_step, STEP_MISTAKES, inputs, "policy"),
+                         "grpo_step calls your grpo_loss (and through it kl_k3)")
 
 
 def _with_old(inputs: Inputs) -> Inputs:
