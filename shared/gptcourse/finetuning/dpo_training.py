@@ -17,11 +17,11 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..training.checkpoint import resume_run, run_state, save_checkpoint
 from .dpo import DPOLoss, dpo_loss
 from .log_likelihood import sequence_logprobs
 from .losses import response_labels
 from .padding import pad_batch
+from .policy_run import train_policy
 
 
 class PreferencePair(NamedTuple):
@@ -91,32 +91,14 @@ def train_dpo(policy: nn.Module, reference: Callable[..., torch.Tensor], pairs: 
     (e.g. a KL measured on the policy's samples every few steps)."""
     if not pairs:
         raise ValueError("train_dpo needs at least one preference pair")
-    trainable = [p for p in policy.parameters() if p.requires_grad]
-    if not trainable:
-        raise ValueError("the policy has no trainable parameters")
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    settings = {"dpo_config": asdict(cfg), "data": {"pairs": len(pairs), "sha256": _pairs_fingerprint(pairs)}}
-    history: list[dict] = []
-    first_step = 0
-    if resume is not None:
-        first_step, history = resume_run(resume, settings, policy, optimizer, gen)
 
-    def save(step: int) -> None:
-        if checkpoint is not None:
-            save_checkpoint(checkpoint, run_state(settings, step, policy, optimizer, gen, history))
-
-    policy.train()
-    for step in range(first_step, cfg.steps):
+    def one_step(optimizer: torch.optim.Optimizer, gen: torch.Generator) -> dict:
         picks = torch.randint(len(pairs), (cfg.batch_size,), generator=gen).tolist()
         batch = dpo_batch([pairs[i] for i in picks], pad_id=cfg.pad_id)
         result = dpo_step(policy, reference, optimizer, batch, cfg.beta, cfg.grad_clip)
-        history.append({"step": step + 1, "loss": result.loss.item(), "accuracy": result.accuracy.item(),
-                        "margin": (result.chosen_rewards - result.rejected_rewards).mean().item()})
-        if on_step is not None:
-            history[-1].update(on_step(step + 1))
-        if checkpoint_every > 0 and (step + 1) % checkpoint_every == 0 and step + 1 < cfg.steps:
-            save(step + 1)
-    save(cfg.steps)
-    policy.eval()
-    return history
+        return {"loss": result.loss.item(), "accuracy": result.accuracy.item(),
+                "margin": (result.chosen_rewards - result.rejected_rewards).mean().item()}
+
+    return train_policy(policy, cfg.lr, cfg.seed, cfg.steps, lambda: {
+        "dpo_config": asdict(cfg), "data": {"pairs": len(pairs), "sha256": _pairs_fingerprint(pairs)}}, one_step,
+        checkpoint, checkpoint_every, resume, on_step)

@@ -20,10 +20,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..training.checkpoint import resume_run, run_state, save_checkpoint
 from .group_baseline import group_advantages
 from .grpo_objective import GRPOStats, grpo_loss
 from .padding import pad_batch
+from .policy_run import train_policy
+from .stopping import decode_until_stop
 
 Verifier = Callable[[Sequence[int], Sequence[int]], float]  # (prompt ids, answer ids) -> reward
 
@@ -86,35 +87,16 @@ def sample_groups(model: nn.Module, prompts: Sequence[Sequence[int]], group_size
     if max(map(len, rows)) >= limit:
         raise ValueError(f"a prompt of {max(map(len, rows))} tokens leaves no room to answer in the context window "
                          f"of {limit} tokens")
-    completions: list[list[int]] = [[] for _ in rows]
     sampled_logps: list[list[float]] = [[] for _ in rows]
-    by_length: dict[int, list[int]] = {}
-    for row, prompt in enumerate(rows):
-        by_length.setdefault(len(prompt), []).append(row)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            for length, running in by_length.items():
-                cache = model.new_cache()
-                feed = torch.tensor([rows[row] for row in running], dtype=torch.long)  # (B, length)
-                for _ in range(min(max_new_tokens, limit - length)):
-                    logps = F.log_softmax(model(feed, cache=cache)[:, -1].float() / temperature, dim=-1)  # (B, V)
-                    next_ids = torch.multinomial(logps.exp(), 1, generator=generator)  # (B, 1)
-                    picked = logps.gather(-1, next_ids)[:, 0]  # (B,)
-                    for row, token, logp in zip(running, next_ids[:, 0].tolist(), picked.tolist(), strict=True):
-                        completions[row].append(token)
-                        sampled_logps[row].append(logp)
-                    keep = [i for i, row in enumerate(running) if completions[row][-1] != stop_id]
-                    if not keep:
-                        break
-                    if len(keep) < len(running):
-                        kept = torch.tensor(keep)
-                        cache.keep_rows(kept)
-                        next_ids, running = next_ids[kept], [running[i] for i in keep]
-                    feed = next_ids  # (B, 1): the new token only; the cache holds the rest
-    finally:
-        model.train(was_training)
+
+    def sample(logits: torch.Tensor, running: list[int]) -> torch.Tensor:
+        logps = F.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
+        next_ids = torch.multinomial(logps.exp(), 1, generator=generator)  # (B, 1)
+        for row, logp in zip(running, logps.gather(-1, next_ids)[:, 0].tolist(), strict=True):
+            sampled_logps[row].append(logp)
+        return next_ids[:, 0]  # (B,)
+
+    completions = decode_until_stop(model, rows, stop_id, max_new_tokens, sample)
     ids, attention_mask = pad_batch([p + c for p, c in zip(rows, completions, strict=True)], pad_id=pad_id)
     completion_mask = torch.zeros(len(rows), ids.size(1) - 1)  # (N, T - 1)
     old_logprobs = torch.zeros(len(rows), ids.size(1) - 1)
@@ -178,23 +160,8 @@ def train_grpo(policy: nn.Module, reference: Callable[..., torch.Tensor] | None,
     on_step: called after each step with its number; the dict it returns joins that step's record."""
     if not prompts:
         raise ValueError("train_grpo needs at least one prompt")
-    trainable = [p for p in policy.parameters() if p.requires_grad]
-    if not trainable:
-        raise ValueError("the policy has no trainable parameters")
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    settings = {"grpo_config": asdict(cfg), "data": {"prompts": len(prompts), "sha256": _prompts_fingerprint(prompts)}}
-    history: list[dict] = []
-    first_step = 0
-    if resume is not None:
-        first_step, history = resume_run(resume, settings, policy, optimizer, gen)
 
-    def save(step: int) -> None:
-        if checkpoint is not None:
-            save_checkpoint(checkpoint, run_state(settings, step, policy, optimizer, gen, history))
-
-    policy.train()
-    for step in range(first_step, cfg.steps):
+    def one_step(optimizer: torch.optim.Optimizer, gen: torch.Generator) -> dict:
         picks = torch.randint(len(prompts), (cfg.prompts_per_step,), generator=gen).tolist()
         chosen = [prompts[i] for i in picks]
         groups = sample_groups(policy, chosen, cfg.group_size, cfg.max_new_tokens, cfg.stop_id, cfg.temperature,
@@ -206,14 +173,10 @@ def train_grpo(policy: nn.Module, reference: Callable[..., torch.Tensor] | None,
         for _ in range(cfg.updates_per_batch):
             loss, stats = grpo_step(policy, reference, optimizer, batch, cfg.clip_eps, cfg.beta, cfg.loss_type,
                                     cfg.max_new_tokens, cfg.grad_clip, cfg.temperature)
-        history.append({"step": step + 1, "reward": rewards.mean().item(),
-                        "solved": (rewards >= 1).float().mean().item(),
-                        "length": sum(map(len, groups.completions)) / len(groups.completions), "loss": loss.item(),
-                        **asdict(stats)})
-        if on_step is not None:
-            history[-1].update(on_step(step + 1))
-        if checkpoint_every > 0 and (step + 1) % checkpoint_every == 0 and step + 1 < cfg.steps:
-            save(step + 1)
-    save(cfg.steps)
-    policy.eval()
-    return history
+        return {"reward": rewards.mean().item(), "solved": (rewards >= 1).float().mean().item(),
+                "length": sum(map(len, groups.completions)) / len(groups.completions), "loss": loss.item(),
+                **asdict(stats)}
+
+    return train_policy(policy, cfg.lr, cfg.seed, cfg.steps, lambda: {
+        "grpo_config": asdict(cfg), "data": {"prompts": len(prompts), "sha256": _prompts_fingerprint(prompts)}},
+        one_step, checkpoint, checkpoint_every, resume, on_step)

@@ -4,13 +4,15 @@ Prompts of the same length run together as one batch, without padding, and with 
 the prompts, each later step only the token each row has just chosen, so a step costs one position per row instead
 of the whole prefix. A row stops when it emits `stop_id`, when its prompt and answer fill the context window, or
 after `max_new_tokens`; a stopped row is cut from its group's batch (and from the cache) at once.
+`decode_until_stop` is that loop with the choice of each next token left to its caller (GRPO's sampling uses it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
+from torch import nn
 
 from ..model.gpt import GPT
 
@@ -29,6 +31,17 @@ def greedy_until_stop(model: GPT, prompts: Sequence[Sequence[int]], stop_id: int
     if longest >= limit:
         raise ValueError(f"a prompt of {longest} tokens leaves no room to answer in the context window "
                          f"of {limit} tokens")
+    return decode_until_stop(model, prompts, stop_id, max_new_tokens,
+                             lambda logits, running: logits.argmax(dim=-1))  # (B,): each row's next token
+
+
+def decode_until_stop(model: nn.Module, prompts: Sequence[Sequence[int]], stop_id: int, max_new_tokens: int,
+                      choose: Callable[[torch.Tensor, list[int]], torch.Tensor]) -> list[list[int]]:
+    """Each prompt's answer, one token a step by `choose(logits, rows)`: the next token (B,) of the batch's rows
+    (their indices in `prompts`) from their last logits (B, V). Prompts of one length run as one batch with a KV
+    cache, in eval mode and without a graph; a row ends after its first `stop_id`, after `max_new_tokens` or when
+    prompt and answer fill the context window. The caller checks its arguments."""
+    limit = model.config.context_length
     answers: list[list[int]] = [[] for _ in prompts]
     groups: dict[int, list[int]] = {}  # prompt length -> the rows with a prompt that long
     for row, prompt in enumerate(prompts):
@@ -41,7 +54,7 @@ def greedy_until_stop(model: GPT, prompts: Sequence[Sequence[int]], stop_id: int
                 cache = model.new_cache()
                 feed = torch.tensor([list(prompts[row]) for row in running], dtype=torch.long)  # (B, length)
                 for _ in range(min(max_new_tokens, limit - length)):
-                    next_ids = model(feed, cache=cache)[:, -1].argmax(dim=-1)  # (B,): each row's next token
+                    next_ids = choose(model(feed, cache=cache)[:, -1], running)  # (B,)
                     for row, token in zip(running, next_ids.tolist(), strict=True):
                         answers[row].append(token)
                     keep = [i for i, row in enumerate(running) if answers[row][-1] != stop_id]

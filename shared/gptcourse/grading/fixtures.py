@@ -6,6 +6,7 @@ Lab modules import these from here, never from one another (each lab's catalogue
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checks import check_causal, check_close, check_shape, fail, fmt_shape, perturbed_copies
+from ..checks import CheckFailed, check_causal, check_close, check_shape, fail, fmt_shape, perturbed_copies
 from ..model.config import GPTConfig
 from ..model.gpt import GPT
 from .cases import Inputs, Outputs, tensor_rng
@@ -134,3 +135,101 @@ def check_differentiable(differentiable: bool, how: str) -> None:
     """The loss must carry its graph; `how` says how to keep it."""
     if not differentiable:
         raise fail(f"the loss does not require grad: {how}")
+
+
+def policy_and_reference(config: GPTConfig, seed: int, drift: float) -> tuple[GPT, GPT]:
+    """A preference or RL step's two models: the policy at a working network's scale, with a stale gradient in
+    every .grad (left by an earlier step: zero_grad must clear it), and the reference: the policy with noise of std
+    `drift` added, as if the policy had trained, so that a step that uses the policy as its reference goes
+    elsewhere. The reference is trainable on purpose: a step must not give it gradients."""
+    gen = tensor_rng(seed)
+    with torch.device("meta"):  # shapes only: the weights are drawn from `gen`
+        skeleton = GPT(config)
+    weights = unit_scale_weights(skeleton, gen)
+    with torch.random.fork_rng(devices=[]):
+        policy = GPT(config)
+    with torch.no_grad():
+        for p, w in zip(policy.parameters(), weights.values(), strict=True):
+            p.copy_(w)
+        reference = copy.deepcopy(policy)
+        for p, q in zip(policy.parameters(), reference.parameters(), strict=True):
+            q.add_(drift * torch.randn(q.shape, generator=gen))
+            p.grad = torch.randn(p.shape, generator=gen)
+    return policy, reference
+
+
+def record_calls(model: GPT) -> dict[str, int]:
+    """Count, from now on, the model's forward passes, those without an attention mask and those that built a
+    graph (logits that require grad); `model.forward(...)` called directly is counted too."""
+    counts = {"runs": 0, "unmasked": 0, "graphs": 0}
+    forward = model.forward
+
+    def recorded(idx: torch.Tensor, cache: Any = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        out = forward(idx, cache, attention_mask)
+        counts["runs"] += 1
+        counts["unmasked"] += attention_mask is None
+        counts["graphs"] += out.requires_grad
+        return out
+
+    model.forward = recorded
+    return counts
+
+
+def reference_step_outputs(policy: GPT, reference: GPT, step: Callable[[torch.optim.Optimizer], Any]) -> Outputs:
+    """Run `step(optimizer)` (a student's step of `policy` against `reference`, SGD at lr 1 on the policy) and
+    record what a judge of such a step reads: the policy after it, whether the reference changed or got
+    gradients, how often the reference ran and built a graph, and the model calls without an attention mask."""
+    before = flat_parameters(reference)
+    policy_calls, reference_calls = record_calls(policy), record_calls(reference)
+    step(torch.optim.SGD(policy.parameters(), lr=1.0))
+    return {"policy": flat_parameters(policy), "reference_changed": not torch.equal(flat_parameters(reference), before),
+            "reference_grads": any(p.grad is not None for p in reference.parameters()),
+            "reference_runs": reference_calls["runs"], "reference_graphs": reference_calls["graphs"],
+            "unmasked_calls": policy_calls["unmasked"] + reference_calls["unmasked"]}
+
+
+def check_reference_step(got: Outputs, untrained: GPT, never_run: str | None, unmasked: str) -> None:
+    """The checks every step against a frozen reference gets, in order: the reference unchanged, without gradients,
+    run (`never_run` says why it must be; None where it need not run), without a graph; every call masked
+    (`unmasked`: how, after the count); the policy moved from `untrained`."""
+    if got["reference_changed"]:
+        raise fail("the reference model changed: it must stay what the policy was before training; give the "
+                   "optimizer the policy's parameters only, and never step the reference")
+    if got["reference_grads"]:
+        raise fail("the reference received gradients: compute its log-probabilities under torch.no_grad(), so that "
+                   "it is a constant of the loss (and costs no memory for a backward pass)")
+    if got["reference_runs"] == 0 and never_run is not None:
+        raise fail(f"the reference model was never run: {never_run}")
+    if got["reference_graphs"]:
+        raise fail("the reference's forward pass built a graph (its logits require grad), then dropped it: "
+                   ".detach() gives the same numbers, but only after every activation was kept for a backward "
+                   "pass that never comes. Run the reference under `with torch.no_grad():`")
+    if got["unmasked_calls"]:
+        raise fail(f"{got['unmasked_calls']} model call(s) had no attention mask: {unmasked}")
+    if torch.equal(got["policy"], flat_parameters(untrained)):
+        raise fail("the policy's parameters did not change: call loss.backward() and then optimizer.step() (in "
+                   "that order, after optimizer.zero_grad(): step() uses the gradients that backward() computed)")
+
+
+STALE_GRADIENTS = ("the gradients left in .grad by the last step were added to: call optimizer.zero_grad() before "
+                   "loss.backward(), or every step adds the old gradients to the new ones")
+
+
+def update_by_hand(optimizer: torch.optim.Optimizer, loss: torch.Tensor, zero_grad: bool) -> None:
+    """A by-hand step's update: zero_grad (skipped for the `STALE_GRADIENTS` mistake), backward, step."""
+    if zero_grad:
+        optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def check_stepped_policy(got: Outputs, expected: Outputs, mistakes: Callable[[], Mapping[str, torch.Tensor]],
+                         calls: str) -> None:
+    """The policy after a step against the reference step's (the known `mistakes` computed only when off); where
+    it is off, the message adds `calls`: which of the student's own functions the step ran, to fix first."""
+    try:
+        check_close_lazily(got["policy"], expected["policy"], "the policy's parameters after the step", mistakes)
+    except CheckFailed as failed:
+        if "largest error" not in str(failed):
+            raise
+        raise fail(f"{failed} {calls}: if their tests fail, fix them first") from None

@@ -14,13 +14,12 @@ The references are gptcourse's functions of the same names, which the lab forbid
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
-from ...checks import CheckFailed, check_close, check_shape, fail, fmt_shape
+from ...checks import check_close, check_shape, fail, fmt_shape
 from ...finetuning.dpo import dpo_loss
 from ...finetuning.dpo_training import dpo_step
 from ...finetuning.log_likelihood import sequence_logprobs
@@ -29,7 +28,15 @@ from ...finetuning.losses import IGNORE_INDEX, response_labels
 from ...model.config import GPTConfig
 from ...model.gpt import GPT
 from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
-from ..fixtures import check_close_lazily, flat_parameters, mistaken, unit_scale_weights
+from ..fixtures import (
+    STALE_GRADIENTS,
+    check_reference_step,
+    check_stepped_policy,
+    mistaken,
+    policy_and_reference,
+    reference_step_outputs,
+    update_by_hand,
+)
 from ..piece import Piece, declare
 from ..student import as_tensor, as_tensors
 
@@ -234,54 +241,14 @@ def _step_inputs(b: int, t: int, side: str, beta: float, seed: int) -> Inputs:
 
 
 def _step_models(inputs: Inputs) -> tuple[GPT, GPT]:
-    """The policy at a working network's scale, with a stale gradient in every .grad (left by an earlier step:
-    zero_grad must clear it), and the reference: the policy with noise added, as if the policy had trained, so
-    that the margins are not 0 and a step that uses the policy as its reference goes elsewhere. The reference is
-    trainable on purpose: a step must not give it gradients."""
-    gen = tensor_rng(inputs["seed"])
-    with torch.device("meta"):  # shapes only: the weights are drawn from `gen`
-        skeleton = GPT(TINY)
-    weights = unit_scale_weights(skeleton, gen)
-    with torch.random.fork_rng(devices=[]):
-        policy = GPT(TINY)
-    with torch.no_grad():
-        for p, w in zip(policy.parameters(), weights.values(), strict=True):
-            p.copy_(w)
-        reference = copy.deepcopy(policy)
-        for p, q in zip(policy.parameters(), reference.parameters(), strict=True):
-            q.add_(0.03 * torch.randn(q.shape, generator=gen))  # margins beta * m of about +-1
-            p.grad = torch.randn(p.shape, generator=gen)
-    return policy, reference
-
-
-def _record_calls(model: GPT) -> dict[str, int]:
-    """Count, from now on, the model's forward passes, those without an attention mask and those that built a
-    graph (logits that require grad); `model.forward(...)` called directly is counted too."""
-    counts = {"runs": 0, "unmasked": 0, "graphs": 0}
-    forward = model.forward
-
-    def recorded(idx: torch.Tensor, cache: Any = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        out = forward(idx, cache, attention_mask)
-        counts["runs"] += 1
-        counts["unmasked"] += attention_mask is None
-        counts["graphs"] += out.requires_grad
-        return out
-
-    model.forward = recorded
-    return counts
+    """The policy and its drifted reference (`policy_and_reference`) of a step's case."""
+    return policy_and_reference(TINY, inputs["seed"], 0.03)  # margins beta * m of about +-1
 
 
 def _step_call(fn: Any, inputs: Inputs) -> Outputs:
     policy, reference = _step_models(inputs)
-    before = flat_parameters(reference)
-    policy_calls, reference_calls = _record_calls(policy), _record_calls(reference)
-    optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
     batch = tuple(inputs[k].clone() for k in ("ids", "mask", "labels"))
-    fn(policy, reference, optimizer, batch, inputs["beta"])
-    return {"policy": flat_parameters(policy), "reference_changed": not torch.equal(flat_parameters(reference), before),
-            "reference_grads": any(p.grad is not None for p in reference.parameters()),
-            "reference_runs": reference_calls["runs"], "reference_graphs": reference_calls["graphs"],
-            "unmasked_calls": policy_calls["unmasked"] + reference_calls["unmasked"]}
+    return reference_step_outputs(policy, reference, lambda opt: fn(policy, reference, opt, batch, inputs["beta"]))
 
 
 def _by_hand_step(policy: GPT, reference: GPT, optimizer: torch.optim.Optimizer,
@@ -296,15 +263,11 @@ def _by_hand_step(policy: GPT, reference: GPT, optimizer: torch.optim.Optimizer,
     with torch.no_grad():
         ref_logps = sequence_logprobs(reference, ids, mask, labels)  # (2B,)
     loss = dpo_loss(*split(policy_logps), *split(ref_logps), beta).loss
-    if zero_grad:
-        optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
+    update_by_hand(optimizer, loss, zero_grad)
 
 
 STEP_MISTAKES = {
-    "the gradients left in .grad by the last step were added to: call optimizer.zero_grad() before "
-    "loss.backward(), or every step adds the old gradients to the new ones": {"zero_grad": False},
+    STALE_GRADIENTS: {"zero_grad": False},
     "chosen and rejected are swapped: the batch holds the B chosen rows first, then the B rejected ones, so "
     "chosen, rejected = logps.chunk(2)": {"halves": "swapped"},
     "the rows are split into even and odd ones: the batch holds the B chosen rows first, then the B rejected "
@@ -313,35 +276,13 @@ STEP_MISTAKES = {
 
 
 def _step_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    if got["reference_changed"]:
-        raise fail("the reference model changed: it must stay what the policy was before training; give the "
-                   "optimizer the policy's parameters only, and never step the reference")
-    if got["reference_grads"]:
-        raise fail("the reference received gradients: compute its log-probabilities under torch.no_grad(), so that "
-                   "it is a constant of the loss (and costs no memory for a backward pass)")
-    if got["reference_runs"] == 0:
-        raise fail("the reference model was never run: its log-probabilities come from `reference` (here it "
-                   "differs from the policy). With the policy in its place every margin is 0 and the loss does not "
-                   "hold the policy near the reference")
-    if got["reference_graphs"]:
-        raise fail("the reference's forward pass built a graph (its logits require grad), then dropped it: "
-                   ".detach() gives the same numbers, but only after every activation was kept for a backward "
-                   "pass that never comes. Run the reference under `with torch.no_grad():`")
-    if got["unmasked_calls"]:
-        raise fail(f"{got['unmasked_calls']} model call(s) had no attention mask: run the policy and the reference "
-                   "with model(ids, attention_mask=attention_mask), or the real tokens attend to the pads")
-    policy, _ = _step_models(inputs)
-    if torch.equal(got["policy"], flat_parameters(policy)):
-        raise fail("the policy's parameters did not change: call loss.backward() and then optimizer.step() (in "
-                   "that order, after optimizer.zero_grad(): step() uses the gradients that backward() computed)")
-    try:
-        check_close_lazily(got["policy"], expected["policy"], "the policy's parameters after the step",
-                           lambda: mistaken(_step_call, _by_hand_step, STEP_MISTAKES, inputs, "policy"))
-    except CheckFailed as failed:
-        if "largest error" not in str(failed):
-            raise
-        raise fail(f"{failed} dpo_step calls your sequence_logprobs and dpo_loss: if their tests fail, fix them "
-                   "first") from None
+    check_reference_step(got, _step_models(inputs)[0], never_run=(
+        "its log-probabilities come from `reference` (here it differs from the policy). With the policy in its "
+        "place every margin is 0 and the loss does not hold the policy near the reference"), unmasked=(
+        "run the policy and the reference with model(ids, attention_mask=attention_mask), or the real tokens "
+        "attend to the pads"))
+    check_stepped_policy(got, expected, lambda: mistaken(_step_call, _by_hand_step, STEP_MISTAKES, inputs, "policy"),
+                         "dpo_step calls your sequence_logprobs and dpo_loss")
 
 
 # ---- adapters_disabled(model): a context manager; inside, every LoRALinear computes its base layer alone

@@ -14,13 +14,12 @@ which the lab forbids.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
-from ...checks import CheckFailed, check_close, check_shape, fail, fmt_shape
+from ...checks import check_close, check_shape, fail, fmt_shape
 from ...finetuning.group_baseline import group_advantages
 from ...finetuning.grpo_objective import grpo_loss
 from ...finetuning.grpo_training import grpo_step, token_logprobs
@@ -29,12 +28,15 @@ from ...model.config import GPTConfig
 from ...model.gpt import GPT
 from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
 from ..fixtures import (
-    check_close_lazily,
+    STALE_GRADIENTS,
     check_differentiable,
+    check_reference_step,
     check_scalar_loss,
-    flat_parameters,
+    check_stepped_policy,
     mistaken,
-    unit_scale_weights,
+    policy_and_reference,
+    reference_step_outputs,
+    update_by_hand,
 )
 from ..piece import Piece, declare
 from ..student import as_tensor
@@ -383,23 +385,8 @@ def _step_inputs(prompt_lengths: list[int], answer_lengths: list[int], clip_eps:
 
 
 def _step_models(inputs: Inputs) -> tuple[GPT, GPT]:
-    """The policy at a working network's scale, with a stale gradient in every .grad, and the reference: the policy
-    with noise added, as if the policy had trained. The reference is trainable on purpose: a step must not give it
-    gradients."""
-    gen = tensor_rng(inputs["seed"])
-    with torch.device("meta"):  # shapes only: the weights are drawn from `gen`
-        skeleton = GPT(TINY)
-    weights = unit_scale_weights(skeleton, gen)
-    with torch.random.fork_rng(devices=[]):
-        policy = GPT(TINY)
-    with torch.no_grad():
-        for p, w in zip(policy.parameters(), weights.values(), strict=True):
-            p.copy_(w)
-        reference = copy.deepcopy(policy)
-        for p, q in zip(policy.parameters(), reference.parameters(), strict=True):
-            q.add_(0.05 * torch.randn(q.shape, generator=gen))
-            p.grad = torch.randn(p.shape, generator=gen)
-    return policy, reference
+    """The policy and its drifted reference (`policy_and_reference`) of a step's case."""
+    return policy_and_reference(TINY, inputs["seed"], 0.05)
 
 
 def _old_logprobs(inputs: Inputs) -> torch.Tensor:
@@ -415,35 +402,12 @@ def _old_logprobs(inputs: Inputs) -> torch.Tensor:
     return (logps + noise) * mask
 
 
-def _record_calls(model: GPT) -> dict[str, int]:
-    """Count, from now on, the model's forward passes, those without an attention mask and those that built a
-    graph (logits that require grad); `model.forward(...)` called directly is counted too."""
-    counts = {"runs": 0, "unmasked": 0, "graphs": 0}
-    forward = model.forward
-
-    def recorded(idx: torch.Tensor, cache: Any = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        out = forward(idx, cache, attention_mask)
-        counts["runs"] += 1
-        counts["unmasked"] += attention_mask is None
-        counts["graphs"] += out.requires_grad
-        return out
-
-    model.forward = recorded
-    return counts
-
-
 def _step_call(fn: Any, inputs: Inputs) -> Outputs:
     policy, reference = _step_models(inputs)
-    before = flat_parameters(reference)
-    policy_calls, reference_calls = _record_calls(policy), _record_calls(reference)
-    optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
     batch = tuple(inputs[k].clone() for k in ("ids", "attention_mask", "completion_mask", "old_logprobs",
                                               "advantages"))
-    fn(policy, reference, optimizer, batch, inputs["clip_eps"], inputs["beta"])
-    return {"policy": flat_parameters(policy), "reference_changed": not torch.equal(flat_parameters(reference), before),
-            "reference_grads": any(p.grad is not None for p in reference.parameters()),
-            "reference_runs": reference_calls["runs"], "reference_graphs": reference_calls["graphs"],
-            "unmasked_calls": policy_calls["unmasked"] + reference_calls["unmasked"]}
+    return reference_step_outputs(policy, reference, lambda opt: fn(policy, reference, opt, batch, inputs["clip_eps"],
+                                                                     inputs["beta"]))
 
 
 def _by_hand_step(policy: GPT, reference: GPT, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, ...],
@@ -467,15 +431,11 @@ def _by_hand_step(policy: GPT, reference: GPT, optimizer: torch.optim.Optimizer,
         ref = logprobs_of(reference)
     old = logprobs.detach() if old_from_policy else old_logprobs
     loss = _reference_loss(logprobs, old, ref, advantages, mask, clip_eps, beta)
-    if zero_grad:
-        optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
+    update_by_hand(optimizer, loss, zero_grad)
 
 
 STEP_MISTAKES = {
-    "the gradients left in .grad by the last step were added to: call optimizer.zero_grad() before "
-    "loss.backward(), or every step adds the old gradients to the new ones": {"zero_grad": False},
+    STALE_GRADIENTS: {"zero_grad": False},
     "each token was scored with the logits at its own position: the logits at position j predict the token at "
     "j + 1, so log_softmax(logits[:, :-1]) gathered at ids[:, 1:]": {"shift": 0},
     "the batch's old log-probabilities were not used: the ratio compares the policy with the one that sampled "
@@ -490,35 +450,12 @@ STEP_MISTAKES = {
 
 
 def _step_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    if got["reference_changed"]:
-        raise fail("the reference model changed: it must stay what the policy was before training; give the "
-                   "optimizer the policy's parameters only, and never step the reference")
-    if got["reference_grads"]:
-        raise fail("the reference received gradients: compute its log-probabilities under torch.no_grad(), so that "
-                   "it is a constant of the loss (and costs no memory for a backward pass)")
-    if got["reference_runs"] == 0 and inputs["beta"] != 0:
-        raise fail("the reference model was never run: the KL penalty is to the reference's log-probabilities "
-                   "(here it differs from the policy); the policy or the old log-probabilities in its place hold "
-                   "the policy near the wrong model")
-    if got["reference_graphs"]:
-        raise fail("the reference's forward pass built a graph (its logits require grad), then dropped it: "
-                   ".detach() gives the same numbers, but only after every activation was kept for a backward "
-                   "pass that never comes. Run the reference under `with torch.no_grad():`")
-    if got["unmasked_calls"]:
-        raise fail(f"{got['unmasked_calls']} model call(s) had no attention mask: run the policy and the reference "
-                   "with model(ids, attention_mask=attention_mask)")
-    policy, _ = _step_models(inputs)
-    if torch.equal(got["policy"], flat_parameters(policy)):
-        raise fail("the policy's parameters did not change: call loss.backward() and then optimizer.step() (in "
-                   "that order, after optimizer.zero_grad(): step() uses the gradients that backward() computed)")
-    try:
-        check_close_lazily(got["policy"], expected["policy"], "the policy's parameters after the step",
-                           lambda: mistaken(_step_call, _by_hand_step, STEP_MISTAKES, inputs, "policy"))
-    except CheckFailed as failed:
-        if "largest error" not in str(failed):
-            raise
-        raise fail(f"{failed} grpo_step calls your grpo_loss (and through it kl_k3): if their tests fail, fix them "
-                   "first") from None
+    check_reference_step(got, _step_models(inputs)[0], never_run=None if inputs["beta"] == 0 else (
+        "the KL penalty is to the reference's log-probabilities (here it differs from the policy); the policy or "
+        "the old log-probabilities in its place hold the policy near the wrong model"), unmasked=(
+        "run the policy and the reference with model(ids, attention_mask=attention_mask)"))
+    check_stepped_policy(got, expected, lambda: mistaken(_step_call, _by_hand_step, STEP_MISTAKES, inputs, "policy"),
+                         "grpo_step calls your grpo_loss (and through it kl_k3)")
 
 
 def _with_old(inputs: Inputs) -> Inputs:
