@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from killed_runs import Interrupted, dies_at_call
 from torch.nn import functional as F
 
 from gptcourse import (
@@ -254,30 +255,14 @@ def test_dpo_batch_puts_chosen_then_rejected_and_labels_the_responses_only():
     assert mask.sum(-1).tolist() == [3, 3, 5, 2]
 
 
-class _Interrupted(Exception):
-    pass
-
-
-def _dies_at_call(reference, n: int):
-    """The reference, raising at its n-th call: a run killed in the middle of step n."""
-    calls = []
-
-    def call(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == n:
-            raise _Interrupted
-        return reference(*args, **kwargs)
-    return call
-
-
 def test_a_killed_and_resumed_run_is_bit_for_bit_the_run_in_one_go(tmp_path):
     pairs, cfg = _pairs(), DPOConfig(steps=8, batch_size=4, lr=1e-2, beta=0.5)
     whole = _model()
     history = train_dpo(whole, frozen_copy(whole), pairs, cfg)
     killed = _model()
     path = tmp_path / "dpo.pt"
-    with pytest.raises(_Interrupted):
-        train_dpo(killed, _dies_at_call(frozen_copy(killed), 6), pairs, cfg, checkpoint=path, checkpoint_every=4)
+    with pytest.raises(Interrupted):
+        train_dpo(killed, dies_at_call(frozen_copy(killed), 6), pairs, cfg, checkpoint=path, checkpoint_every=4)
     resumed = _model()
     resumed_history = train_dpo(resumed, frozen_copy(resumed), pairs, cfg, checkpoint=path, resume=path)
     assert resumed_history == history

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from killed_runs import Interrupted, dies_at_call
 
 from gptcourse import (
     GPT,
@@ -162,29 +163,13 @@ def test_with_one_update_per_batch_the_ratio_is_one_and_nothing_is_clipped():
     assert all(abs(h["ratio"] - 1) < 1e-5 and h["clip_fraction"] == 0 and h["kl"] == 0 for h in history)
 
 
-class _Interrupted(Exception):
-    pass
-
-
-def _dies_at_call(reference, n: int):
-    """The reference, raising at its n-th call: a run killed in the middle of a step."""
-    calls = []
-
-    def call(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == n:
-            raise _Interrupted
-        return reference(*args, **kwargs)
-    return call
-
-
 def test_a_killed_and_resumed_run_is_bit_for_bit_the_run_in_one_go(tmp_path):
     whole = _model()
     history = train_grpo(whole, frozen_copy(whole), PROMPTS, _first_token_verifier, CFG)
     killed = _model()
     path = tmp_path / "grpo.pt"
-    with pytest.raises(_Interrupted):  # two reference calls a step: killed in step 6, after a save at step 4
-        train_grpo(killed, _dies_at_call(frozen_copy(killed), 11), PROMPTS, _first_token_verifier, CFG,
+    with pytest.raises(Interrupted):  # two reference calls a step: killed in step 6, after a save at step 4
+        train_grpo(killed, dies_at_call(frozen_copy(killed), 11), PROMPTS, _first_token_verifier, CFG,
                    checkpoint=path, checkpoint_every=4)
     resumed = _model()
     resumed_history = train_grpo(resumed, frozen_copy(resumed), PROMPTS, _first_token_verifier, CFG,
