@@ -2,6 +2,7 @@
 enumeration on a small categorical, a slow loop and TRL's `nanstd` for the group advantages, and TRL's
 `GRPOTrainer._compute_loss` for the loss, called on a stand-in carrying only what it reads."""
 
+import itertools
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -51,6 +52,22 @@ def test_policy_gradient_skips_padding_and_uses_the_batch_mean_as_default_baseli
     assert loss.item() == pytest.approx(slow)
     loss.backward()
     assert (logprobs.grad[mask == 0] == 0).all()
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_the_batch_mean_baseline_shrinks_the_expected_gradient_by_b_minus_1_over_b(batch):
+    """Over every batch of B draws from a 4-action policy, weighted by its probability: with the default baseline
+    (the batch's own mean, which includes each sample) the estimate's mean is (B - 1) / B times the exact gradient."""
+    logits, rewards = _categorical(3, 4).double(), torch.tensor([1.0, 0.0, 2.0, -1.0], dtype=torch.float64)
+    p = torch.softmax(logits, 0)
+    exact = sum(p[a] * rewards[a] * (torch.eye(4, dtype=torch.float64)[a] - p) for a in range(4))  # grad E[R]
+    expected = torch.zeros(4, dtype=torch.float64)
+    for actions in itertools.product(range(4), repeat=batch):
+        z = logits.clone().requires_grad_()
+        logprobs = torch.log_softmax(z, 0)[list(actions)].unsqueeze(1)  # (B, 1)
+        loss = policy_gradient_loss(logprobs, rewards[list(actions)], torch.ones_like(logprobs))
+        expected -= p[list(actions)].prod() * torch.autograd.grad(loss, z)[0]
+    torch.testing.assert_close(expected, (batch - 1) / batch * exact, rtol=1e-10, atol=1e-12)
 
 
 def _slow_advantages(rewards, group_size, scale, eps):
@@ -108,6 +125,25 @@ def test_k3_is_unbiased_for_kl_policy_to_reference_by_enumeration(seed):
     reverse = torch.distributions.kl_divergence(torch.distributions.Categorical(logits=ref),
                                                 torch.distributions.Categorical(logits=policy))
     assert abs(float(expected_k3 - reverse)) > 1e-3  # the direction matters, and this case tells them apart
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_k3_as_a_loss_has_the_gradient_of_kl_reference_to_policy(seed):
+    # unbiased for the value, not for the gradient: differentiated at the policy's samples (the sampling weights
+    # held fixed), k3's expected gradient is that of KL(ref || policy) (Tang & Munos 2025)
+    logits, ref = _categorical(seed).double(), torch.log_softmax(_categorical(seed + 10).double(), 0)
+
+    def gradient(loss_of):
+        z = logits.clone().requires_grad_()
+        return torch.autograd.grad(loss_of(torch.log_softmax(z, 0)), z)[0]
+
+    weights = torch.softmax(logits, 0)  # E over a ~ policy, exactly, not differentiated
+    as_a_loss = gradient(lambda logp: (weights * kl_k3(logp, ref)).sum())
+    dist = torch.distributions
+    reverse = gradient(lambda logp: dist.kl_divergence(dist.Categorical(logits=ref), dist.Categorical(logits=logp)))
+    forward = gradient(lambda logp: dist.kl_divergence(dist.Categorical(logits=logp), dist.Categorical(logits=ref)))
+    torch.testing.assert_close(as_a_loss, reverse)
+    assert (as_a_loss - forward).abs().max() > 1e-3
 
 
 def _trl_grpo(logprobs, old, ref, advantages, mask, eps, beta, loss_type, max_len):

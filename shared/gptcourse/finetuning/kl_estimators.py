@@ -1,7 +1,9 @@
 """Schulman's k3 estimator of KL(policy || reference) from samples of the policy (http://joschu.net/blog/kl-approx.html).
 
 With r = log ref(y) - log policy(y) for y drawn from the policy, E[exp(r)] = 1, so exp(r) - r - 1 has mean
-E[-r] = KL(policy || reference): unbiased, and never negative (exp(r) >= 1 + r), unlike -r alone (k1).
+E[-r] = KL(policy || reference): unbiased, and never negative (exp(r) >= 1 + r), unlike -r alone (k1). Unbiased for
+the value only: differentiated as a loss at the policy's samples (as GRPO does), its expected gradient is that of
+KL(reference || policy), the other direction (Tang & Munos 2025).
 """
 
 from __future__ import annotations
