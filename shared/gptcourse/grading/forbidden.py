@@ -17,8 +17,9 @@ same object:
    `:=`, annotated), scopes (a parameter, a local or the student's own `def`/`class` shadows an import) and
    attribute chains, including every module a chain passes through. Import machinery the scan cannot follow
    (`__import__`, `importlib`, `sys.modules`, `exec`/`eval`/`compile`, `globals()`, `builtins`, `__dict__`, a
-   non-constant `getattr` on a module) and the grader's own code (`gptcourse.grading` beyond `check`, whose
-   cases hold the references) are reported as well: the labs need none of it.
+   non-constant `getattr` on a module, torch's registry of ops by name `torch.ops`) and the grader's own code
+   (`gptcourse.grading` beyond `check`, whose cases hold the references) are reported as well: the labs need none
+   of it.
 2. `reference_behind` (in the student's kernel, called by `check`) looks at the object under test: is it a
    reference, a subclass or an instance of one, or does it wrap one (`__wrapped__` chains, `functools.partial`,
    bound methods, static/class methods and properties, containers, and the closures, defaults and global
@@ -53,7 +54,9 @@ from dataclasses import dataclass
 from typing import Any
 
 DYNAMIC_CALLS = {"__import__", "exec", "eval", "compile", "globals", "vars", "breakpoint"}
-DYNAMIC_PATHS = ("importlib", "sys.modules", "builtins", "runpy", "pkgutil", "ctypes")
+# torch.ops: every ATen op by name (torch.ops.aten._scaled_dot_product_attention_math is the kernel behind
+# F.scaled_dot_product_attention, as another object), a registry the labs never need
+DYNAMIC_PATHS = ("importlib", "sys.modules", "builtins", "runpy", "pkgutil", "ctypes", "torch.ops")
 GRADER = "gptcourse.grading"  # the grader's own code: a student cell may use `check` from it, nothing else
 DYNAMIC_ATTRIBUTES = {"__dict__", "__globals__", "__builtins__", "__getattribute__", "__subclasses__", "__code__"}
 HOW = ("is", "subclasses", "is an instance of", "wraps or calls", "calls")  # what the kernel's checks may report
