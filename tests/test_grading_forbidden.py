@@ -78,8 +78,9 @@ def static_forms(path: str, obj: Any) -> dict[str, tuple[str, str]]:
     forms = {form: (SETUP, source) for form, source in forms.items()}
     # the setup cell imported the module: the student's use of it is theirs
     forms["instructor-import"] = (f"{SETUP}import {parent} as m", f"answer = m.{attr}")
-    home = f"{obj.__module__}.{obj.__qualname__}"
-    if home != path and resolve(home, {root}) is obj:
+    module = getattr(obj, "__module__", None)  # a method descriptor has none: it is reached through its type
+    home = f"{module}.{obj.__qualname__}"
+    if module and home != path and resolve(home, {root}) is obj:
         forms["from-defining-module"] = (SETUP, f"from {obj.__module__} import {obj.__qualname__} as answer")
         forms["defining-module-attribute"] = (SETUP, f"import {obj.__module__} as A\nanswer = A.{obj.__qualname__}")
     if isinstance(obj, type):
@@ -346,6 +347,44 @@ def test_only_the_students_own_calls_count():
     finally:
         sys.setprofile(None)
 
+
+
+BOUND = """
+class Mine(torch.Tensor):
+    def log_softmax(self, dim):
+        return self
+
+def bound(x):
+    return x.log_softmax(1)
+
+def unbound(x):
+    return torch.Tensor.log_softmax(x, 1)
+
+def kept(x):
+    method = x.log_softmax
+    return method(1)
+
+def others(x):
+    return x.softmax(1), x.as_subclass(Mine).log_softmax(1), torch.nn.functional.log_softmax(x, 1)
+"""
+
+
+def test_a_bound_method_of_a_built_in_type_is_the_reference_its_descriptor_is():
+    """`logits.log_softmax(1)` is torch.Tensor.log_softmax bound to `logits`: however it is called, and on a
+    Parameter too, it is that reference; a method of another name, the student's own override of the name, and
+    torch's own call of the method (inside F.log_softmax) are not."""
+    import torch
+
+    names = ("torch.Tensor.log_softmax",)
+    ns = run_as_notebook(BOUND, torch=torch)
+    x = torch.randn(2, 3)
+    for student, tensor in [("bound", x), ("bound", torch.nn.Parameter(x)), ("unbound", x), ("kept", x)]:
+        with calls_to(names) as called:
+            ns[student](tensor)
+        assert called == ["torch.Tensor.log_softmax"], student
+    with calls_to(names) as called:
+        ns["others"](x)
+    assert called == []
 
 # ---- the judge: what the kernel reports zeroes the piece, and a lying kernel cannot crash it
 

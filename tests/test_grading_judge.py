@@ -119,6 +119,8 @@ ATTENTION_PIECES = ("AttentionHead", "attention")  # sorted
     ("exec(open('x.py').read())", ("exec()", (), "dynamic")),
     ("__builtins__.isinstance = lambda *a: True", ("__builtins__", (), "dynamic")),
     ("import sys\nm = sys.modules['gptcourse.model.causal_attention']", ("sys.modules", (), "dynamic")),
+    ("o, w = torch.ops.aten._scaled_dot_product_attention_math(1, 2, 3)",
+     ("torch.ops.aten._scaled_dot_product_attention_math", (), "dynamic")),
     ("from gptcourse.grading import get_case\nr = get_case('02.attention.visible').reference",
      ("gptcourse.grading.get_case", (), "dynamic")),
 ])

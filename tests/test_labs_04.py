@@ -107,6 +107,7 @@ BLIND_FAILS = {
                      "block-norm1-twice", "block-parallel-sublayers"), BLOCK_VALUES),
     "block-drops-rope": BLOCK_VALUES - {"test_DecoderBlock"},  # the visible block has no RoPE
     "block-torch-layernorm": BLOCK_TESTS,
+    "rms-fused-kernel": NORM_TESTS | BLOCK_TESTS,  # torch._fused_rms_norm, the op behind F.rms_norm: banned
 }
 WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 

@@ -17,8 +17,9 @@ same object:
    `:=`, annotated), scopes (a parameter, a local or the student's own `def`/`class` shadows an import) and
    attribute chains, including every module a chain passes through. Import machinery the scan cannot follow
    (`__import__`, `importlib`, `sys.modules`, `exec`/`eval`/`compile`, `globals()`, `builtins`, `__dict__`, a
-   non-constant `getattr` on a module) and the grader's own code (`gptcourse.grading` beyond `check`, whose
-   cases hold the references) are reported as well: the labs need none of it.
+   non-constant `getattr` on a module, torch's registry of ops by name `torch.ops`) and the grader's own code
+   (`gptcourse.grading` beyond `check`, whose cases hold the references) are reported as well: the labs need none
+   of it.
 2. `reference_behind` (in the student's kernel, called by `check`) looks at the object under test: is it a
    reference, a subclass or an instance of one, or does it wrap one (`__wrapped__` chains, `functools.partial`,
    bound methods, static/class methods and properties, containers, and the closures, defaults and global
@@ -27,7 +28,9 @@ same object:
 3. `calls_to` (in the student's kernel, around the case's run) records the references that the student's own code
    calls while the case runs, however it reached them (a name computed at run time, an object built inside the
    call): a profile hook matches each call's callee against the references, by identity (a function's code, a
-   class's methods, a builtin), and its caller against the student's own code. Calls a reference makes, or that
+   class's methods, a builtin), and its caller against the student's own code. A method of a built-in type,
+   listed as its descriptor (`torch.Tensor.log_softmax`), is the same reference when bound (`logits.log_softmax(1)`):
+   a bound call is matched by its name and the type of the object it is bound to. Calls a reference makes, or that
    the package the student may use makes, are not the student's and do not count.
 The kernel is the student's: a tampered one can hide its own use from the second and third lines, never raise a
 score, which is why the static scan stays first.
@@ -41,6 +44,7 @@ import ast
 import dis
 import functools
 import importlib
+import inspect
 import sys
 import types
 from collections import deque
@@ -50,7 +54,9 @@ from dataclasses import dataclass
 from typing import Any
 
 DYNAMIC_CALLS = {"__import__", "exec", "eval", "compile", "globals", "vars", "breakpoint"}
-DYNAMIC_PATHS = ("importlib", "sys.modules", "builtins", "runpy", "pkgutil", "ctypes")
+# torch.ops: every ATen op by name (torch.ops.aten._scaled_dot_product_attention_math is the kernel behind
+# F.scaled_dot_product_attention, as another object), a registry the labs never need
+DYNAMIC_PATHS = ("importlib", "sys.modules", "builtins", "runpy", "pkgutil", "ctypes", "torch.ops")
 GRADER = "gptcourse.grading"  # the grader's own code: a student cell may use `check` from it, nothing else
 DYNAMIC_ATTRIBUTES = {"__dict__", "__globals__", "__builtins__", "__getattribute__", "__subclasses__", "__code__"}
 HOW = ("is", "subclasses", "is an instance of", "wraps or calls", "calls")  # what the kernel's checks may report
@@ -574,6 +580,18 @@ def _callees(obj: Any) -> Iterator[Any]:
         yield obj
 
 
+def _bound_to(method: Any, descriptors: dict[str, list[tuple[Any, str]]]) -> tuple[Any, str] | None:
+    """(descriptor, name) of the reference that the built-in bound method `method` (what a profile hook's c_call
+    sees for `logits.log_softmax(1)`, and for `torch.Tensor.log_softmax(logits, 1)` too) is, if any: the method of
+    that name which the type of its `__self__` finds, looked up statically (no code of that type runs)."""
+    candidates = descriptors.get(getattr(method, "__name__", None))  # a built-in's own attribute: no student code
+    if not candidates:
+        return None
+    owner = type(getattr(method, "__self__", None))  # type(), never the object's `__class__`, which can lie
+    found = _safe(lambda: inspect.getattr_static(owner, method.__name__, None), None)
+    return next((entry for entry in candidates if entry[0] is found), None)
+
+
 @contextmanager
 def calls_to(names: Iterable[str], user_modules: Iterable[str] = ("__main__",)) -> Iterator[list[str]]:
     """Inside `with calls_to(names) as called:`, `called` lists (once each, in order) the references `names`
@@ -581,6 +599,10 @@ def calls_to(names: Iterable[str], user_modules: Iterable[str] = ("__main__",)) 
     exit."""
     table, _ = reference_table({"": tuple(names)}, import_missing=False)
     callees = {id(callee): (callee, name) for obj, name, _ in table.values() for callee in _callees(obj)}
+    descriptors: dict[str, list[tuple[Any, str]]] = {}  # a method's name -> (its descriptor, reference name)
+    for obj, name, _ in table.values():
+        if isinstance(obj, types.MethodDescriptorType):
+            descriptors.setdefault(obj.__name__, []).append((obj, name))
     user = frozenset(user_modules)
     called: list[str] = []
     previous = sys.getprofile()
@@ -589,7 +611,7 @@ def calls_to(names: Iterable[str], user_modules: Iterable[str] = ("__main__",)) 
         if event == "call":
             found, caller = callees.get(id(frame.f_code)), frame.f_back
         elif event == "c_call":
-            found, caller = callees.get(id(arg)), frame
+            found, caller = callees.get(id(arg)) or _bound_to(arg, descriptors), frame
         else:
             found = caller = None
         if found is not None and caller is not None and caller.f_globals.get("__name__") in user \
@@ -598,7 +620,7 @@ def calls_to(names: Iterable[str], user_modules: Iterable[str] = ("__main__",)) 
         if previous is not None:
             previous(frame, event, arg)
 
-    sys.setprofile(hook if callees else previous)
+    sys.setprofile(hook if callees or descriptors else previous)
     try:
         yield called
     finally:

@@ -28,8 +28,12 @@ from ..cases import Inputs, Outputs, random_weights, sized, sizes_rng, tensor_rn
 from ..piece import Piece, Probe, declare
 from ..student import describe_error, module_returns, returns
 
+# torch's attention under each of its names: F.scaled_dot_product_attention and the kernels behind it (the math one
+# returns the weights too: a whole `attention` in one call)
 _ATTENTION = ("gptcourse.attention", "gptcourse.fused_attention",
-              "torch.nn.functional.scaled_dot_product_attention")
+              "torch.nn.functional.scaled_dot_product_attention", "torch._scaled_dot_product_attention_math",
+              "torch._scaled_dot_product_flash_attention_for_cpu", "torch._scaled_dot_product_flash_attention",
+              "torch._scaled_dot_product_efficient_attention", "torch._scaled_dot_product_cudnn_attention")
 
 
 def _mask_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -179,7 +183,8 @@ PIECES = declare(
           module_returns(("output", "weights"), lambda i: "AttentionHead({d_model}, {d_head})".format(**i["init"])),
           judge=_head_judge,
           forbidden=(*_ATTENTION, "gptcourse.AttentionHead", "gptcourse.MultiHeadAttention",
-                     "torch.nn.MultiheadAttention"),
+                     "torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward",
+                     "torch._native_multi_head_attention"),
           visible=[("visible", "AttentionHead(d_model=12, d_head=8) on x (B, T, C) = (2, 5, 12)",
                     lambda seed: _head_inputs(2, 5, 12, 8, seed))],
           hidden=[("hidden_single", "AttentionHead on one token (B=1, T=1)",

@@ -32,6 +32,14 @@ from ..fixtures import case_gpt, check_close_lazily, check_differentiable, check
 from ..piece import Piece, declare
 from ..student import as_number, as_tensor
 
+# each built-in under every name torch gives it: the function, its torch.special and torch._C twins, the module, and
+# the Tensor method (`logits.log_softmax(1)` is torch.Tensor.log_softmax bound, `forbidden.calls_to`)
+_CROSS_ENTROPY = ("gptcourse.cross_entropy", "gptcourse.training.losses", "torch.nn.functional.cross_entropy",
+                  "torch.nn.CrossEntropyLoss", "torch._C._nn.cross_entropy_loss", "torch.nn.functional.nll_loss",
+                  "torch.nn.NLLLoss", "torch._C._nn.nll_loss", "torch._C._nn.nll_loss_nd",
+                  "torch.nn.functional.log_softmax", "torch.log_softmax", "torch.special.log_softmax",
+                  "torch._log_softmax", "torch.nn.LogSoftmax", "torch.Tensor.log_softmax", "torch.logsumexp",
+                  "torch.special.logsumexp", "torch.Tensor.logsumexp")
 _CHECKPOINT = ("gptcourse.save_checkpoint", "gptcourse.load_checkpoint", "gptcourse.training.checkpoint")
 
 
@@ -522,9 +530,7 @@ _RESUME_HIDDEN = sized(lambda r, seed: _resume_inputs(
 SMALL = GPTConfig(vocab_size=23, d_model=16, n_heads=2, n_layers=1, context_length=8)
 PIECES = declare(
     Piece("09", "cross_entropy", cross_entropy, _ce_call, judge=_ce_judge,
-          forbidden=("gptcourse.cross_entropy", "gptcourse.training.losses", "torch.nn.functional.cross_entropy",
-                     "torch.nn.functional.nll_loss", "torch.nn.functional.log_softmax", "torch.logsumexp",
-                     "torch.log_softmax", "torch.special.logsumexp", "torch.nn.CrossEntropyLoss"),
+          forbidden=_CROSS_ENTROPY,
           visible=[("visible", "cross_entropy on logits (6, 10)", lambda seed: _ce_inputs(6, 10, 2.0, seed)),
                    ("large", "cross_entropy on logits (5, 8) scaled x1000 (log-sum-exp needed)",
                     lambda seed: _ce_inputs(5, 8, 1000.0, seed))],
@@ -535,7 +541,8 @@ PIECES = declare(
                                                     r.choice([200.0, 500.0, 1000.0]), seed)))]),
     Piece("09", "adamw_step", _adamw_step, _adamw_call, judge=_adamw_judge,
           forbidden=("gptcourse.AdamW", "gptcourse.training.optim", "torch.optim.AdamW", "torch.optim.Adam",
-                     "torch.optim._functional"),
+                     "torch.optim._functional", "torch.optim._functional.adam", "torch.optim._functional.adamw",
+                     "torch._fused_adam_", "torch._fused_adamw_"),
           visible=[("visible", "three adamw_steps on 12 numbers, lr=0.01, betas (0.9, 0.999), weight_decay=0.1",
                     lambda seed: _adamw_inputs(12, 3, seed, lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8,
                                                weight_decay=0.1)),

@@ -32,8 +32,13 @@ from ..student import TensorsMade, as_tensor, as_tensors
 _TILED = ("gptcourse.online_softmax", "gptcourse.flash_forward", "gptcourse.flash_backward",
           "gptcourse.FlashAttention", "gptcourse.flash_attention", "gptcourse.computed_tiles",
           "gptcourse.model.tiled_attention")
+# torch's attention under each of its names: the CPU flash kernel returns (O, L), flash_forward's outputs
 _ATTENTION = ("gptcourse.attention", "gptcourse.fused_attention", "gptcourse.MultiHeadAttention",
-              "torch.nn.functional.scaled_dot_product_attention", "torch.nn.MultiheadAttention")
+              "torch.nn.functional.scaled_dot_product_attention", "torch._scaled_dot_product_attention_math",
+              "torch._scaled_dot_product_flash_attention_for_cpu", "torch._scaled_dot_product_flash_attention",
+              "torch._scaled_dot_product_efficient_attention", "torch._scaled_dot_product_cudnn_attention",
+              "torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward",
+              "torch._native_multi_head_attention")
 _FORBIDDEN = _TILED + _ATTENTION
 
 
