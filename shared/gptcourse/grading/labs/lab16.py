@@ -557,14 +557,15 @@ def _count_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 @sized
 def _count_hidden(r: random.Random, seed: int) -> Inputs:
     configs = []
-    for i in range(3):  # the first with a shared expert and one kv head, the second tied with a dense block, the
-        h = r.choice([2, 4, 8])  # third with the default widths (d_ff=None) and top_k < E
+    for i in range(3):  # the first with a shared expert and one kv head, the second tied with a dense block and experts
+        h = r.choice([2, 4, 8])  # of a width of their own, the third with the default widths (d_ff=None) and top_k < E
         e = r.randint(2, 16)
         fields = BASE | {"vocab_size": r.randint(100, 5000), "d_model": h * r.choice([8, 16]), "n_heads": h,
                          "n_kv_heads": 1 if i == 0 else r.choice([None, 1, h]), "n_layers": r.randint(2, 6),
                          "d_ff": None if i == 2 else r.randint(8, 96), "tie_weights": i == 1 or r.random() < 0.5}
-        moe = {"n_experts": e, "top_k": r.randint(1, e - 1 if i == 2 else e),
-               "d_ff": None if i == 2 else r.choice([None, r.randint(4, 48)]),
+        top_k, width = r.randint(1, e - 1 if i == 2 else e), r.randint(4, 48)
+        width_or_none = r.choice([None, width])  # the second's experts have a width of their own (not its dense one)
+        moe = {"n_experts": e, "top_k": top_k, "d_ff": {1: width, 2: None}.get(i, width_or_none),
                "shared_d_ff": r.randint(4, 48) if i == 0 else r.choice([0, r.randint(4, 48)]),
                "dense_layers": r.randint(1 if i == 1 else 0, fields["n_layers"] - 1)}  # a sparse block at least
         configs.append((fields, moe))
