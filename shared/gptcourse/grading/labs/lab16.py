@@ -236,13 +236,13 @@ def _dispatch_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                        "times the work). Give each expert only its tokens: token_ids, slot = (experts == e)"
                        ".nonzero(as_tuple=True), expert_fns[e](x[token_ids])")
         zero = routed.new_zeros(1)
-        for shift, fn, tokens in ((1, "expert_fns[e - 1]", "e"), (-1, "expert_fns[e + 1]", "e")):
-            shifted = torch.cat([routed[1:], zero]) if shift == 1 else torch.cat([zero, routed[:-1]])  # (E,)
+        for shifted, fn in ((torch.cat([routed[1:], zero]), "expert_fns[e - 1]"),
+                            (torch.cat([zero, routed[:-1]]), "expert_fns[e + 1]")):  # (E,): each expert's neighbour's
             if torch.equal(rows, shifted):
                 raise fail(f"the experts saw {rows.tolist()} token rows, but {routed.tolist()} were routed to them: "
-                           f"each expert ran the tokens of its neighbour, {fn} on the tokens routed to {tokens}: "
-                           "the expert indices are off by one. topk's indices count from 0, so expert e's tokens "
-                           "are (experts == e) and its function expert_fns[e] (enumerate(expert_fns), no start=1)")
+                           f"each expert ran the tokens of its neighbour, {fn} on the tokens routed to e: the "
+                           "expert indices are off by one. topk's indices count from 0, so expert e's tokens are "
+                           "(experts == e) and its function expert_fns[e] (enumerate(expert_fns), no start=1)")
         idle = [e for e in range(len(rows)) if int(routed[e]) == 0 and int(rows[e]) > 0]
         used = routed[routed > 0]  # the routed counts of the experts that got a token, in index order
         if idle and torch.equal(rows[: len(used)], used):
