@@ -111,6 +111,10 @@ WRONG = {
     "step-not-shifted": (step(scores="logits[:, 1:]"), STEP_TESTS),
     "step-old-from-policy": (step(old="logprobs.detach()"), STEP_TESTS),
     "step-no-mask": (step(forward="model(ids)"), STEP_TESTS),
+    # a reference imported costs its own piece and the pieces built on it (the loss calls kl_k3, the step the loss)
+    "adv-imports-reference": ({"group_advantages": "from gptcourse import group_advantages\n"}, ADV_TESTS | ONE_TESTS),
+    "kl-imports-reference": ({"kl_k3": "from gptcourse import kl_k3\n"}, KL_TESTS | LOSS_TESTS | STEP_TESTS),
+    "step-imports-reference": ({"grpo_step": "import gptcourse\n\ngrpo_step = gptcourse.grpo_step\n"}, STEP_TESTS),
 }
 # student -> (a case their code fails, what its message says)
 SAYS = {
@@ -137,6 +141,9 @@ SAYS = {
     "step-not-shifted": ("15.grpo_step.visible", "each token was scored with the logits at its own position"),
     "step-old-from-policy": ("15.grpo_step.visible", "the batch's old log-probabilities were not used"),
     "step-no-mask": ("15.grpo_step.visible", "had no attention mask"),
+    "adv-imports-reference": ("15.group_advantages.visible", "is gptcourse.group_advantages, the reference"),
+    "kl-imports-reference": ("15.kl_k3.visible", "is gptcourse.kl_k3, the reference"),
+    "step-imports-reference": ("15.grpo_step.visible", "is gptcourse.grpo_step, the reference"),
 }
 
 # Written blind to the tests (/work/notes/blind/lab15_blind.cells, by a reader who saw only the student notebook and
@@ -147,7 +154,7 @@ SAYS = {
 # named nothing, and loss-ratio-detached was told its old log-probabilities were not detached (its gradient and the
 # undetached one agree while the old log-probabilities carry a graph: the loss is now also run without one).
 # k3-missing-minus-one passes the step's cells: a constant -1 per token moves no gradient, so the step is right.
-# step-calls-package imports gptcourse.grpo_step, which every piece of the lab forbids: the scan zeroes every cell.
+# step-calls-package imports gptcourse.grpo_step, which only the step forbids: the scan zeroes the step's cells alone.
 BLIND_FILE = Path(__file__).with_name("lab15_blind.cells")
 BLIND = blind_students(BLIND_FILE)
 BLIND_FAILS = {
@@ -163,7 +170,13 @@ BLIND_FAILS = {
     **dict.fromkeys(("step-reference-from-policy", "step-no-zero-grad", "step-reference-with-grad",
                      "step-no-attention-mask", "step-unshifted-targets", "step-attention-mask-as-loss-mask",
                      "step-old-from-current", "step-zero-grad-after-backward"), STEP_TESTS),
-    "step-calls-package": ADV_TESTS | ONE_TESTS | KL_TESTS | LOSS_TESTS | STEP_TESTS,
+    "step-calls-package": STEP_TESTS,
+    # the second blind reading (the students after the reader's line in the file)
+    **dict.fromkeys(("adv-sign-flipped", "adv-group-mean-batch-std"), ADV_TESTS),
+    "k3-k2-estimator": KL_TESTS | LOSS_TESTS | STEP_TESTS,
+    **dict.fromkeys(("loss-ratio-inverted", "loss-clip-the-advantage", "loss-advantage-out-of-min",
+                     "loss-padded-length-mean", "loss-kl-unmasked", "loss-sum-over-answers"), LOSS_TESTS | STEP_TESTS),
+    **dict.fromkeys(("step-logits-shifted-wrong", "step-log-softmax-over-time", "step-raw-logits"), STEP_TESTS),
 }
 WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 # blind student -> (a case it fails, what its message says): the mistakes named for these students
@@ -175,6 +188,13 @@ BLIND_SAYS = {
     "loss-ratio-detached": ("15.grpo_loss.visible", "the whole ratio was detached"),
     "step-unshifted-targets": ("15.grpo_step.visible", "the targets are not shifted"),
     "step-attention-mask-as-loss-mask": ("15.grpo_step.visible", "the prompt's tokens are counted in the loss"),
+    "adv-group-mean-batch-std": ("15.group_advantages.visible", "the std is the whole batch's"),
+    "loss-clip-the-advantage": ("15.grpo_loss.visible", "the advantage was clipped, not the ratio"),
+    "loss-advantage-out-of-min": ("15.grpo_loss.visible", "the advantage was taken out of the min"),
+    "loss-kl-unmasked": ("15.grpo_loss.visible", "Mask each token's whole loss, the surrogate and the KL penalty"),
+    "loss-sum-over-answers": ("15.grpo_loss.visible", "the answers' losses were summed, not averaged"),
+    "step-log-softmax-over-time": ("15.grpo_step.visible", "the log_softmax ran over the positions (dim=1)"),
+    "step-raw-logits": ("15.grpo_step.visible", "the raw logits were gathered as log-probabilities"),
 }
 
 

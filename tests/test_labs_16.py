@@ -100,6 +100,13 @@ CASES = {
         "active": "m.n_experts"})}, "16.moe_parameter_counts.visible", "the active count holds every expert"),
     "counts-no-router": ({"moe_parameter_counts": COUNTS.format(**RIGHT_COUNTS | {"router": "0"})},
                          "16.moe_parameter_counts.mixtral", "the router was left out"),
+    # a reference imported costs its own piece alone
+    "route-imports-reference": ({"route": "from gptcourse import top_k_routing as route\n"}, "16.route.visible",
+                                "is gptcourse.top_k_routing, the reference"),
+    "counts-imports-reference": ({"moe_parameter_counts": "from gptcourse import count_parameters\n\n\n"
+                                  "def moe_parameter_counts(config):\n"
+                                  "    return count_parameters(config), count_parameters(config, active=True)\n"},
+                                 "16.moe_parameter_counts.visible", "calls gptcourse.count_parameters, the reference"),
 }
 
 # the test cells each student fails: all of its piece's, but the shared expert's (Mixtral has none)
@@ -128,8 +135,8 @@ BLIND_FAILS = {
     **dict.fromkeys(("lb-post-topk-probs", "lb-padding-counted", "lb-f-sums-to-one", "lb-no-E-factor",
                      "lb-mask-only-counts", "lb-soft-counts", "lb-mask-column-major", "lb-top1-counts-only"),
                     BALANCE_TESTS),
-    # every piece forbids the package's references: the grader's scan zeroes all four
-    "lb-calls-package": ROUTE_TESTS | DISPATCH_TESTS | BALANCE_TESTS | COUNT_TESTS,
+    # it imports gptcourse.load_balancing_loss, which only its own piece forbids: the scan zeroes that piece alone
+    "lb-calls-package": BALANCE_TESTS,
     # the mistakes in terms Mixtral has too (the router, the final norm, two matrices, the embeddings, GQA)
     **dict.fromkeys(("pc-router-not-active", "pc-swiglu-two-matrices", "pc-active-without-embeddings",
                      "pc-no-final-norm", "pc-mha-attention"), COUNT_TESTS),
@@ -138,6 +145,16 @@ BLIND_FAILS = {
                      "pc-shared-not-active"), COUNT_TESTS - {"test_moe_parameter_counts_mixtral"}),
     # Mixtral sets d_ff
     "pc-expert-width-from-config-dff": COUNT_TESTS - {"test_moe_parameter_counts_mixtral"},
+    # the second blind reading (the students after the reader's line in the file)
+    **dict.fromkeys(("route-weights-from-raw-logits", "route-double-softmax", "route-log-softmax-weights"),
+                    ROUTE_TESTS),
+    **dict.fromkeys(("dc-experts-off-by-one", "dc-run-all-then-select", "dc-one-call-per-slot"), DISPATCH_TESTS),
+    **dict.fromkeys(("lb-probs-from-logits", "lb-mask-only-probs", "lb-padded-denominator",
+                     "lb-f-per-batch-not-per-expert"), BALANCE_TESTS),
+    **dict.fromkeys(("pc-router-with-bias", "pc-kv-without-head-dim", "pc-router-active-k-columns",
+                     "pc-one-norm-per-block"), COUNT_TESTS),
+    # Mixtral has no dense block
+    "pc-dense-layers-expert-width": COUNT_TESTS - {"test_moe_parameter_counts_mixtral"},
 }
 WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 

@@ -41,10 +41,14 @@ from ..fixtures import (
 from ..piece import Piece, declare
 from ..student import as_tensor
 
-FORBIDDEN = ("gptcourse.group_advantages", "gptcourse.kl_k3", "gptcourse.grpo_loss", "gptcourse.grpo_step",
-             "gptcourse.train_grpo", "gptcourse.token_logprobs", "gptcourse.finetuning.group_baseline",
-             "gptcourse.finetuning.kl_estimators", "gptcourse.finetuning.grpo_objective",
-             "gptcourse.finetuning.grpo_training")
+# Each piece forbids its own references and those of the pieces it calls (the step calls the student's grpo_loss, which
+# calls their kl_k3): a student who imports the reference step loses the step alone, one who imports kl_k3 loses it
+# and the two pieces built on it.
+_ADVANTAGES = ("gptcourse.group_advantages", "gptcourse.finetuning.group_baseline")
+_KL = ("gptcourse.kl_k3", "gptcourse.finetuning.kl_estimators")
+_LOSS = ("gptcourse.grpo_loss", "gptcourse.finetuning.grpo_objective", *_KL)
+_STEP = ("gptcourse.grpo_step", "gptcourse.train_grpo", "gptcourse.token_logprobs",
+         "gptcourse.finetuning.grpo_training", *_LOSS)
 EPS = 1e-4  # the advantages' epsilon, TRL's
 HUGE_LOSS = 1e6  # no loss of the cases' real tokens comes near it; the pads' e^30 ratios and KL terms pass it
 TINY = GPTConfig(vocab_size=11, context_length=12, d_model=16, n_heads=2, n_layers=1, mlp="relu")
@@ -64,17 +68,19 @@ def _adv_call(fn: Any, inputs: Inputs) -> Outputs:
 
 
 def _advantages(rewards: torch.Tensor, g: int, *, eps: float = EPS, unbiased: bool = True, scale: bool = True,
-                over: str = "group", sign: int = 1, nan_to_zero: bool = False) -> torch.Tensor:
+                over: str = "group", batch_std: bool = False, sign: int = 1,
+                nan_to_zero: bool = False) -> torch.Tensor:
     """The advantages by hand, with a switch per known mistake: the population std (`unbiased`), no division by
     the std, the mean and std over the whole batch, over rewards.view(G, -1)'s rows or its columns (the groups
-    taken as interleaved) (`over`), the sign flipped, the NaN of all-equal groups set to 0 (`nan_to_zero`, with
-    eps 0: nan_to_num in place of eps)."""
+    taken as interleaved) (`over`), each group's mean but the whole batch's std (`batch_std`), the sign flipped,
+    the NaN of all-equal groups set to 0 (`nan_to_zero`, with eps 0: nan_to_num in place of eps)."""
     n = rewards.numel()
     groups = {"group": rewards.view(-1, g), "batch": rewards.view(1, n), "transposed": rewards.view(g, -1),
               "interleaved": rewards.view(g, -1).t()}[over]  # (P, G): one row per group (or what the mistake takes)
     centred = groups - groups.mean(dim=1, keepdim=True)
     if scale and groups.size(1) > 1:
-        centred = centred / (groups.std(dim=1, keepdim=True, unbiased=unbiased) + eps)
+        spread = rewards.std(unbiased=unbiased) if batch_std else groups.std(dim=1, keepdim=True, unbiased=unbiased)
+        centred = centred / (spread + eps)
     if nan_to_zero:
         centred = torch.nan_to_num(centred, nan=0.0)
     return (sign * (centred.t() if over == "interleaved" else centred)).reshape(-1)
@@ -93,6 +99,8 @@ ADV_MISTAKES = {
     "the groups were taken as interleaved, answer j of every prompt together (the columns of "
     "rewards.view(group_size, -1)): each group is group_size answers one after another, a row of "
     "rewards.view(-1, group_size), the mean and std over dim=1": {"over": "interleaved"},
+    "the mean is each group's but the std is the whole batch's: divide each group by its own std, "
+    "groups.std(dim=1, keepdim=True) + 1e-4 with groups = rewards.view(-1, group_size)": {"batch_std": True},
     "eps is missing from the denominator: the NaN of the groups whose rewards are all equal was set to 0 (as "
     "nan_to_num does), but every other group is divided by its bare std too; divide every group by (std + 1e-4), "
     "which also gives the all-equal groups their 0": {"eps": 0.0, "nan_to_zero": True},
@@ -260,7 +268,8 @@ def _loss_by_hand(logprobs: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, 
     ratio detached (`detach_ratio`); the clip on the
     wrong term, on one side, or missing (`clip`); max for min (`bound`); the ratio as a log-ratio or inverted; the
     KL the wrong way round, missing, subtracted (`kl_weight` -1), or to the old policy; the tokens averaged another
-    way (`reduce`)."""
+    way (`reduce`). `bound` "outside" takes the advantage out of the min, A min(ratio, clipped ratio), which is
+    the min only where A > 0."""
     old = old.detach() if detach_old else old
     adv = adv[:, None]  # (B, 1)
     r = {"exp": torch.exp(logprobs - old), "log": logprobs - old, "inverted": torch.exp(old - logprobs)}[ratio]
@@ -268,8 +277,12 @@ def _loss_by_hand(logprobs: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, 
     unclipped = r * adv
     clipped = {"ratio": torch.clamp(r, 1 - clip_eps, 1 + clip_eps) * adv,
                "product": torch.clamp(r * adv, 1 - clip_eps, 1 + clip_eps),
+               "advantage": r * torch.clamp(adv, 1 - clip_eps, 1 + clip_eps),
                "upper": torch.clamp(r, max=1 + clip_eps) * adv, "none": unclipped}[clip]
-    per_token = -(torch.min if bound == "min" else torch.max)(unclipped, clipped)  # (B, T)
+    if bound == "outside":
+        per_token = -adv * torch.min(r, torch.clamp(r, 1 - clip_eps, 1 + clip_eps))  # (B, T)
+    else:
+        per_token = -(torch.min if bound == "min" else torch.max)(unclipped, clipped)  # (B, T)
     target = {"ref": ref, "old": old.detach()}[kl_to]
     estimate = _k3(logprobs, target.detach(), estimator=kl, direction=1 if kl_sign == 1 else -1) \
         if kl_sign != 0 else torch.zeros_like(logprobs)
@@ -282,6 +295,8 @@ def _loss_by_hand(logprobs: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, 
         return per_token.mean(-1).mean()
     if reduce == "length T":
         return ((per_token * mask).sum(-1) / mask.size(1)).mean()
+    if reduce == "answers summed":
+        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum()
     return (per_token * mask).sum(-1).mean()  # "sum": the sequence's sum
 
 
@@ -297,6 +312,11 @@ LOSS_MISTAKES = {
     "only the upper side is clipped: clamp(ratio, 1 - eps, 1 + eps) bounds it below too (it matters when the "
     "advantage is negative)": {"clip": "upper"},
     "the ratio is not clipped: -min(ratio * A, clamp(ratio, 1 - eps, 1 + eps) * A)": {"clip": "none"},
+    "the advantage was clipped, not the ratio: ratio * clamp(A, 1 - eps, 1 + eps); the clip bounds the ratio, "
+    "clamp(ratio, 1 - eps, 1 + eps) * A": {"clip": "advantage"},
+    "the advantage was taken out of the min, A * min(ratio, clipped ratio): right where A > 0, but a negative A "
+    "turns the min into a max, so negative advantages were clipped on the wrong side (below 1 - eps instead of "
+    "above 1 + eps); keep A inside, min(ratio * A, clamp(ratio, 1 - eps, 1 + eps) * A)": {"bound": "outside"},
     "max where PPO takes min: the surrogate is min(ratio * A, clipped ratio * A), the pessimistic bound, and the "
     "loss its negative": {"bound": "max"},
     "the ratio is the log-ratio: ratio = exp(logprobs - old_logprobs)": {"ratio": "log"},
@@ -315,6 +335,8 @@ LOSS_MISTAKES = {
     "each row is divided by T, the padded length, not by its own number of real tokens, mask.sum(-1)":
         {"reduce": "length T"},
     "each answer's tokens are summed, not averaged: (per_token * mask).sum(-1) / mask.sum(-1)": {"reduce": "sum"},
+    "the answers' losses were summed, not averaged: the loss grows with the number of answers B; average each "
+    "answer's tokens, then the answers, .mean()": {"reduce": "answers summed"},
 }
 
 
@@ -412,11 +434,12 @@ def _step_call(fn: Any, inputs: Inputs) -> Outputs:
 
 def _by_hand_step(policy: GPT, reference: GPT, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, ...],
                   clip_eps: float, beta: float, *, zero_grad: bool = True, shift: int = 1,
-                  targets: str = "next", old_from_policy: bool = False, loss_mask: str = "completion") -> None:
+                  targets: str = "next", old_from_policy: bool = False, loss_mask: str = "completion",
+                  normalise: str = "vocabulary") -> None:
     """grpo_step by hand, with a switch per known mistake: the stale gradients kept; each token read from the
     logits at its own position (`shift` 0), or the logits[:, :-1] gathered at ids[:, :-1] (`targets` "current");
     the batch's old log-probabilities replaced by the policy's own; the attention mask as the loss's mask, prompt
-    included (`loss_mask`)."""
+    included (`loss_mask`); the log_softmax over the positions, or none, the raw logits gathered (`normalise`)."""
     ids, attention_mask, completion_mask, old_logprobs, advantages = batch
     mask = completion_mask if loss_mask == "completion" else attention_mask[:, 1:].float()  # (N, T - 1)
     target = ids[:, 1:] if targets == "next" else ids[:, :-1]  # (N, T - 1)
@@ -424,7 +447,9 @@ def _by_hand_step(policy: GPT, reference: GPT, optimizer: torch.optim.Optimizer,
     def logprobs_of(model: GPT) -> torch.Tensor:
         logits = model(ids, attention_mask=attention_mask)  # (N, T, V)
         scores = logits[:, :-1] if shift == 1 else logits[:, 1:]  # (N, T - 1, V)
-        return F.log_softmax(scores, dim=-1).gather(-1, target[..., None]).squeeze(-1)  # (N, T - 1)
+        scores = {"vocabulary": F.log_softmax(scores, dim=-1), "positions": F.log_softmax(scores, dim=1),
+                  "none": scores}[normalise]  # (N, T - 1, V)
+        return scores.gather(-1, target[..., None]).squeeze(-1)  # (N, T - 1)
 
     logprobs = logprobs_of(policy)
     with torch.no_grad():
@@ -446,6 +471,10 @@ STEP_MISTAKES = {
         {"targets": "current"},
     "the prompt's tokens are counted in the loss: attention_mask[:, 1:] covers the prompt as well as the answer; "
     "the loss's mask is completion_mask (batch[2]), 1 on the answer's tokens only": {"loss_mask": "attention"},
+    "the log_softmax ran over the positions (dim=1), not the vocabulary: a token's log-probability is normalised "
+    "over the V tokens it could have been, F.log_softmax(logits[:, :-1], dim=-1)": {"normalise": "positions"},
+    "the raw logits were gathered as log-probabilities: take F.log_softmax(logits[:, :-1], dim=-1) first, so that "
+    "each position's scores become log-probabilities over the vocabulary": {"normalise": "none"},
 }
 
 
@@ -467,7 +496,7 @@ def _step_case(prompts: list[int], answers: list[int], clip_eps: float, beta: fl
 
 
 PIECES = declare(
-    Piece("15", "group_advantages", group_advantages, _adv_call, judge=_adv_judge, forbidden=FORBIDDEN,
+    Piece("15", "group_advantages", group_advantages, _adv_call, judge=_adv_judge, forbidden=_ADVANTAGES,
           visible=[("visible", "group_advantages of 3 groups of 4 rewards (0, 0.1 or 1), the second group all equal",
                     lambda seed: _adv_drawn(3, 4, seed, uniform=(1,))),
                    ("one", "group_advantages of 4 groups of one answer each (group_size = 1)",
@@ -476,11 +505,11 @@ PIECES = declare(
                   ("hidden_one", "group_advantages with groups of one", lambda seed: _adv_drawn(5, 1, seed)),
                   ("hidden_all_equal", "group_advantages where every group's rewards are all equal",
                    lambda seed: _adv_drawn(3, 3, seed, uniform=(0, 1, 2)))]),
-    Piece("15", "kl_k3", kl_k3, _kl_call, judge=_kl_judge, forbidden=FORBIDDEN,
+    Piece("15", "kl_k3", kl_k3, _kl_call, judge=_kl_judge, forbidden=_KL,
           visible=[("visible", "kl_k3 of log-probabilities (B, T) = (3, 5), the reference's up to 2 nats above and "
                     "below the policy's", lambda seed: _kl_inputs((3, 5), 2.0, seed))],
           hidden=[("hidden_sizes", "kl_k3 with other sizes, references 0.5 to 12 nats away", _kl_hidden)]),
-    Piece("15", "grpo_loss", _reference_loss, _loss_call, judge=_loss_judge, forbidden=FORBIDDEN,
+    Piece("15", "grpo_loss", _reference_loss, _loss_call, judge=_loss_judge, forbidden=_LOSS,
           visible=[("visible", "grpo_loss of 4 answers padded to T = 6, ratios past both ends of 1 +- 0.2 and "
                     "advantages of both signs, beta = 0.04, old log-probabilities that carry a graph (detach them)",
                     lambda seed: _loss_inputs([6, 3, 5, 2], 6, 0.2, 0.04, seed)),
@@ -488,7 +517,7 @@ PIECES = declare(
                     lambda seed: _loss_inputs([5, 5, 4], 5, 0.2, 0.5, seed))],
           hidden=[("hidden_sizes", "grpo_loss with other sizes, eps and beta (0 included)", _loss_hidden),
                   ("hidden_long", "grpo_loss of answers 1 to 64 tokens long, ratios further from 1", _loss_long)]),
-    Piece("15", "grpo_step", grpo_step, _step_call, judge=_step_judge, forbidden=FORBIDDEN,
+    Piece("15", "grpo_step", grpo_step, _step_call, judge=_step_judge, forbidden=_STEP,
           visible=[("visible", "grpo_step on 4 answers (prompts of 2 or 3 tokens, answers of 1 to 5, padded on the "
                     "right), clip_eps = 0.2, beta = 0.1, SGD with lr = 1, a reference and old log-probabilities that "
                     "differ from the policy's, stale gradients in the policy's .grad",

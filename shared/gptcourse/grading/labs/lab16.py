@@ -28,10 +28,13 @@ from ..fixtures import check_close_lazily
 from ..piece import Piece, declare
 from ..student import TensorsMade, as_number, as_tensor
 
-FORBIDDEN = ("gptcourse.MoE", "gptcourse.top_k_routing", "gptcourse.load_balancing_loss", "gptcourse.router_z_loss",
-             "gptcourse.model.mixture_of_experts", "gptcourse.model.load_balancing", "gptcourse.count_parameters",
-             "gptcourse.parameter_breakdown", "gptcourse.block_breakdown", "gptcourse.model.params", "gptcourse.GPT",
-             "gptcourse.model.gpt", "gptcourse.checks.gpt_module_breakdown")
+# Each piece forbids its own references: a student who imports one loses that piece alone. MoE both routes and
+# dispatches, so it costs both pieces; its module defines top_k_routing as well, so the module is the router's alone.
+_ROUTE = ("gptcourse.top_k_routing", "gptcourse.MoE", "gptcourse.model.mixture_of_experts")
+_DISPATCH = ("gptcourse.MoE",)
+_BALANCE = ("gptcourse.load_balancing_loss", "gptcourse.router_z_loss", "gptcourse.model.load_balancing")
+_COUNTS = ("gptcourse.count_parameters", "gptcourse.parameter_breakdown", "gptcourse.block_breakdown",
+           "gptcourse.model.params", "gptcourse.GPT", "gptcourse.model.gpt", "gptcourse.checks.gpt_module_breakdown")
 
 
 # ---- route(router_logits (N, E), top_k) -> (weights (N, k), experts (N, k))
@@ -74,11 +77,13 @@ def _route_call(fn: Any, inputs: Inputs) -> Outputs:
 def _routing(logits: torch.Tensor, k: int, *, scores: str = "softmax", weights: str = "renormalised",
              axis: int = -1, largest: bool = True, by_position: bool = False) -> torch.Tensor:
     """A routing (N, E), right or with one of the usual mistakes: the experts scored by a softmax over `axis`, a
-    sigmoid (`scores` "sigmoid") or the logits themselves ("logits"); the chosen scores kept as they are
+    sigmoid (`scores` "sigmoid"), a log_softmax ("log_softmax") or the logits themselves ("logits"); the chosen
+    scores kept as they are
     (`weights` "raw") or a softmax over them ("softmax again"); the k smallest (`largest`); each token's experts
     by its position (`by_position`)."""
     double = logits.double()
-    score = {"softmax": F.softmax(double, dim=axis), "sigmoid": torch.sigmoid(double), "logits": double}[scores]
+    score = {"softmax": F.softmax(double, dim=axis), "sigmoid": torch.sigmoid(double),
+             "log_softmax": F.log_softmax(double, dim=axis), "logits": double}[scores]
     n, e = logits.shape
     if by_position:
         experts = (torch.arange(n)[:, None] + torch.arange(k)) % e  # (N, k): token n to n, n + 1, ... mod E
@@ -106,6 +111,9 @@ def _route_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "the experts were scored by a sigmoid of each logit (DeepSeek-V3's gates), not a softmax over the E "
         "experts: the lab's router takes the softmax over each token's E logits, then the top k, then "
         "renormalises": _routing(logits, k, scores="sigmoid"),
+        "the weights are the top-k log-probabilities (log_softmax) divided by their sum: log-probabilities are "
+        "negative, so the most likely expert gets the smallest weight; take the softmax over the E experts, then "
+        "the top k, then divide the probabilities by their sum": _routing(logits, k, scores="log_softmax"),
         "the softmax ran over the tokens (dim=0): each token's router probabilities are a softmax over its own E "
         "logits, dim=-1": _routing(logits, k, axis=0),
         "the k *smallest* logits were chosen: topk(k, dim=-1) takes the largest (largest=True)":
@@ -227,6 +235,14 @@ def _dispatch_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                        "to them: this is the dense computation, every expert on every token, then masked (E / k "
                        "times the work). Give each expert only its tokens: token_ids, slot = (experts == e)"
                        ".nonzero(as_tuple=True), expert_fns[e](x[token_ids])")
+        zero = routed.new_zeros(1)
+        for shifted, fn in ((torch.cat([routed[1:], zero]), "expert_fns[e - 1]"),
+                            (torch.cat([zero, routed[:-1]]), "expert_fns[e + 1]")):  # (E,): each expert's neighbour's
+            if torch.equal(rows, shifted):
+                raise fail(f"the experts saw {rows.tolist()} token rows, but {routed.tolist()} were routed to them: "
+                           f"each expert ran the tokens of its neighbour, {fn} on the tokens routed to e: the "
+                           "expert indices are off by one. topk's indices count from 0, so expert e's tokens are "
+                           "(experts == e) and its function expert_fns[e] (enumerate(expert_fns), no start=1)")
         idle = [e for e in range(len(rows)) if int(routed[e]) == 0 and int(rows[e]) > 0]
         used = routed[routed > 0]  # the routed counts of the experts that got a token, in index order
         if idle and torch.equal(rows[: len(used)], used):
@@ -289,8 +305,10 @@ def _balance(logits: torch.Tensor, k: int, mask: torch.Tensor | None, *, probs_o
     """E sum_e f_e P_e, right or with one of the usual mistakes: P_e from the top-k probabilities (`probs_of`
     "top-k": as they are, "renormalised": divided by their sum) or from the logits ("logits"); f_e from the first
     choice only (`counts` "first"), the first choice counted k times ("first k times"), divided by k ("per
-    slot"), or k P_e, the probabilities for counts ("soft"); the mask on f_e only (`masked` "counts only"), on
-    neither ("none"), or flattened column-major ("transposed"); without the factor E (`times_e`)."""
+    slot"), k P_e, the probabilities for counts ("soft"), or one share for every expert, all the routed slots
+    over the tokens ("one share"); the mask on f_e only (`masked` "counts only"), on P_e only ("probs only"), on
+    neither ("none"), or flattened column-major ("transposed"), or both sums masked but divided by every position,
+    pads included ("all positions"); without the factor E (`times_e`)."""
     n, e = logits.shape
     if mask is None or masked == "none":
         mask = torch.ones(n)
@@ -303,12 +321,15 @@ def _balance(logits: torch.Tensor, k: int, mask: torch.Tensor | None, *, probs_o
     kept = {"all": probs, "logits": logits.double(),
             "top-k": _dense(top.values, top.indices, e),
             "renormalised": _dense(top.values / top.values.sum(-1, keepdim=True), top.indices, e)}[probs_of]
-    mean = (kept * real[:, None]).sum(0) / real.sum()  # (E,)
+    tokens = float(n) if masked == "all positions" else real.sum()
+    mean = (kept * real[:, None]).sum(0) / tokens  # (E,)
     if masked == "counts only":
         mean = kept.mean(0)
-    share = (routed * real[:, None]).sum(0) / real.sum()  # (E,)
+    share = (routed * real[:, None]).sum(0) / tokens  # (E,)
+    if masked == "probs only":
+        share = routed.mean(0)
     share = {"top-k": share, "first": share, "first k times": k * share, "per slot": share / k,
-             "soft": k * mean}[counts]
+             "soft": k * mean, "one share": share.sum()}[counts]
     return (e if times_e else 1) * (share * mean).sum()
 
 
@@ -330,6 +351,10 @@ def _lb_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "of its k experts, so the shares sum to k": _balance(logits, k, mask, counts="per slot"),
         "f_e is k P_e, the probabilities standing in for the counts: f_e is the share of the tokens routed to "
         "expert e by top-k, counted (it has no gradient; P_e carries it)": _balance(logits, k, mask, counts="soft"),
+        "f_e is one number for every expert, all the routed slots over the tokens (k): count each expert's own "
+        "share, f_e = (tokens routed to e) / tokens, a vector of E shares (counts.sum(0), not counts.sum()); with "
+        "one share for all, the loss is E k sum_e P_e = E k whatever the router does":
+            _balance(logits, k, mask, counts="one share"),
         "the factor E is missing: the loss is E * sum_e f_e P_e (1 at perfect balance with k = 1)":
             _balance(logits, k, mask, times_e=False),
     }
@@ -339,6 +364,11 @@ def _lb_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             "attention_mask is 1": _balance(logits, k, mask, masked="none"),
             "the mask was applied to f_e only, P_e averaged the padding too: both are means over the real tokens, "
             "where attention_mask is 1": _balance(logits, k, mask, masked="counts only"),
+            "the mask was applied to P_e only, f_e counted the padding too: both are means over the real tokens, "
+            "where attention_mask is 1": _balance(logits, k, mask, masked="probs only"),
+            "the padding was masked out of both sums, but they were divided by every position, pads included (B T): "
+            "divide by the number of real tokens, attention_mask.sum()": _balance(logits, k, mask,
+                                                                                  masked="all positions"),
             "the (B, T) mask was flattened column by column (attention_mask.T), so it no longer lines up with the "
             "tokens, which are B T row by row: attention_mask.reshape(-1)": _balance(logits, k, mask,
                                                                                       masked="transposed"),
@@ -414,28 +444,31 @@ def _count_expected(inputs: Inputs) -> Outputs:
 def _counts(config: GPTConfig, *, shared_as_routed: bool = False, no_shared_active: bool = False,
             no_router: bool = False, all_sparse: bool = False, two_matrices: bool = False,
             no_embeddings_active: bool = False, all_active: bool = False, untied: bool = False,
-            all_heads_kv: bool = False, width_4c: bool = False) -> tuple[int, int]:
+            all_heads_kv: bool = False, width_4c: bool = False, router_bias: bool = False,
+            kv_without_d_head: bool = False, router_active_k: bool = False, dense_expert_width: bool = False,
+            one_norm: bool = False) -> tuple[int, int]:
     """(total, active) by hand, right or with one of the usual mistakes (each switch one)."""
     c, v, n, m = config.d_model, config.vocab_size, config.n_layers, config.moe
-    kv = c if all_heads_kv else config.kv_heads * config.d_head
+    kv = c if all_heads_kv else config.kv_heads * (1 if kv_without_d_head else config.d_head)
     attention = 2 * c * c + 2 * c * kv
     mats = 2 if two_matrices else 3
     width = (config.d_ff or 4 * c) if width_4c else config.hidden_width
-    dense_mlp, expert = mats * c * width, mats * c * (m.d_ff or width)
+    expert = mats * c * (m.d_ff or width)
+    dense_mlp = expert if dense_expert_width else mats * c * width
     shared = mats * c * m.shared_d_ff
     if shared_as_routed and m.shared_d_ff:
         shared = expert  # the shared expert given the routed experts' width
-    router = 0 if no_router else c * m.n_experts
+    router = 0 if no_router else c * m.n_experts + (m.n_experts if router_bias else 0)
     dense = 0 if all_sparse else m.dense_layers
     embeddings = v * c + (0 if config.tie_weights and not untied else v * c)
-    rest = n * (attention + 2 * c) + c  # attention, the blocks' norms, the final norm
+    rest = n * (attention + (1 if one_norm else 2) * c) + c  # attention, the blocks' norms, the final norm
 
-    def total(experts: int, with_shared: bool = True, with_embeddings: bool = True) -> int:
-        sparse = router + experts * expert + (shared if with_shared else 0)
+    def total(experts: int, with_shared: bool = True, with_embeddings: bool = True, routes: int = router) -> int:
+        sparse = routes + experts * expert + (shared if with_shared else 0)
         return rest + dense * dense_mlp + (n - dense) * sparse + (embeddings if with_embeddings else 0)
 
     return total(m.n_experts), total(m.n_experts if all_active else m.top_k, not no_shared_active,
-                                     not no_embeddings_active)
+                                     not no_embeddings_active, c * m.top_k if router_active_k else router)
 
 
 COUNT_MISTAKES = {
@@ -459,6 +492,16 @@ COUNT_MISTAKES = {
     "attention the key and value projections are C x n_kv_heads d_head each": {"all_heads_kv": True},
     "the MLP width for d_ff=None was taken as 4 C: the width is config.hidden_width, d_ff or the MLP's default "
     "(2 C for SwiGLU), and an expert's is moe.d_ff or that same hidden_width": {"width_4c": True},
+    "the router was counted with a bias, C x E + E: the model has no biases, the router is a C x E matrix":
+        {"router_bias": True},
+    "the key and value projections were counted as C x n_kv_heads each, without the head width: each is "
+    "C x (n_kv_heads d_head)": {"kv_without_d_head": True},
+    "the active count has only the router's k columns of the chosen experts (C k): the router scores all E "
+    "experts for every token, so all of it, C x E, is active": {"router_active_k": True},
+    "the dense blocks' SwiGLU was given the experts' width moe.d_ff: the first moe.dense_layers blocks keep the "
+    "dense MLP of config.hidden_width": {"dense_expert_width": True},
+    "one RMSNorm was counted per block: a pre-norm block has two, before the attention and before the MLP, "
+    "2 C per block": {"one_norm": True},
 }
 
 
@@ -514,14 +557,15 @@ def _count_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 @sized
 def _count_hidden(r: random.Random, seed: int) -> Inputs:
     configs = []
-    for i in range(3):  # the first with a shared expert and one kv head, the second tied with a dense block, the
-        h = r.choice([2, 4, 8])  # third with the default widths (d_ff=None) and top_k < E
+    for i in range(3):  # the first with a shared expert and one kv head, the second tied with a dense block and experts
+        h = r.choice([2, 4, 8])  # of a width of their own, the third with the default widths (d_ff=None) and top_k < E
         e = r.randint(2, 16)
         fields = BASE | {"vocab_size": r.randint(100, 5000), "d_model": h * r.choice([8, 16]), "n_heads": h,
                          "n_kv_heads": 1 if i == 0 else r.choice([None, 1, h]), "n_layers": r.randint(2, 6),
                          "d_ff": None if i == 2 else r.randint(8, 96), "tie_weights": i == 1 or r.random() < 0.5}
-        moe = {"n_experts": e, "top_k": r.randint(1, e - 1 if i == 2 else e),
-               "d_ff": None if i == 2 else r.choice([None, r.randint(4, 48)]),
+        top_k, width = r.randint(1, e - 1 if i == 2 else e), r.randint(4, 48)
+        width_or_none = r.choice([None, width])  # the second's experts have a width of their own (not its dense one)
+        moe = {"n_experts": e, "top_k": top_k, "d_ff": {1: width, 2: None}.get(i, width_or_none),
                "shared_d_ff": r.randint(4, 48) if i == 0 else r.choice([0, r.randint(4, 48)]),
                "dense_layers": r.randint(1 if i == 1 else 0, fields["n_layers"] - 1)}  # a sparse block at least
         configs.append((fields, moe))
@@ -530,7 +574,7 @@ def _count_hidden(r: random.Random, seed: int) -> Inputs:
 
 PIECES = declare(
     Piece("16", "route", top_k_routing, _route_call, mistakes=_route_mistakes, label="the routing weights (N, E)",
-          atol=1e-5, rtol=1e-4, forbidden=FORBIDDEN,
+          atol=1e-5, rtol=1e-4, forbidden=_ROUTE,
           visible=[("visible", "route 6 tokens among 4 experts, top_k=2", lambda seed: _route_inputs(6, 4, 2, seed))],
           hidden=[("hidden_top1", "route with top_k=1 (the weight is 1)", lambda seed: _route_inputs(7, 5, 1, seed)),
                   ("hidden_all", "route with top_k = n_experts (every expert, the plain softmax)",
@@ -539,7 +583,7 @@ PIECES = declare(
                    lambda seed: _route_inputs(6, 4, 2, seed, ties=True)),
                   ("hidden_sizes", "route with other sizes and top_k", _route_hidden)]),
     Piece("16", "dispatch_combine", None, _dispatch_call, expected=_dispatch_expected, judge=_dispatch_judge,
-          forbidden=FORBIDDEN,
+          forbidden=_DISPATCH,
           visible=[("visible", "dispatch_combine of 10 tokens (C=8) to 5 experts, 2 each, expert 2 chosen by none",
                     lambda seed: _dispatch_inputs(10, 8, 5, 2, seed, idle=2))],
           hidden=[("hidden_idle", "dispatch_combine where one expert gets no token",
@@ -548,7 +592,7 @@ PIECES = declare(
                   ("hidden_all", "dispatch_combine with top_k = n_experts",
                    lambda seed: _dispatch_inputs(6, 4, 3, 3, seed)),
                   ("hidden_sizes", "dispatch_combine with other sizes", _dispatch_hidden)]),
-    Piece("16", "load_balancing_loss", None, _lb_call, expected=_lb_expected, judge=_lb_judge, forbidden=FORBIDDEN,
+    Piece("16", "load_balancing_loss", None, _lb_call, expected=_lb_expected, judge=_lb_judge, forbidden=_BALANCE,
           visible=[("visible", "load_balancing_loss of 2 x 6 tokens right-padded to 5 and 4 real ones, 4 experts, "
                     "top_k=2, a router that favours expert 0",
                     lambda seed: _lb_inputs(2, 6, 4, 2, seed, padded=True, skew=1.5))],
@@ -557,7 +601,7 @@ PIECES = declare(
                   ("hidden_top1", "load_balancing_loss with top_k=1", lambda seed: _lb_inputs(2, 5, 6, 1, seed)),
                   ("hidden_sizes", "load_balancing_loss with other sizes, top_k, padding", _lb_hidden)]),
     Piece("16", "moe_parameter_counts", None, _count_call, expected=_count_expected, judge=_count_judge,
-          forbidden=FORBIDDEN,
+          forbidden=_COUNTS,
           visible=[("visible", "moe_parameter_counts of a small config (8 experts, top_k=2, a shared expert of "
                     "its own width, the first block dense), then one tied, with grouped-query attention and the "
                     "default widths (d_ff=None)",
