@@ -101,7 +101,7 @@ def targets(lab: str) -> list[tuple[str, str]]:
     judges, found in the real package."""
     table, _ = reference_table(forbidden_names(lab))
     objects = [obj for obj, _, _ in table.values() if isinstance(obj, (type, types.FunctionType))]
-    objects += [f for case in lab_cases(lab) for f in (case.reference, case.judge)]
+    objects += [f for case in lab_cases(lab) for f in (case.expected, case.judge)]
     found = {(obj.__module__, obj.__qualname__) for obj in objects
              if obj.__module__.startswith("gptcourse.") and "." not in obj.__qualname__}
     return sorted(found)

@@ -81,10 +81,10 @@ class Piece:
             cases.append(Case(str(CaseId(self.lab, self.name, variant)), what, inputs, call, expected, judge, hidden))
         object.__setattr__(self, "cases", tuple(cases))  # checked by `register` (one parser of ids)
 
-    def runs(self) -> list[Callable[[Any, Inputs], Outputs]]:
+    def calls(self) -> list[Callable[[Any, Inputs], Outputs]]:
         """The distinct calls of its cases, in order: a graded kernel runs a hidden case by its place here
         (`handles.py`), never by its name."""
-        return list(dict.fromkeys(case.run for case in self.cases))
+        return list(dict.fromkeys(case.call for case in self.cases))
 
     def compare(self, got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         """The default judge: the one output equals the reference's, within the declared tolerance."""
