@@ -12,7 +12,8 @@ and exactly over the package folder, a copy of the package (`lab_view(lab)`) in 
   a NamedTuple's stub is a plain tuple, as a NamedTuple refuses a `__new__` of its own) and raises when
   instantiated. Its body, its source and its bytecode are gone from every file of the copy;
 - the grader's own references are stubs too: in the grading modules (`GRADING`: the lab modules, their shared
-  fixtures and `gptcourse.checks`) only the functions and classes a graded kernel can reach stay (see below);
+  fixtures, the attention mistakes' catalogue and `gptcourse.checks`) only the functions and classes a graded
+  kernel can reach stay (see below);
   every case reference, judge and mistakes catalogue is a stub.
 
 What stays in the grading modules, and why that is sound: a graded kernel calls, of the cases, only each case's
@@ -48,7 +49,8 @@ from pathlib import Path
 
 VERSION = 3  # part of the cache key: a change to the transform below must bump it
 # modules whose functions are kept only if reachable
-GRADING = ("gptcourse.checks", "gptcourse.grading.labs", "gptcourse.grading.fixtures")
+GRADING = ("gptcourse.checks", "gptcourse.grading.labs", "gptcourse.grading.fixtures",
+           "gptcourse.grading.attention_mistakes")
 STUB_ERROR = "RuntimeError"
 
 Definition = tuple[str, str]  # (module, top-level name)
