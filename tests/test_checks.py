@@ -445,7 +445,7 @@ def _sdpa_attention(x, layer, h, rope=None, rotate_v=False, scale=None):
 @pytest.mark.parametrize(("wrong", "message"), [
     ({"rotate_v": True}, "RoPE is applied to v as well"),
     ({"rope": None}, "RoPE is missing"),
-    ({"scale": 1 / math.sqrt(32)}, r"divided by sqrt\(C\), the model width"),
+    ({"scale": 1 / math.sqrt(32)}, r"divided by sqrt\(C\) = sqrt\(32\), the model.s width"),
 ])
 def test_multi_head_mistakes(wrong, message):
     torch.manual_seed(0)

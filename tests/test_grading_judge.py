@@ -164,7 +164,7 @@ def test_a_payload_under_a_handle_is_judged_as_its_case_with_the_graders_seed():
 
     handles = {"hidden-0a1b": "02.causal_mask.hidden_single"}
     case = get_case("02.causal_mask.hidden_single")
-    t = case.make_inputs(case_seed(case, student="alice"))["t"]
+    t = case.inputs(case_seed(case, student="alice"))["t"]
     recorded = make_payload("hidden-0a1b", 0, {"mask": torch.ones(t, t, dtype=torch.bool).tril()}, None)
     named = named_payload(recorded, handles, "alice")
     assert named["test_id"] == "02.causal_mask.hidden_single" and judge_payload(named, "alice")[0]

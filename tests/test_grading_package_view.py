@@ -19,6 +19,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 from nbgrader_course import ROOT, sandbox_problem
 
+from gptcourse.grading.attention_mistakes import attend_by_hand, kv_heads_by_hand
 from gptcourse.grading.box.sandbox import Sandbox
 from gptcourse.grading.cases import lab_cases
 from gptcourse.grading.forbidden import reference_table
@@ -97,11 +98,12 @@ print(json.dumps(found))
 
 
 def targets(lab: str) -> list[tuple[str, str]]:
-    """(module, name) of each gptcourse function and class lab `lab` forbids, and of its cases' references and
-    judges, found in the real package."""
+    """(module, name) of each gptcourse function and class lab `lab` forbids, of its cases' references and
+    judges, and of the attention mistakes' by-hand attention, found in the real package."""
     table, _ = reference_table(forbidden_names(lab))
     objects = [obj for obj, _, _ in table.values() if isinstance(obj, (type, types.FunctionType))]
-    objects += [f for case in lab_cases(lab) for f in (case.reference, case.judge)]
+    objects += [f for case in lab_cases(lab) for f in (case.expected, case.judge)]
+    objects += [attend_by_hand, kv_heads_by_hand]  # the mistakes' right attention by hand, in every lab's view
     found = {(obj.__module__, obj.__qualname__) for obj in objects
              if obj.__module__.startswith("gptcourse.") and "." not in obj.__qualname__}
     return sorted(found)

@@ -140,7 +140,7 @@ def test_every_config_the_lab_checks_has_a_key_and_value_head_per_query_head():
     from gptcourse.grading.cases import registry
 
     configs = [config for case in registry().values() if case.id.startswith("06.")
-               for config in case.make_inputs(case_seed(case))["configs"]]
+               for config in case.inputs(case_seed(case))["configs"]]
     assert configs and all(config.kv_heads == config.n_heads for config in configs)
 
 
@@ -157,8 +157,8 @@ class TestLab06(RoundTrip):
         from gptcourse.grading import case_seed, get_case
 
         case = get_case("06.count_parameters.published")
-        totals = case.reference(case.make_inputs(case_seed(case)))
+        totals = case.expected(case.inputs(case_seed(case)))
         assert {k: totals[k] for k in ("0.total", "1.total")} == {"0.total": 124_439_808, "1.total": 6_738_415_616}
         case = get_case("06.count_parameters.visible")
-        totals = case.reference(case.make_inputs(case_seed(case)))
+        totals = case.expected(case.inputs(case_seed(case)))
         assert {k: totals[k] for k in ("0.total", "1.total")} == {"0.total": 24_096, "1.total": 27_296}

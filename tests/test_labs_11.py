@@ -163,10 +163,10 @@ SAYS = {
     "top-p-naive-softmax": ("11.top_p_filter.large", "exp() overflows float32 past 88, so exp(logits) / "
                             "exp(logits).sum() is inf / inf = NaN there"),
     "top-p-one-minus-p": ("11.top_p_filter.visible", "the threshold is 1 - top_p"),
-    "one-token-causal-mask": ("11.attend_new_token.visible", "the new token sees only the first key"),
+    "one-token-causal-mask": ("11.attend_new_token.visible", "the causal mask is aligned top-left"),
     "attend-naive-softmax": ("11.attend_new_token.large", "exp() overflows float32 past 88"),
     "repeat-tiled": ("11.repeat_kv.visible", "the kv heads are tiled"),
-    "gqa-mask-top-left": ("11.GroupedQueryAttention.cached", "the cached tokens see only the first keys"),
+    "gqa-mask-top-left": ("11.GroupedQueryAttention.cached", "the causal mask is aligned top-left"),
     "gqa-caches-repeated-heads": ("11.GroupedQueryAttention.cached", "append k and v *before* repeat_kv"),
     "positions-from-zero": ("11.new_positions.visible", "the positions start at 0 in every call"),
     "positions-past-plus-one": ("11.new_positions.visible", "the positions start at past + 1"),

@@ -206,10 +206,10 @@ SAYS = {
     "forward-skip-one-late": ("12.flash_forward.tiles", "not q1 (an off-by-one)"),
     "forward-scale-by-d": ("12.flash_forward.visible", "the scores were divided by D, not sqrt(D)"),
     "forward-lse-is-max": ("12.flash_forward.visible", "L is the running max m alone"),
-    "forward-kv-heads-tiled": ("12.flash_forward.visible", "the kv heads were repeated with repeat"),
+    "forward-kv-heads-tiled": ("12.flash_forward.visible", "the kv heads are tiled"),
     "backward-no-delta": ("12.flash_backward.visible", "the softmax's backward lacks its row term"),
     "backward-visits-every-tile": ("12.flash_backward.visible", "it computed every tile"),
-    "backward-kv-heads-tiled": ("12.flash_backward.visible", "the kv heads were repeated with repeat"),
+    "backward-kv-heads-tiled": ("12.flash_backward.visible", "the kv heads are tiled"),
     "function-saves-softmax": ("12.FlashAttention.visible", "(with save_for_backward), B H T T = 484: the (T, T) "
                                "probabilities"),
     "function-keeps-probs-on-ctx": ("12.FlashAttention.visible", "(on ctx, outside save_for_backward), B H T T"),

@@ -73,7 +73,7 @@ def test_hidden_seeds_come_from_the_course_secret(monkeypatch):
     monkeypatch.setenv("GPTCOURSE_SECRET", "an instructor's private value")
     assert case_seed(visible) == public[0]
     assert case_seed(hidden) != public[1]
-    shapes = {tuple(hidden.make_inputs(seed)["q"].shape) for seed in range(20)}
+    shapes = {tuple(hidden.inputs(seed)["q"].shape) for seed in range(20)}
     assert len(shapes) > 1  # sizes, not only values, depend on the seed
 
 
@@ -106,7 +106,7 @@ def test_each_student_gets_hidden_cases_of_their_own():
     seeds = {student: case_seed(case, grader, student) for student in ("alice", "bob", "carol", "dave")}
     assert len(set(seeds.values())) == 4
     assert case_seed(case, grader, "alice") == seeds["alice"]  # grading again gives the same cases
-    shapes = {tuple(case.make_inputs(seed)["q"].shape) for seed in seeds.values()}
+    shapes = {tuple(case.inputs(seed)["q"].shape) for seed in seeds.values()}
     assert len(shapes) > 1  # the students' hidden sizes differ, not only their values
     visible = get_case("02.attention.visible")
     assert case_seed(visible, grader, "alice") == case_seed(visible, grader, "bob") == case_seed(visible)
@@ -115,7 +115,7 @@ def test_each_student_gets_hidden_cases_of_their_own():
 def _payload_of(test_id: str, obj) -> dict:
     case = get_case(test_id)
     seed = case_seed(case)
-    return make_payload(test_id, seed, case.run(obj, case.make_inputs(seed)), None)
+    return make_payload(test_id, seed, case.call(obj, case.inputs(seed)), None)
 
 
 def test_a_payload_is_judged_without_the_student_code():

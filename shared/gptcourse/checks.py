@@ -16,7 +16,7 @@ Pure functions of tensors and numbers: the grader runs them outside the student'
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import combinations
 
 import torch
@@ -149,10 +149,15 @@ def _close(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float) -> bool:
     return tuple(a.shape) == tuple(b.shape) and torch.allclose(a.double(), b.double(), atol=atol, rtol=rtol)
 
 
+# description -> what that mistake produces, or a function computing it, called only for a wrong answer (lazily,
+# in order, until one matches); or a function giving that mapping, called only for a wrong answer
+Mistakes = Mapping[str, torch.Tensor | Callable[[], torch.Tensor]]
+
+
 def check_known_mistakes(
     got: torch.Tensor,
     expected: torch.Tensor,
-    mistakes: Mapping[str, torch.Tensor],
+    mistakes: Mistakes | Callable[[], Mistakes],
     name: str,
     *,
     atol: float = 1e-5,
@@ -164,7 +169,8 @@ def check_known_mistakes(
     """
     if _close(got, expected, atol, rtol):
         return
-    for description, wrong in mistakes.items():
+    for description, wrong in (mistakes() if callable(mistakes) else mistakes).items():
+        wrong = wrong() if callable(wrong) else wrong
         if _close(got, wrong, atol, rtol) and not _close(wrong, expected, atol, rtol):
             raise fail(f"{name}: {description}.")
 
@@ -187,12 +193,13 @@ def check_close(
     *,
     atol: float = 1e-5,
     rtol: float = 1e-4,
-    mistakes: Mapping[str, torch.Tensor] | None = None,
+    mistakes: Mistakes | Callable[[], Mistakes] | None = None,
     scales: Mapping[str, float] | None = None,
 ) -> None:
     """Raise if `got` is not close to `expected`, reporting the largest error and recognising known mistakes.
 
-    `mistakes` maps a description ("softmax over the wrong axis: ...") to what that mistake would produce;
+    `mistakes` maps a description ("softmax over the wrong axis: ...") to what that mistake would produce (computed
+    only when `got` is wrong: see `Mistakes`);
     `scales` names constants a wrong result may be off by ({"sqrt(D)": 2.83}): a constant ratio of one of
     them is reported as that missing or extra factor.
     """

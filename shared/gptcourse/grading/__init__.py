@@ -22,9 +22,9 @@ of a lab 99 (a real lab ends its module with `declare(...)` of its pieces, which
 >>> [case.id for case in double.cases]
 ['99.double.visible', '99.double.hidden_zeros']
 >>> case = double.cases[0]
->>> inputs = case.make_inputs(0)
->>> case.judge(case.run(lambda x: x + x, inputs), case.reference(inputs), inputs)  # passes: no message
->>> case.judge(case.run(lambda x: x, inputs), case.reference(inputs), inputs)
+>>> inputs = case.inputs(0)
+>>> case.judge(case.call(lambda x: x + x, inputs), case.expected(inputs), inputs)  # passes: no message
+>>> case.judge(case.call(lambda x: x, inputs), case.expected(inputs), inputs)
 Traceback (most recent call last):
     ...
 gptcourse.checks.CheckFailed: the doubled x: x was returned unchanged: multiply it by 2.

@@ -75,18 +75,18 @@ class CaseId:
 class Case:
     """One test of one lab piece.
 
-    make_inputs(seed) -> inputs: sizes, tensors, reference weights; deterministic in the seed.
-    run(student_obj, inputs) -> outputs: calls the student's code (in the student's kernel) and returns plain
+    inputs(seed) -> inputs: sizes, tensors, reference weights; deterministic in the seed.
+    call(student_obj, inputs) -> outputs: calls the student's code (in the student's kernel) and returns plain
         values (tensors, numbers, strings) only; raises CheckFailed for a wrong interface.
-    reference(inputs) -> expected outputs, from the gptcourse reference implementation.
+    expected(inputs) -> the expected outputs, from the gptcourse reference implementation.
     judge(got, expected, inputs): raises CheckFailed with a teaching message; returns None on success.
     """
 
     id: str
     what: str  # shown in pass/fail messages, e.g. "causal_mask(4)"
-    make_inputs: Callable[[int], Inputs]
-    run: Callable[[Any, Inputs], Outputs]
-    reference: Callable[[Inputs], Outputs]
+    inputs: Callable[[int], Inputs]
+    call: Callable[[Any, Inputs], Outputs]
+    expected: Callable[[Inputs], Outputs]
     judge: Callable[[Outputs, Outputs, Inputs], None]
     hidden: bool = False
 

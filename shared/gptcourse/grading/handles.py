@@ -69,7 +69,7 @@ def handle_entries(handles: Mapping[str, str], inputs: Mapping[str, Any]) -> dic
             parsed = CaseId.parse(case_id)
             piece = PIECES[f"{parsed.lab}.{parsed.piece}"]
             entries[handle] = {"piece": f"{parsed.lab}.{parsed.piece}",
-                               "run": piece.runs().index(get_case(case_id).run), "inputs": inputs[case_id]}
+                               "run": piece.calls().index(get_case(case_id).call), "inputs": inputs[case_id]}
     return entries
 
 
@@ -79,7 +79,7 @@ def run_of(entry: Mapping[str, Any]) -> Callable[[Any, Any], Any]:
     from .piece import PIECES
 
     registry()  # the lab modules declare their pieces
-    return PIECES[entry["piece"]].runs()[entry["run"]]
+    return PIECES[entry["piece"]].calls()[entry["run"]]
 
 
 def named_payload(payload: Any, handles: Mapping[str, str], student: str | None) -> Any:

@@ -88,7 +88,7 @@ def run_case(case: Case, seed: int, student_obj: Any, forbidden: tuple[str, ...]
         inputs = graded_inputs(case.id)
     except Exception as err:  # the file is the grader's: only a notebook that rewrote it can break it
         return make_payload(case.id, seed, None, f"the grader's inputs of this test are unreadable ({err!r:.200})")
-    return run_on(case.run, case.id, seed, case.make_inputs(seed) if inputs is None else inputs, student_obj,
+    return run_on(case.call, case.id, seed, case.inputs(seed) if inputs is None else inputs, student_obj,
                   forbidden)
 
 

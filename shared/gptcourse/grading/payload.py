@@ -152,8 +152,8 @@ def _judge(payload: Any, student: str | None) -> tuple[bool, str]:
         got = {str(name): decode_value(v) for name, v in payload["outputs"].items()}
     except ValueError as err:
         return False, f"{header}\nthe result could not be read: {err}"
-    inputs = case.make_inputs(seed)
-    expected = case.reference(inputs)
+    inputs = case.inputs(seed)
+    expected = case.expected(inputs)
     if set(got) != set(expected):
         return False, f"{header}\nthe result holds {sorted(got)}, expected {sorted(expected)}"
     try:

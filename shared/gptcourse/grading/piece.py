@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..checks import check_close, check_dtype, check_shape, fail
+from ..checks import Mistakes, check_close, check_dtype, check_shape, fail
 from .cases import Case, CaseId, Inputs, Outputs, register, registry
 
 Judge = Callable[[Outputs, Outputs, Inputs], None]
@@ -49,7 +49,9 @@ class Piece:
         values; it alone runs in a graded kernel, so it may use the student's object and helpers, never a reference.
     judge(got, expected, inputs): raises CheckFailed with a teaching message. The default compares the single
         output with `check_close` (after `shape` and `dtype`, when declared, and `finite(inputs)`: the message when
-        it holds NaN or inf), recognising `mistakes(inputs)`: {why: the wrong output that mistake gives}.
+        it holds NaN or inf), recognising the known mistakes, computed only for a wrong answer (`known_mistakes`):
+        rows {why: switches}, each the output of `by_hand` (the reference written by hand, whose switches give each
+        mistake) run through `call`; or `mistakes(inputs)`: {why: the wrong output that mistake gives}.
     forbidden: the dotted names of the references a student must not use for this piece (`forbidden.py`).
     """
 
@@ -61,7 +63,8 @@ class Piece:
     hidden: Sequence[Row] = ()
     forbidden: tuple[str, ...] = ()
     judge: Judge | None = None
-    mistakes: Callable[[Inputs], Mapping[str, torch.Tensor]] | None = None
+    mistakes: Mapping[str, Mapping[str, Any]] | Callable[[Inputs], Mistakes] | None = None
+    by_hand: Callable[..., Any] | None = None  # with rows of `mistakes`: the reference by hand, with switches
     label: str = ""  # the output's name in messages ("the pooled states"); default: its key
     shape: str | None = None  # e.g. "B C", with the sizes in inputs["sizes"]
     causes: Mapping[tuple[str, str], str] | None = None  # a wrong size's likely cause (`check_shape`)
@@ -73,6 +76,8 @@ class Piece:
     cases: tuple[Case, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.mistakes, Mapping) and self.by_hand is None:
+            raise ValueError(f"piece {self.lab}.{self.name}: mistakes as rows {{why: switches}} need by_hand=")
         rows = [(row, False) for row in self.visible] + [(row, True) for row in self.hidden]
         cases = []
         for (variant, what, inputs, *probe), hidden in rows:
@@ -81,10 +86,10 @@ class Piece:
             cases.append(Case(str(CaseId(self.lab, self.name, variant)), what, inputs, call, expected, judge, hidden))
         object.__setattr__(self, "cases", tuple(cases))  # checked by `register` (one parser of ids)
 
-    def runs(self) -> list[Callable[[Any, Inputs], Outputs]]:
+    def calls(self) -> list[Callable[[Any, Inputs], Outputs]]:
         """The distinct calls of its cases, in order: a graded kernel runs a hidden case by its place here
         (`handles.py`), never by its name."""
-        return list(dict.fromkeys(case.run for case in self.cases))
+        return list(dict.fromkeys(case.call for case in self.cases))
 
     def compare(self, got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         """The default judge: the one output equals the reference's, within the declared tolerance."""
@@ -98,8 +103,20 @@ class Piece:
             check_dtype(got[key], self.dtype[0], label, self.dtype[1])
         if self.finite is not None and not bool(torch.isfinite(got[key]).all()):
             raise fail(self.finite(inputs))
-        mistakes = self.mistakes(inputs) if self.mistakes else None
-        check_close(got[key], want, label, atol=self.atol, rtol=self.rtol, mistakes=mistakes)
+        check_close(got[key], want, label, atol=self.atol, rtol=self.rtol,
+                    mistakes=partial(self.known_mistakes, key, inputs))
+
+    def known_mistakes(self, key: str, inputs: Inputs) -> Mistakes:
+        """{why: output `key` of that mistake}; a row's output is computed only when asked (`check_known_mistakes`
+        asks in order, for a wrong answer, until one matches)."""
+        if self.mistakes is None:
+            return {}
+        if not isinstance(self.mistakes, Mapping):
+            return self.mistakes(inputs)
+        return {why: partial(self._mistaken, key, inputs, switches) for why, switches in self.mistakes.items()}
+
+    def _mistaken(self, key: str, inputs: Inputs, switches: Mapping[str, Any]) -> torch.Tensor:
+        return self.call(partial(self.by_hand, **switches), inputs)[key]
 
 
 PIECES: dict[str, Piece] = {}  # "NN.name" -> piece

@@ -12,12 +12,13 @@ and exactly over the package folder, a copy of the package (`lab_view(lab)`) in 
   a NamedTuple's stub is a plain tuple, as a NamedTuple refuses a `__new__` of its own) and raises when
   instantiated. Its body, its source and its bytecode are gone from every file of the copy;
 - the grader's own references are stubs too: in the grading modules (`GRADING`: the lab modules, their shared
-  fixtures and `gptcourse.checks`) only the functions and classes a graded kernel can reach stay (see below);
+  fixtures, the attention mistakes' catalogue and `gptcourse.checks`) only the functions and classes a graded
+  kernel can reach stay (see below);
   every case reference, judge and mistakes catalogue is a stub.
 
 What stays in the grading modules, and why that is sound: a graded kernel calls, of the cases, only each case's
-`run` (the grader hands it the inputs, `kernel_inputs.py`, and judges the payload itself). What is kept is the
-closure, computed with `ast`, of the module-level names reachable from (1) every case's `run`, (2) the calls a
+`call` (the grader hands it the inputs, `kernel_inputs.py`, and judges the payload itself). What is kept is the
+closure, computed with `ast`, of the module-level names reachable from (1) every case's `call`, (2) the calls a
 grading module makes while it is imported (`declare(Piece(...))`, `register(...)`), (3) the names of grading modules
 that the rest of the package imports (`CheckFailed` for kernel.py), following names, the module-level values
 they name and imports between grading modules. Code that reaches a module-level function some other way
@@ -48,7 +49,8 @@ from pathlib import Path
 
 VERSION = 3  # part of the cache key: a change to the transform below must bump it
 # modules whose functions are kept only if reachable
-GRADING = ("gptcourse.checks", "gptcourse.grading.labs", "gptcourse.grading.fixtures")
+GRADING = ("gptcourse.checks", "gptcourse.grading.labs", "gptcourse.grading.fixtures",
+           "gptcourse.grading.attention_mistakes")
 STUB_ERROR = "RuntimeError"
 
 Definition = tuple[str, str]  # (module, top-level name)
@@ -158,7 +160,7 @@ def stubbed_definitions(lab: str) -> dict[str, set[str]]:
             stubs.setdefault(obj.__name__, set()).update(_definitions(trees[obj.__name__]))
         elif isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) in trees:
             stubs.setdefault(obj.__module__, set()).add(obj.__qualname__.split(".")[0])
-    roots = {(case.run.__module__, case.run.__qualname__.split(".")[0]) for case in registry().values()}
+    roots = {(case.call.__module__, case.call.__qualname__.split(".")[0]) for case in registry().values()}
     kept = reachable(trees, roots)
     for module, tree in trees.items():
         if _is_grading(module):

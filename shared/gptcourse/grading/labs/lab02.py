@@ -7,6 +7,8 @@ load reference weights into them and call `forward(x)`, which returns (output (B
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -24,9 +26,22 @@ from ...checks import (
     perturbed_copies,
 )
 from ...model.causal_attention import AttentionHead, attention, causal_mask
+from ..attention_mistakes import (
+    KEYS_FOR_QUERIES,
+    MASK_AFTER_SOFTMAX,
+    NO_SCALE,
+    SCALED_BY_D,
+    SOFTMAX_OVER_QUERIES,
+    attend_by_hand,
+    by_model_width,
+    rows,
+    wrong_attentions,
+)
 from ..cases import Inputs, Outputs, random_weights, sized, sizes_rng, tensor_rng
 from ..piece import Piece, Probe, declare
 from ..student import describe_error, module_returns, returns
+
+_ATTENTION_ROWS = rows(NO_SCALE, SCALED_BY_D, SOFTMAX_OVER_QUERIES, MASK_AFTER_SOFTMAX, KEYS_FOR_QUERIES)
 
 # torch's attention under each of its names: F.scaled_dot_product_attention and the kernels behind it (the math one
 # returns the weights too: a whole `attention` in one call)
@@ -67,48 +82,25 @@ def _attention_call(fn: Any, inputs: Inputs) -> Outputs:
                    "so that any leading axes work") from None
 
 
-def _weights(q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None, dim: int = -1,
-             mask_after: bool = False, swapped: bool = False) -> torch.Tensor:
-    """Causal attention weights (..., T, T) written by hand: the scores q k^T / scale (default sqrt(D)), future
-    keys masked with -inf, a softmax over `dim`. The switches give the known mistakes: another scale, another
-    softmax axis, the mask applied after the softmax (future weights zeroed), q and k swapped (k q^T)."""
-    t = q.size(-2)
-    scores = (k @ q.transpose(-2, -1) if swapped else q @ k.transpose(-2, -1))  # (..., T, T)
-    scores = scores / (math.sqrt(q.size(-1)) if scale is None else scale)
-    allowed = torch.ones(t, t, dtype=torch.bool).tril()  # (T, T), True = may attend
-    if mask_after:
-        return scores.softmax(-1).masked_fill(~allowed, 0.0)
-    return scores.masked_fill(~allowed, float("-inf")).softmax(dim)
+def _weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **switches: Any) -> torch.Tensor:
+    return attend_by_hand(q, k, v, **switches)[1]
 
 
-def attention_mistakes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       d_model: int | None = None) -> dict[str, dict[str, torch.Tensor]]:
-    """What common wrong attentions compute: description -> {"weights", "output"}; with `d_model` (a head's C),
-    the scores scaled by the model's width too."""
-    d = q.size(-1)
-    variants = {
-        "the 1/sqrt(D) scaling is missing: divide the scores q k^T by sqrt(D) before the softmax":
-            _weights(q, k, scale=1.0),
-        "the scores are divided by D instead of sqrt(D)": _weights(q, k, scale=d),
-        "softmax over the wrong axis: each query's weights must sum to 1 over the keys, softmax(dim=-1)":
-            _weights(q, k, dim=-2),
-        "the mask is applied after the softmax: set future scores to -inf *before* it, so each row still sums "
-        "to 1": _weights(q, k, mask_after=True),
-        "q and k are swapped: the scores are k q^T, the transpose of q k^T, whose row i holds query i's dot "
-        "products with the keys, q_i . k_j": _weights(q, k, swapped=True),
-    }
-    if d_model is not None and d_model != d:
-        variants[f"the scores are divided by sqrt(C) = sqrt({d_model}), the model's width: divide by sqrt(D) = "
-                 f"sqrt({d}), the width of q and k (d_head)"] = _weights(q, k, scale=math.sqrt(d_model))
-    return {what: {"weights": w, "output": w @ v} for what, w in variants.items()}
+def wrong_weights(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  d_model: int | None = None) -> dict[str, Callable[[], torch.Tensor]]:
+    """The weights of common wrong attentions, each computed only when asked: description -> weights; with
+    `d_model` (a head's C), the scores scaled by the model's width too."""
+    wrong = wrong_attentions(_weights, _ATTENTION_ROWS, q=q, k=k, v=v)
+    if d_model is not None and d_model != q.size(-1):
+        wrong[by_model_width(d_model, q.size(-1))] = partial(_weights, q, k, v, divide_by=math.sqrt(d_model))
+    return wrong
 
 
 def _judge_attention_outputs(got: Outputs, expected: Outputs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              sizes: dict[str, int], lead: str) -> None:
     check_shape(got["weights"], f"{lead} T T", sizes, "attention weights")
     check_shape(got["output"], f"{lead} T D", sizes, "attention output")
-    mistakes = attention_mistakes(q, k, v, sizes.get("C"))
-    check_known_mistakes(got["weights"], expected["weights"], {what: m["weights"] for what, m in mistakes.items()},
+    check_known_mistakes(got["weights"], expected["weights"], wrong_weights(q, k, v, sizes.get("C")),
                          "attention weights")
     check_attention_weights(got["weights"], "attention weights")
     check_close(got["weights"], expected["weights"], "attention weights")
@@ -134,8 +126,7 @@ def _causal_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     try:
         check_causal(got["outputs"], "attention", dim=-2)
     except CheckFailed:  # the future leaks in with no weight on it: through the softmax's sum, if a known mistake
-        mistakes = attention_mistakes(inputs["q"], inputs["k"], inputs["v"])
-        check_known_mistakes(got["weights"], expected["weights"], {what: m["weights"] for what, m in mistakes.items()},
+        check_known_mistakes(got["weights"], expected["weights"], wrong_weights(inputs["q"], inputs["k"], inputs["v"]),
                              "attention weights")
         raise
 

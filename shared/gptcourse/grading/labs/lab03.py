@@ -20,6 +20,7 @@ import torch
 from ...checks import check_close, check_shape, fail
 from ...model.causal_attention import MultiHeadAttention
 from ...model.positions import RotaryEmbedding, apply_rope
+from ..attention_mistakes import NOT_CAUSAL, attend_by_hand, by_model_width
 from ..cases import Inputs, Outputs, random_weights, sized, sizes_rng, tensor_rng
 from ..fixtures import causal_probe
 from ..piece import Piece, declare
@@ -142,12 +143,8 @@ def multi_head_mistakes(
     def merge(y: torch.Tensor) -> torch.Tensor:
         return y.transpose(1, 2).reshape(b, t, c)  # (B, H, T, D) -> (B, T, C)
 
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float = math.sqrt(d),
-               causal: bool = True) -> torch.Tensor:
-        scores = q @ k.transpose(-2, -1) / scale  # (..., T, T)
-        if causal:
-            scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
-        return scores.softmax(-1) @ v
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **switches: Any) -> torch.Tensor:
+        return attend_by_hand(q, k, v, **switches)[0]  # (B, H, T, D)
 
     def rotate(z: torch.Tensor) -> torch.Tensor:
         if rope is None:
@@ -169,11 +166,8 @@ def multi_head_mistakes(
         "q and k are swapped: qkv's output holds q, then k, then v (rows W_q; W_k; W_v of its weight)":
             out(merge(attend(rotate(k), rotate(q), v))),
         "the output projection `out` is not applied to the merged heads": merge(right),
-        "the scores are divided by sqrt(C), the model width: divide by sqrt(D), the head width":
-            out(merge(attend(rotate(q), rotate(k), v, scale=math.sqrt(c)))),
-        "the attention is not causal: every position attends to later ones too. Mask the scores above the "
-        "diagonal (attention does; F.scaled_dot_product_attention only with is_causal=True)":
-            out(merge(attend(rotate(q), rotate(k), v, causal=False))),
+        by_model_width(c, d): out(merge(attend(rotate(q), rotate(k), v, divide_by=math.sqrt(c)))),
+        NOT_CAUSAL: out(merge(attend(rotate(q), rotate(k), v, causal=False))),
         "qkv's output was read per head, as (B, T, H, 3, D) (GPT-NeoX's fused layout): here it holds all of q, "
         "then k, then v, each of width C (rows W_q; W_k; W_v), so chunk(3, dim=-1) first, then split each into "
         "heads": out(merge(attend(rotate(q_nx), rotate(k_nx), v_nx))),
@@ -181,7 +175,7 @@ def multi_head_mistakes(
     if n_heads > 1:
         mistakes["q, k and v are never split into heads: one head of width C attends (scaled by 1/sqrt(C), "
                  "without RoPE, whose tables are D wide); split each into H heads of width D = C/H (split_heads), "
-                 "attend in each, then merge_heads"] = out(attend(*wide, scale=math.sqrt(c)))
+                 "attend in each, then merge_heads"] = out(attend(*wide))
     if rope is not None:
         mistakes |= {
             "RoPE is applied to v as well: rotate only q and k (the rotation is there to make the scores depend "

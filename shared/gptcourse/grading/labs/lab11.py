@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+from functools import partial
 from typing import Any
 
 import torch
@@ -28,6 +29,17 @@ from ...model.kv_cache import LayerCache
 from ...model.mlp import make_mlp
 from ...model.norms import make_norm
 from ...model.positions import LearnedPositions, RotaryEmbedding, apply_rope
+from ..attention_mistakes import (
+    NO_SCALE,
+    NOT_CAUSAL,
+    ROWS,
+    SOFTMAX_OVER_QUERIES,
+    TILED_KV_HEADS,
+    TOP_LEFT,
+    attend_by_hand,
+    kv_heads_by_hand,
+    rows,
+)
 from ..cases import Inputs, Outputs, sized, tensor_rng
 from ..fixtures import gpt_with_tokens, load_gpt_weights, reference_gpt
 from ..piece import Piece, declare
@@ -177,18 +189,20 @@ def _new_token_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> t
     return attention(q, k, v)[0]
 
 
-def _one_token_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
-    q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, 1, T)
-    return {
-        "the new token sees only the first key: a causal mask aligned top-left (torch.tril of a (1, T) mask, or "
-        "is_causal=True) hides every later key, but the new token is the *last* position and sees all T": v[:, :, :1],
-        "the new token sees only itself: it attends over every cached key and its own, not just the newest":
-            v[:, :, -1:],
-        "the scores are not divided by sqrt(D)": (q @ k.transpose(-2, -1)).softmax(dim=-1) @ v,
-        "the softmax runs over the query axis (dim=-2): with one query every weight is 1; take it over the keys, "
-        "dim=-1": scores.softmax(dim=-2) @ v,
-    }
+def _new_token_by_hand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, only_itself: bool = False,
+                       **switches: Any) -> torch.Tensor:
+    """The new token's attention (B, H, 1, D) by hand: `attend_by_hand` with its switches, or (`only_itself`) the
+    new token's own value alone."""
+    return v[:, :, -1:] if only_itself else attend_by_hand(q, k, v, **switches)[0]
+
+
+_ONE_TOKEN_MISTAKES = {
+    TOP_LEFT: {"top_left": True},
+    "the new token sees only itself: it attends over every cached key and its own, not just the newest":
+        {"only_itself": True},
+    **rows(NO_SCALE),
+    f"{SOFTMAX_OVER_QUERIES}: with one query every weight is then 1": ROWS[SOFTMAX_OVER_QUERIES],
+}
 
 
 def _one_token_overflow(inputs: Inputs) -> str:
@@ -378,7 +392,7 @@ def _gqa_variant(inputs: Inputs, *, tiled: bool = False, causal: bool = True, sc
 
     q = heads(x @ w["q_proj.weight"].T, h)  # (B, H, T, D)
     k, v = (heads(x @ w[f"{n}_proj.weight"].T, h_kv) for n in "kv")  # (B, H_kv, T, D)
-    k, v = (z.repeat(1, h // h_kv, 1, 1) if tiled else z.repeat_interleave(h // h_kv, dim=1) for z in (k, v))
+    k, v = (kv_heads_by_hand(z, h // h_kv, tiled=tiled) for z in (k, v))  # (B, H, T, D)
     scores = q @ k.transpose(-2, -1) / (math.sqrt(d) if scale else 1.0)  # (B, H, T, T)
     starts = torch.cat([torch.full((n,), sum(chunks[:j])) for j, n in enumerate(chunks)])  # (T,) chunk start
     ends = torch.cat([torch.full((n,), sum(chunks[: j + 1])) for j, n in enumerate(chunks)])  # (T,) chunk end
@@ -397,18 +411,15 @@ def _gqa_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_shape(got["y"], "B T C", inputs["sizes"], "GroupedQueryAttention output")
     h, h_kv = inputs["init"]["n_heads"], inputs["init"]["n_kv_heads"]
     cached = inputs["chunks"] is not None
-    mistakes = {"no causal mask: position t must not see the keys after it": _gqa_variant(inputs, causal=False),
-                "the scores are not divided by sqrt(D)": _gqa_variant(inputs, scale=False),
+    mistakes = {NOT_CAUSAL: partial(_gqa_variant, inputs, causal=False),
+                NO_SCALE: partial(_gqa_variant, inputs, scale=False),
                 "the heads were split by a view straight to (B, H, T, D): a (B, T, C) projection is (B, T, H, D) in "
                 "memory, so each such head mixes positions. Split with .view(B, T, H, D).transpose(1, 2), and merge "
-                "back with .transpose(1, 2).reshape(B, T, C)": _gqa_variant(inputs, transpose=False)}
+                "back with .transpose(1, 2).reshape(B, T, C)": partial(_gqa_variant, inputs, transpose=False)}
     if h_kv < h:
-        mistakes["the kv heads are tiled (repeat) instead of repeated in place (repeat_interleave): query head i "
-                 f"reads kv head i // (H / H_kv) = i // {h // h_kv}"] = _gqa_variant(inputs, tiled=True)
+        mistakes[f"{TILED_KV_HEADS} (here G = {h // h_kv})"] = partial(_gqa_variant, inputs, tiled=True)
     if cached:
-        mistakes["the cached tokens see only the first keys: with keys from the cache the T new queries are the "
-                 "*last* T of T_k positions, so the mask is tril(ones(T, T_k), diagonal=T_k - T) (is_causal=True "
-                 "and tril(ones(T, T_k)) align it top-left)"] = _gqa_variant(inputs, top_left=True)
+        mistakes[TOP_LEFT] = partial(_gqa_variant, inputs, top_left=True)
     name = "GroupedQueryAttention output" + (" (a prefill, then one token at a time with the cache)" if cached else "")
     check_close(got["y"], expected["y"], name, mistakes=mistakes)
     if cached and got["cached_heads"] != h_kv:
@@ -652,7 +663,8 @@ PIECES = declare(
                   ("hidden_sizes", "LayerCache with other sizes and chunks", _cache_hidden)]),
     Piece("11", "attend_new_token", _new_token_attention,
           returns("y", lambda i: f"attend_new_token(q {fmt_shape(i['q'].shape)}, k, v {fmt_shape(i['k'].shape)})",
-                  "q", "k", "v"), label="attend_new_token output", shape="B H T D", mistakes=_one_token_mistakes,
+                  "q", "k", "v"), label="attend_new_token output", shape="B H T D", mistakes=_ONE_TOKEN_MISTAKES,
+          by_hand=_new_token_by_hand,
           finite=_one_token_overflow, forbidden=_ATTENTION + _WHOLE,
           visible=[("visible", "attend_new_token with q (2, 3, 1, 4) against 7 cached keys",
                     lambda seed: _one_token_inputs(2, 3, 7, 4, seed)),
@@ -680,10 +692,7 @@ PIECES = declare(
                                                        round(r.uniform(0.2, 0.95), 2), r.uniform(0.5, 3.0), seed)))]),
     Piece("11", "repeat_kv", repeat_kv,
           returns("y", lambda i: f"repeat_kv(x {fmt_shape(i['x'].shape)}, n_rep={i['n_rep']})", "x", "n_rep"),
-          mistakes=lambda i: {"the kv heads are tiled (x.repeat(1, n_rep, 1, 1) gives heads 0, 1, 0, 1, ...): kv "
-                              "head j serves the consecutive query heads j * n_rep ... j * n_rep + n_rep - 1, so "
-                              "repeat each head in place, x.repeat_interleave(n_rep, dim=1)":
-                              i["x"].repeat(1, i["n_rep"], 1, 1)}, label="repeat_kv output",
+          mistakes=rows(TILED_KV_HEADS), by_hand=kv_heads_by_hand, label="repeat_kv output",
           shape="B H T D", atol=0, rtol=0, forbidden=("gptcourse.repeat_kv", *_ATTENTION, *_WHOLE),
           visible=[("visible", "repeat_kv of x (2, 2, 5, 3) with n_rep=3 (2 kv heads for 6 query heads)",
                     lambda seed: _repeat_inputs(2, 2, 5, 3, 3, seed))],

@@ -16,7 +16,10 @@ class keeps for the backward no more than q, k, v, the output and L, saved or on
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -25,6 +28,7 @@ from torch.utils._pytree import tree_leaves
 from ...checks import check_close, check_shape, fail, fmt_shape
 from ...model.causal_attention import causal_mask
 from ...model.tiled_attention import computed_tiles, flash_attention, flash_backward, flash_forward, online_softmax
+from ..attention_mistakes import NO_SCALE, SCALED_BY_D, TILED_KV_HEADS, kv_heads_by_hand
 from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
 from ..piece import Piece, Probe, declare
 from ..student import TensorsMade, as_tensor, as_tensors
@@ -269,19 +273,14 @@ def _forward_with_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     return flash_forward(q, k, v, causal, block_q, block_k)
 
 
-def _kv_heads(x: torch.Tensor, h: int, tiled: bool = False) -> torch.Tensor:
-    """k or v (B, H_kv, T, D) -> (B, H, T, D): query head i reads kv head i // G; `tiled`, the mistake, i % H_kv."""
-    return x.repeat(1, h // x.size(1), 1, 1) if tiled else x.repeat_interleave(h // x.size(1), dim=1)
-
-
-def _slow_forward(inputs: Inputs, *, rescale: bool = True, divide_each: bool = False, scale: float | None = None,
+def _slow_forward(inputs: Inputs, *, rescale: bool = True, divide_each: bool = False, scale: float | str | None = None,
                   keys_through_q0: bool = False, tiled_heads: bool = False, mask_only_k0_q0: bool = False,
                   whole_blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """A tiled forward with one of the usual mistakes switched on, for recognising them; right with no flag."""
     q, k, v, causal = inputs["q"], inputs["k"], inputs["v"], inputs["causal"]
     (_, h, t, d), block_q, block_k = q.shape, inputs["block_q"], inputs["block_k"]
-    k, v = _kv_heads(k, h, tiled_heads), _kv_heads(v, h, tiled_heads)  # (B, H, T, D)
-    scale = 1 / math.sqrt(d) if scale is None else scale
+    k, v = (kv_heads_by_hand(z, h // z.size(1), tiled=tiled_heads) for z in (k, v))  # (B, H, T, D)
+    scale = 1 / math.sqrt(d) if scale is None else 1 / d if scale == "1/D" else scale
     allowed = causal_mask(t) if causal else torch.ones(t, t, dtype=torch.bool)
     out, lse = torch.zeros_like(q), q.new_zeros(q.shape[:3])  # queries never visited stay 0
     for q0 in range(0, t - block_q + 1 if whole_blocks else t, block_q):
@@ -305,9 +304,6 @@ def _slow_forward(inputs: Inputs, *, rescale: bool = True, divide_each: bool = F
     return out, lse
 
 
-TILED_HEADS = ("the kv heads were repeated with repeat (tiled: kv heads 0, 1, 0, 1, ...), not repeat_interleave "
-               "(0, 0, 1, 1, ...): query head i shares kv head i // G, G = H / H_kv, so k.repeat_interleave(G, "
-               "dim=1)")
 TAIL_DROPPED = ("the last, shorter block was left out: range(0, T - block + 1, block) visits whole blocks only. "
                 "When T is not a multiple of the block, loop over range(0, T, block) and end each block at "
                 "min(start + block, T)")
@@ -319,26 +315,35 @@ OFF_BY_ONE = ("the key tiles stop at k0 <= q0, the block's *first* query: with b
               "block's last query (q1 = min(q0 + block_q, T))")
 
 
-def _forward_mistakes(inputs: Inputs) -> dict[str, dict[str, torch.Tensor]]:
-    d = inputs["q"].size(-1)
-    variants = {
-        NO_RESCALE: _slow_forward(inputs, rescale=False),
-        "the output was divided by the denominator after every tile: keep o unnormalised inside the loop and divide "
-        "once, after the last key tile (dividing early and carrying on weights the tiles wrongly)":
-            _slow_forward(inputs, divide_each=True),
-        "the scores were divided by D, not sqrt(D) (or by sqrt(D) twice: q scaled and then its scores again): "
-        "scale the scores once, by 1 / math.sqrt(D)": _slow_forward(inputs, scale=1 / d),
-        "the scores were not scaled: multiply q @ k^T by 1 / math.sqrt(D)": _slow_forward(inputs, scale=1.0),
-        OFF_BY_ONE: _slow_forward(inputs, keys_through_q0=True),
-        TILED_HEADS: _slow_forward(inputs, tiled_heads=True),
-        "only the tile with k0 == q0 was masked: with block_q != block_k other tiles straddle the diagonal too. Mask "
-        "every tile that holds a key after the block's first query (k1 - 1 > q0), -inf where key j > query i":
-            _slow_forward(inputs, mask_only_k0_q0=True),
-        TAIL_DROPPED: _slow_forward(inputs, whole_blocks=True),
-    }
-    divided_each = next(why for why in variants if "every tile" in why)  # its denominator ends at 1: L = m
-    return {"out": {why: wrong[0] for why, wrong in variants.items()},
-            "lse": {why: wrong[1] for why, wrong in variants.items() if why not in (divided_each, TAIL_DROPPED)}}
+DIVIDED_EACH = ("the output was divided by the denominator after every tile: keep o unnormalised inside the loop and "
+                "divide once, after the last key tile (dividing early and carrying on weights the tiles wrongly)")
+# why -> the switches of `_slow_forward` that make that mistake
+_FORWARD_MISTAKES: dict[str, dict[str, Any]] = {
+    NO_RESCALE: {"rescale": False},
+    DIVIDED_EACH: {"divide_each": True},
+    SCALED_BY_D: {"scale": "1/D"},
+    NO_SCALE: {"scale": 1.0},
+    OFF_BY_ONE: {"keys_through_q0": True},
+    TILED_KV_HEADS: {"tiled_heads": True},
+    "only the tile with k0 == q0 was masked: with block_q != block_k other tiles straddle the diagonal too. Mask "
+    "every tile that holds a key after the block's first query (k1 - 1 > q0), -inf where key j > query i":
+        {"mask_only_k0_q0": True},
+    TAIL_DROPPED: {"whole_blocks": True},
+}
+
+
+def _forward_mistakes(inputs: Inputs) -> dict[str, dict[str, Callable[[], torch.Tensor]]]:
+    """{"out" or "lse": {why: a function computing what that mistake gives}}: each forward by hand runs once, and
+    only when asked (for a wrong answer)."""
+    variants = {why: functools.cache(partial(_slow_forward, inputs, **switches))
+                for why, switches in _FORWARD_MISTAKES.items()}
+    return {"out": {why: partial(_part, wrong, 0) for why, wrong in variants.items()},
+            "lse": {why: partial(_part, wrong, 1) for why, wrong in variants.items()
+                    if why not in (DIVIDED_EACH, TAIL_DROPPED)}}  # divided each: its denominator ends at 1, L = m
+
+
+def _part(variant: Callable[[], Any], key: Any) -> torch.Tensor:
+    return variant()[key]
 
 
 def _forward_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -361,7 +366,7 @@ def _forward_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 def _running_max(inputs: Inputs) -> torch.Tensor:
     q, k = inputs["q"], inputs["k"]
     t = q.size(2)
-    scores = q @ _kv_heads(k, q.size(1)).transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, T)
+    scores = q @ kv_heads_by_hand(k, q.size(1) // k.size(1)).transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, T)
     if inputs["causal"]:
         scores = scores.masked_fill(~causal_mask(t), float("-inf"))
     return scores.amax(dim=-1)  # (B, H, T)
@@ -454,7 +459,7 @@ def _explicit_grads(inputs: Inputs, *, delta: bool = True, scale_grads: bool = T
     for the query heads and their gradients summed back ("interleave", or "tile" as x.repeat does)."""
     q, k, v, out, lse, grad_out = (inputs[key] for key in ("q", "k", "v", "out", "lse", "grad_out"))
     (b, h, t, d), h_kv = q.shape, k.size(1)
-    kr, vr = _kv_heads(k, h, expand == "tile"), _kv_heads(v, h, expand == "tile")  # (B, H, T, D)
+    kr, vr = (kv_heads_by_hand(z, h // h_kv, tiled=expand == "tile") for z in (k, v))  # (B, H, T, D)
     scores = q @ kr.transpose(-2, -1) / (math.sqrt(d) if scale_scores else 1.0)  # (B, H, T, T)
     allowed = causal_mask(t) if inputs["causal"] else torch.ones(t, t, dtype=torch.bool)
     if not mask_inside:
@@ -471,27 +476,32 @@ def _explicit_grads(inputs: Inputs, *, delta: bool = True, scale_grads: bool = T
             "dv": (p.transpose(-2, -1) @ grad_out).view(group).sum(axis)}
 
 
-def _backward_mistakes(inputs: Inputs) -> dict[str, dict[str, torch.Tensor]]:
-    """{why: the (dq, dk, dv) that mistake gives}."""
-    return {
-        "the softmax's backward lacks its row term: dS = P * (dP - delta), delta = (dO * O).sum(-1) for each query "
-        "row (delta_i = sum_j P_ij dP_ij)": _explicit_grads(inputs, delta=False),
-        "dq and dk lack the scale: the scores were q k^T / sqrt(D), so dq = dS k / sqrt(D) and dk = dS^T q / "
-        "sqrt(D)": _explicit_grads(inputs, scale_grads=False),
-        "the scores recomputed in the backward lack the forward's 1/sqrt(D): P = exp(q k^T / sqrt(D) - L), the "
-        "scores L was computed from": _explicit_grads(inputs, scale_scores=False),
-        "the recomputed probabilities were not masked inside the tiles that straddle the diagonal: P = exp(S - L) "
-        "must be 0 where key j > query i, as the forward masked it, or the future keys get gradient":
-            _explicit_grads(inputs, mask_inside=False),
-        TILED_HEADS + ", and dk, dv sum the G query heads of each kv head, .view(B, H_kv, G, T, D).sum(2)":
-            _explicit_grads(inputs, expand="tile", reduce="tile"),
-        "dk and dv were summed over the wrong query heads: after repeat_interleave kv head j serves query heads "
-        "j G .. j G + G - 1, so .view(B, H_kv, G, T, D).sum(2); .view(B, G, H_kv, T, D).sum(1) is repeat's layout":
-            _explicit_grads(inputs, reduce="tile"),
-        "the kv heads were expanded with repeat (tiled) and their gradients summed as repeat_interleave's groups, "
-        ".view(B, H_kv, G, T, D).sum(2): expand with k.repeat_interleave(G, dim=1) as well, so that query head i "
-        "uses kv head i // G in both": _explicit_grads(inputs, expand="tile"),
-    }
+# why -> the switches of `_explicit_grads` that make that mistake
+_BACKWARD_MISTAKES: dict[str, dict[str, Any]] = {
+    "the softmax's backward lacks its row term: dS = P * (dP - delta), delta = (dO * O).sum(-1) for each query "
+    "row (delta_i = sum_j P_ij dP_ij)": {"delta": False},
+    "dq and dk lack the scale: the scores were q k^T / sqrt(D), so dq = dS k / sqrt(D) and dk = dS^T q / "
+    "sqrt(D)": {"scale_grads": False},
+    "the scores recomputed in the backward lack the forward's 1/sqrt(D): P = exp(q k^T / sqrt(D) - L), the "
+    "scores L was computed from": {"scale_scores": False},
+    "the recomputed probabilities were not masked inside the tiles that straddle the diagonal: P = exp(S - L) "
+    "must be 0 where key j > query i, as the forward masked it, or the future keys get gradient":
+        {"mask_inside": False},
+    TILED_KV_HEADS + ", and dk, dv sum the G query heads of each kv head, .view(B, H_kv, G, T, D).sum(2)":
+        {"expand": "tile", "reduce": "tile"},
+    "dk and dv were summed over the wrong query heads: after repeat_interleave kv head j serves query heads "
+    "j G .. j G + G - 1, so .view(B, H_kv, G, T, D).sum(2); .view(B, G, H_kv, T, D).sum(1) is repeat's layout":
+        {"reduce": "tile"},
+    "the kv heads were expanded with repeat (tiled) and their gradients summed as repeat_interleave's groups, "
+    ".view(B, H_kv, G, T, D).sum(2): expand with k.repeat_interleave(G, dim=1) as well, so that query head i "
+    "uses kv head i // G in both": {"expand": "tile"},
+}
+
+
+def _backward_mistakes(inputs: Inputs) -> dict[str, Callable[[], dict[str, torch.Tensor]]]:
+    """{why: a function computing the (dq, dk, dv) that mistake gives, once, when asked}."""
+    return {why: functools.cache(partial(_explicit_grads, inputs, **switches))
+            for why, switches in _BACKWARD_MISTAKES.items()}
 
 
 def _backward_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -501,7 +511,8 @@ def _backward_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                                                      "share each one)" if key != "dq" else ""))
     mistakes = _backward_mistakes(inputs)
     for key in ("dv", "dq", "dk"):
-        check_close(got[key], expected[key], key, mistakes={why: wrong[key] for why, wrong in mistakes.items()})
+        check_close(got[key], expected[key], key, mistakes={why: partial(_part, wrong, key)
+                                                            for why, wrong in mistakes.items()})
     what = f"flash_backward({_describe(inputs)}, out, lse, grad_out)"
     _check_memory(got, inputs, what)
     _check_tile_products(got, inputs, what)
