@@ -139,6 +139,34 @@ def test_routing_orders_agree_when_renormalised_and_differ_when_not():
     torch.testing.assert_close(full.sum(-1), torch.ones(20))
 
 
+@pytest.mark.parametrize("order", ["softmax_then_topk", "topk_then_softmax"])
+def test_selection_bias_chooses_but_never_weights(order):
+    """Against a slow per-token reference: rank the experts by score + bias, keep k, weight by the unbiased scores."""
+    g = torch.Generator().manual_seed(7)
+    logits, bias = torch.randn(12, E, generator=g), torch.randn(E, generator=g) * 0.3
+    weights, experts = top_k_routing(logits, K, order, selection_bias=bias)
+    for n in range(12):
+        scores = logits[n].softmax(-1) if order == "softmax_then_topk" else logits[n]
+        ranked = sorted(range(E), key=lambda e: -(scores[e] + bias[e]).item())[:K]
+        assert experts[n].tolist() == ranked
+        kept = logits[n].softmax(-1)[ranked]  # both orders: exp(l_i) over the chosen j's exp(l_j)
+        torch.testing.assert_close(weights[n], kept / kept.sum(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(top_k_routing(logits, K, order, selection_bias=torch.zeros(E)),
+                               top_k_routing(logits, K, order))
+    favoured = torch.zeros(E)
+    favoured[4] = 2.0  # larger than any probability: every token takes expert 4 first
+    assert (top_k_routing(logits, K, selection_bias=favoured)[1][:, 0] == 4).all()
+    moe = MoE(C, F, E, K)
+    moe.selection_bias = favoured
+    x = torch.randn(1, 5, C, generator=g)
+    with torch.no_grad():
+        out, router_logits = moe(x)
+        weights, experts = top_k_routing(router_logits, K, selection_bias=favoured)
+        by_hand = sum(w[:, None] * torch.stack([moe.experts[e](row) for e, row in zip(ex.tolist(), x[0], strict=True)])
+                      for w, ex in zip(weights.T, experts.T, strict=True))  # (5, C): each slot's expert on each token
+    torch.testing.assert_close(out[0], by_hand, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("top_k", [1, 2, E])
 @pytest.mark.parametrize("masked", [False, True])
 def test_load_balancing_loss_equal_to_transformers(top_k, masked):
@@ -181,6 +209,7 @@ def test_router_z_loss_equal_to_switch_transformers():
 @pytest.mark.parametrize("call, message", [
     (lambda: MoE(C, F, 4, top_k=5), "top_k must be between 1 and n_experts = 4"),
     (lambda: top_k_routing(torch.zeros(3, 4), 2, "sorted"), "unknown routing order 'sorted'"),
+    (lambda: top_k_routing(torch.zeros(3, 4), 2, selection_bias=torch.zeros(3)), r"shape \(4,\), got \(3,\)"),
     (lambda: load_balancing_loss(torch.zeros(6, 4), 8, 2), "4 experts in their last dimension, n_experts is 8"),
     (lambda: load_balancing_loss(torch.zeros(6, 4), 4, 2, torch.ones(2, 4)), "B T = 6 rows"),
     (lambda: load_balancing_loss((torch.zeros(6, 4), torch.zeros(5, 4)), 4, 2), r"\(6, 4\), \(5, 4\)"),
