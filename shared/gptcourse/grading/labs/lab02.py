@@ -13,6 +13,7 @@ import torch
 
 from ...checks import (
     CheckFailed,
+    Mistake,
     check_attention_weights,
     check_causal,
     check_causal_mask,
@@ -83,19 +84,20 @@ def attention_mistakes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     the scores scaled by the model's width too."""
     d = q.size(-1)
     variants = {
-        "the 1/sqrt(D) scaling is missing: divide the scores q k^T by sqrt(D) before the softmax":
-            _weights(q, k, scale=1.0),
-        "the scores are divided by D instead of sqrt(D)": _weights(q, k, scale=d),
-        "softmax over the wrong axis: each query's weights must sum to 1 over the keys, softmax(dim=-1)":
-            _weights(q, k, dim=-2),
-        "the mask is applied after the softmax: set future scores to -inf *before* it, so each row still sums "
-        "to 1": _weights(q, k, mask_after=True),
-        "q and k are swapped: the scores are k q^T, the transpose of q k^T, whose row i holds query i's dot "
-        "products with the keys, q_i . k_j": _weights(q, k, swapped=True),
+        Mistake("02.unscaled", "the 1/sqrt(D) scaling is missing: divide the scores q k^T by sqrt(D) before the "
+                "softmax"): _weights(q, k, scale=1.0),
+        Mistake("02.scaled_by_d", "the scores are divided by D instead of sqrt(D)"): _weights(q, k, scale=d),
+        Mistake("02.softmax_dim", "softmax over the wrong axis: each query's weights must sum to 1 over the keys, "
+                "softmax(dim=-1)"): _weights(q, k, dim=-2),
+        Mistake("02.mask_after", "the mask is applied after the softmax: set future scores to -inf *before* it, so "
+                "each row still sums to 1"): _weights(q, k, mask_after=True),
+        Mistake("02.swapped", "q and k are swapped: the scores are k q^T, the transpose of q k^T, whose row i holds "
+                "query i's dot products with the keys, q_i . k_j"): _weights(q, k, swapped=True),
     }
     if d_model is not None and d_model != d:
-        variants[f"the scores are divided by sqrt(C) = sqrt({d_model}), the model's width: divide by sqrt(D) = "
-                 f"sqrt({d}), the width of q and k (d_head)"] = _weights(q, k, scale=math.sqrt(d_model))
+        variants[Mistake("02.scaled_by_c", f"the scores are divided by sqrt(C) = sqrt({d_model}), the model's width: "
+                         f"divide by sqrt(D) = sqrt({d}), the width of q and k (d_head)")] = \
+            _weights(q, k, scale=math.sqrt(d_model))
     return {what: {"weights": w, "output": w @ v} for what, w in variants.items()}
 
 
@@ -109,8 +111,8 @@ def _judge_attention_outputs(got: Outputs, expected: Outputs, q: torch.Tensor, k
     check_attention_weights(got["weights"], "attention weights")
     check_close(got["weights"], expected["weights"], "attention weights")
     check_close(got["output"], expected["output"], "attention output (weights @ v)",
-                mistakes={"the output is the scores times v, not the softmax weights times v": q @ k.transpose(-2, -1)
-                          @ v / math.sqrt(q.size(-1))})
+                mistakes={Mistake("02.output_from_scores", "the output is the scores times v, not the softmax "
+                                  "weights times v"): q @ k.transpose(-2, -1) @ v / math.sqrt(q.size(-1))})
 
 
 def _attention_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -152,7 +154,8 @@ def _head_inputs(b: int, t: int, c: int, d: int, seed: int) -> Inputs:
 def _head_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     w, x = inputs["weights"], inputs["x"]
     check_shape(got["output"], "B T D", inputs["sizes"], "head output", causes={
-        ("D", "C"): "the value projection is missing: the output is a mix of v = value(x), of width D"})
+        ("D", "C"): Mistake("02.no_value_projection", "the value projection is missing: the output is a mix of v = "
+                            "value(x), of width D")})
     q, k, v = (x @ w[f"{n}.weight"].T + w[f"{n}.bias"] for n in ("query", "key", "value"))  # each (B, T, D)
     _judge_attention_outputs(got, expected, q, k, v, inputs["sizes"], "B")
 
