@@ -51,7 +51,7 @@ def test_report_shows_its_figures_fetches_nothing_runs_no_script(browser, reques
     assert not requests and not dialogs and not request_recorder.paths, (requests, dialogs, request_recorder.paths)
     for page in (written.folder / "students").iterdir():
         title, requests, widths, dialogs = opened(browser, page)
-        assert "pwned" not in title and not requests and not dialogs, page.name
+        assert title.startswith(f"{LAB}: ") and not requests and not dialogs, page.name  # the id as text
     assert not request_recorder.paths
 
     control = tmp_path / "control.html"  # the same text as markup, without the report's escaping and policy
