@@ -200,3 +200,22 @@ def test_compare_shows_what_changed_since_another_round(tmp_path):
     assert "3 students in both rounds changed their score" in section
     with pytest.raises(SystemExit, match="holding autograded/"):
         class_report.write_report(second, LAB, compare=tmp_path)
+
+
+def test_every_mistake_key_is_one_the_report_reads():
+    """Each `Mistake("key", ...)` of the checks and the lab modules: a key the report keeps (`_MISTAKE`), declared
+    once, a lab's own starting with its number (lab 04: "04.") and the shared checks' with their topic."""
+    import ast
+
+    grading = ROOT / "shared" / "gptcourse"
+    found: dict[str, list[str]] = {}
+    for path in [grading / "checks.py", *sorted((grading / "grading" / "labs").glob("lab*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Mistake":
+                found.setdefault(node.args[0].value, []).append(path.stem)
+    assert {"02.unscaled", "04.post_norm", "mask.wrong_triangle"} <= set(found)
+    twice = {key: where for key, where in found.items() if len(where) > 1}
+    assert not twice, twice
+    bad = {key: where for key, where in found.items() if not class_report._MISTAKE.fullmatch(key)
+           or not key.startswith(where[0][3:] + "." if where[0].startswith("lab") else ("mask.", "softmax."))}
+    assert not bad, bad
