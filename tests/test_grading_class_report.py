@@ -219,3 +219,19 @@ def test_every_mistake_key_is_one_the_report_reads():
     bad = {key: where for key, where in found.items() if not class_report._MISTAKE.fullmatch(key)
            or not key.startswith(where[0][3:] + "." if where[0].startswith("lab") else ("mask.", "softmax."))}
     assert not bad, bad
+
+
+def test_the_report_imports_neither_torch_nor_nbgrader(root):
+    """It reads JSON: seconds of imports saved on every run (nbgrader alone took 4 s; `spreadsheet.py` exists for
+    this)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom gptcourse.cli import main\nmain(['report', '02_causal_attention'])\n"
+            "print(' '.join(sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout
+    modules = set(out.splitlines()[-1].split())
+    assert "gptcourse.grading.classroom.class_report" in modules and "matplotlib" in modules
+    assert not {"torch", "nbgrader", "nbformat"} & modules
+    with pytest.raises(SystemExit, match="not a lab name"):
+        cli.main(["report", "lab02"])
