@@ -4,15 +4,12 @@ same markup outside the report does fetch and run (the probe can fail)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
+from synthetic_class import LAB, PLANTED, course_with
 
 from gptcourse.grading.classroom import class_report
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_grading_class_report import LAB, PLANTED, course_with
 
 pytestmark = pytest.mark.browser
 
