@@ -179,3 +179,22 @@ def test_the_report_imports_neither_torch_nor_nbgrader(root):
     assert not {"torch", "nbgrader", "nbformat"} & modules
     with pytest.raises(SystemExit, match="not a lab name"):
         cli.main(["report", "lab02"])
+
+
+@pytest.mark.parametrize(("student", "case", "key"), [
+    ("coupled-decay", "09.adamw_step.visible", "09.adamw_step:decay=gradient"),
+    ("warmup-from-zero", "09.lr_at.visible", "09.lr_at:warmup_from_zero=True")])
+def test_a_by_hand_functions_switches_key_its_mistakes(student, case, key):
+    """The mistakes `fixtures.mistaken` computes with a by-hand function's switches (labs 09, 13, 15) are keyed by
+    them: lab 09's round-trip students, judged in-process as the grader judges a payload."""
+    from lab_roundtrip import solved_namespace
+    from test_labs_09 import WRONG
+
+    from gptcourse.grading.cases import case_seed, get_case
+    from gptcourse.grading.kernel import run_case
+    from gptcourse.grading.payload import judged
+
+    obj = solved_namespace("09_training_by_hand", WRONG[student][0])[case.split(".")[1]]
+    verdict = judged(run_case(get_case(case), case_seed(get_case(case)), obj))
+    assert (verdict.passed, verdict.outcome, verdict.mistake) == (False, "wrong", key)
+    assert class_report._MISTAKE.fullmatch(key)

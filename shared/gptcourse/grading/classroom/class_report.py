@@ -48,7 +48,7 @@ STOPPED = ("not_run", "forged")  # outcomes of a case whose cell did not run to 
 PUBLIC_SECRET = "gptcourse-public"  # cases.PUBLIC_SECRET: pseudonyms when the course has no secret
 _CASE_ID = re.compile(r"(\d\d)\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z0-9_]+)")
 _CHECK = re.compile(r"""check\(\s*["'](\d\d\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z0-9_]+)["']""")
-_MISTAKE = re.compile(r"[A-Za-z0-9_.]{1,80}")
+_MISTAKE = re.compile(r"[A-Za-z0-9_.:=+-]{1,160}")  # checks.Mistake's keys, fixtures.switch_key's
 _SAFE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")  # intake.STUDENT_ID: a page is named by an id only if it is one
 OUTCOME_WORDS = {"passed": "passed", "wrong": "wrong result", "error": "raised an error",
                  "reference": "used the reference", "stale": "stale result", "unreadable": "unreadable result",
