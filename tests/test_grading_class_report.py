@@ -90,7 +90,8 @@ def test_records_the_grader_did_not_write_for_that_cell_are_ignored(root):
         elif grading["grade_id"] == "test_causal_mask":
             cell["metadata"]["gptcourse"]["verdicts"] += [forged, forged | {"case": "03.causal_mask.visible"}]
         elif grading["grade_id"] == "test_attention":
-            cell["metadata"]["gptcourse"]["verdicts"] += [forged | {"passed": "yes"}, forged | {"points": 1e9}]
+            cell["metadata"]["gptcourse"]["verdicts"] += [forged | {"passed": "yes"}, forged | {"points": 1e9},
+                                                           forged | {"case": ["02.attention.visible"]}, "x", None]
     path.write_text(json.dumps(nb))
     report = class_report.build(root, LAB)
     assert "02.forged" not in {m.key for m in report.mistakes()}
@@ -198,3 +199,14 @@ def test_a_by_hand_functions_switches_key_its_mistakes(student, case, key):
     verdict = judged(run_case(get_case(case), case_seed(get_case(case)), obj))
     assert (verdict.passed, verdict.outcome, verdict.mistake) == (False, "wrong", key)
     assert class_report._MISTAKE.fullmatch(key)
+
+
+def test_an_unreadable_autograded_notebook_is_listed_not_fatal(root):
+    folder = root / "grading" / "autograded"
+    for student, text in (("not-json", "{"), ("a-list", "[1, 2]"), ("odd-cells", '{"cells": [1, {"metadata": 2}]}')):
+        (folder / student / LAB).mkdir(parents=True)
+        (folder / student / LAB / f"{LAB}.ipynb").write_text(text)
+    stopped = dict(class_report.build(root, LAB).stopped())
+    assert stopped["not-json"] == ["unreadable: JSONDecodeError"]
+    assert stopped["a-list"][0].startswith("no test was recorded") and stopped["odd-cells"][0] == stopped["a-list"][0]
+    assert class_report.write_report(root, LAB).report.max_score == 15

@@ -105,7 +105,7 @@ def _text(value: Any, limit: int = MAX_TEXT) -> str:
 
 def _verdict(record: Any, cell_ids: set[str], lab: str) -> Verdict | None:
     """A record as a Verdict, or None when it is not one the grader wrote for this cell and lab."""
-    if not isinstance(record, dict) or record.get("case") not in cell_ids:
+    if not isinstance(record, dict) or not isinstance(record.get("case"), str) or record["case"] not in cell_ids:
         return None
     match = _CASE_ID.fullmatch(record["case"])
     if match is None or match.group(1) != lab:
