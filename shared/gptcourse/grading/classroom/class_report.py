@@ -254,12 +254,18 @@ class ClassReport:
             for v in named.values():
                 students[v.mistake].add(sub.student)
                 pieces[v.mistake][v.piece] = None
-                message.setdefault(v.mistake, v.message.split("\n", 1)[-1])
+                message.setdefault(v.mistake, diagnosis(v.message))
         rows = [MistakeRow(key, tuple(pieces[key]), tuple(sorted(who)), message[key]) for key, who in students.items()]
         return sorted(rows, key=lambda row: (-len(row.students), row.key))
 
     def stopped(self) -> list[tuple[str, list[str]]]:
         return [(sub.student, why) for sub in self.submissions if (why := sub.stopped())]
+
+
+def diagnosis(message: str) -> str:
+    """A failure's message without its first line, "CASE failed: what the case tests" (the same for every
+    student), its lines unwrapped (`payload.judged` wraps them for nbgrader validate, continuing with two spaces)."""
+    return message.replace("\n  ", " ").split("\n", 1)[-1]
 
 
 def score_bins(scores: Iterable[float], max_score: float) -> list[tuple[float, float, int]]:
