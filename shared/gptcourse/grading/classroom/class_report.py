@@ -262,10 +262,16 @@ class ClassReport:
         return [(sub.student, why) for sub in self.submissions if (why := sub.stopped())]
 
 
+def unwrapped(message: str) -> str:
+    """A verdict's message as the judge wrote it: `payload.judged` wraps its lines for nbgrader validate, each
+    continued with two spaces."""
+    return message.replace("\n  ", " ")
+
+
 def diagnosis(message: str) -> str:
     """A failure's message without its first line, "CASE failed: what the case tests" (the same for every
-    student), its lines unwrapped (`payload.judged` wraps them for nbgrader validate, continuing with two spaces)."""
-    return message.replace("\n  ", " ").split("\n", 1)[-1]
+    student), unwrapped."""
+    return unwrapped(message).split("\n", 1)[-1]
 
 
 def score_bins(scores: Iterable[float], max_score: float) -> list[tuple[float, float, int]]:
@@ -524,7 +530,7 @@ def student_page(report: ClassReport, sub: Submission) -> str:
         verdict = f"<span class='{'ok' if v.passed else 'fail'}'>{e(OUTCOME_WORDS[v.outcome])}</span>"
         out.append(f"<tr><td>{e(v.case)}{' (hidden)' if v.hidden else ''}</td><td>{verdict}</td>"
                    f"<td>{e(v.mistake or '')}</td><td>{e(report.sections.get(v.piece, ''))}</td>"
-                   f"<td>{'' if v.passed else f'<pre>{e(v.message)}</pre>'}</td></tr>")
+                   f"<td>{'' if v.passed else f'<pre>{e(unwrapped(v.message))}</pre>'}</td></tr>")
     out.append("</table></body></html>")
     return "".join(out)
 
