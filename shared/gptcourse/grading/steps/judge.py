@@ -136,7 +136,7 @@ def cell_verdicts(cell: NotebookNode, test_ids: list[str], banned: dict[str, str
         return False, [Judged(False, f"{test_id}: 0 points: while this cell ran, {forged[0]}", "forged")
                        for test_id in test_ids]
     recorded = _payloads(cell)
-    payloads, judged = _until_first_failure(recorded, test_ids, student)
+    payloads, judged_at = _until_first_failure(recorded, test_ids, student)
     reason = AFTER_FAILURE if len(payloads) < len(recorded) else _stop_reason(cell)
     verdicts = []
     for test_id in test_ids:
@@ -151,7 +151,7 @@ def cell_verdicts(cell: NotebookNode, test_ids: list[str], banned: dict[str, str
             verdicts.append(Judged(False, f"{len(mine)} results recorded for {test_id}, expected one: a test "
                                           "records its result once", "unreadable"))
         else:
-            verdicts.append(judged[mine[0]])
+            verdicts.append(judged_at[mine[0]])
     return all(verdict.passed for verdict in verdicts), verdicts
 
 
