@@ -108,6 +108,8 @@ def test_files_are_written_escaped_and_formula_safe(root, monkeypatch, capsys):
     assert "&lt;img src=x onerror=alert(1)&gt;" in page
     assert "default-src 'none'" in page and "http://" not in page and "https://" not in page
     assert page.count("<img alt='figure' src='data:image/png;base64,") == 3
+    assert "<li>the most common named mistake: 02.unscaled, 3 students</li>" in page
+    assert "failed a hidden one (are the instructions clear?): causal_mask 6, attention 2, AttentionHead 1" in page
     assert "lesson 02, 3. Why divide by" in page or "lesson 02, 2. The causal mask" in page
     with open(folder / "report.csv", encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))

@@ -427,7 +427,7 @@ def page(report: ClassReport, previous: ClassReport | None = None, anonymous: bo
     out = [_head(f"class report: {report.lab}"), f"<h1>What the class got wrong: {e(report.lab)}</h1>",
            f"<p>{len(graded)} submissions graded of {len(report.submissions)}; the lab is worth "
            f"{report.max_score:g} points. From the verdicts the grader recorded in the autograded notebooks."
-           + (" Students are shown by pseudonym." if anonymous else "") + "</p>",
+           + (" Students are shown by pseudonym." if anonymous else "") + "</p>", summary(report),
            "<h2>Scores</h2>", pics["histogram"], bins_table(report.histogram())]
     out += ["<h2>Pieces</h2>", pics.get("pieces", ""),
             "<table><tr><th>piece</th><th>lesson</th><th>passed every visible case</th>"
@@ -467,6 +467,27 @@ def page(report: ClassReport, previous: ClassReport | None = None, anonymous: bo
             f"({s.score:g})" for s in report.submissions) + "</p>")
     out.append("</body></html>")
     return "".join(out)
+
+
+def summary(report: ClassReport) -> str:
+    """The lines to read first: the piece the fewest students passed, the most common mistake, and the pieces
+    whose hidden cases failed students who passed every visible one."""
+    e = html.escape
+    lines = []
+    pieces = report.pieces()
+    if pieces:
+        worst = min(pieces, key=lambda p: (min(p.visible_passed, p.hidden_passed) / p.graded, p.piece))
+        passed = min(worst.visible_passed, worst.hidden_passed)
+        lines.append(f"the piece the fewest passed: {e(worst.piece)}, {_share(passed, worst.graded)} passed "
+                     f"{'every visible case' if worst.visible_passed <= worst.hidden_passed else 'every hidden case'}")
+    mistakes = report.mistakes()
+    if mistakes:
+        lines.append(f"the most common named mistake: {e(mistakes[0].key)}, {len(mistakes[0].students)} students")
+    unclear = [p for p in pieces if p.visible_not_hidden]
+    if unclear:
+        lines.append("passed every visible case and failed a hidden one (are the instructions clear?): " + ", ".join(
+            f"{e(p.piece)} {len(p.visible_not_hidden)}" for p in unclear))
+    return "<ul>" + "".join(f"<li>{line}</li>" for line in lines) + "</ul>" if lines else ""
 
 
 def bins_table(bins: list[tuple[float, float, int]]) -> str:
