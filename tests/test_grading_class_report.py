@@ -186,18 +186,25 @@ def test_the_report_imports_neither_torch_nor_nbgrader(root):
 
 @pytest.mark.parametrize(("student", "case", "key"), [
     ("coupled-decay", "09.adamw_step.visible", "09.adamw_step:decay=gradient"),
-    ("warmup-from-zero", "09.lr_at.visible", "09.lr_at:warmup_from_zero=True")])
-def test_a_by_hand_functions_switches_key_its_mistakes(student, case, key):
-    """The mistakes `fixtures.mistaken` computes with a by-hand function's switches (labs 09, 13, 15) are keyed by
-    them: lab 09's round-trip students, judged in-process as the grader judges a payload."""
+    ("warmup-from-zero", "09.lr_at.visible", "09.lr_at:warmup_from_zero=True"),
+    ("mask-pad-query-sees-nothing", "10.padding_mask.visible", "10.mask_pad_query_sees_nothing"),
+    ("pool-mask-sum", "10.last_real_token.left", "10.pool_mask_sum"),
+    ("bt-mean-before-log-sigmoid", "10.bradley_terry_loss.visible", "10.bt_mean_before_log_sigmoid")])
+def test_round_trip_students_are_judged_with_their_mistakes_key(student, case, key):
+    """Round-trip students of labs 09 and 10, judged in-process as the grader judges a payload: the mistakes that a
+    by-hand function's switches give (`fixtures.mistaken`: labs 09, 13, 15) are keyed by them, lab 10's by its
+    tables' `Mistake`s (its mask judge's own loop too)."""
+    import importlib
+
     from lab_roundtrip import solved_namespace
-    from test_labs_09 import WRONG
 
     from gptcourse.grading.cases import case_seed, get_case
     from gptcourse.grading.kernel import run_case
     from gptcourse.grading.payload import judged
 
-    obj = solved_namespace("09_training_by_hand", WRONG[student][0])[case.split(".")[1]]
+    lab = {"09": "09_training_by_hand", "10": "10_finetuning_and_rewards"}[case[:2]]
+    answers = importlib.import_module(f"test_labs_{case[:2]}").WRONG[student][0]
+    obj = solved_namespace(lab, answers)[case.split(".")[1]]
     verdict = judged(run_case(get_case(case), case_seed(get_case(case)), obj))
     assert (verdict.passed, verdict.outcome, verdict.mistake) == (False, "wrong", key)
     assert class_report._MISTAKE.fullmatch(key)
