@@ -151,17 +151,19 @@ def test_compare_shows_what_changed_since_another_round(tmp_path):
 
 def test_every_mistake_key_is_one_the_report_reads():
     """Each `Mistake("key", ...)` of the checks and the lab modules: a key the report keeps (`_MISTAKE`), declared
-    once, a lab's own starting with its number (lab 04: "04.") and the shared checks' with their topic."""
+    in one module (twice there for two wordings of one mistake, lab 07's unshifted targets), a lab's own starting
+    with its number (lab 04: "04.") and the shared checks' with their topic."""
     import ast
 
     grading = ROOT / "shared" / "gptcourse"
     found: dict[str, list[str]] = {}
     for path in [grading / "checks.py", *sorted((grading / "grading" / "labs").glob("lab*.py"))]:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Mistake":
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Mistake" \
+                    and isinstance(node.args[0], ast.Constant):  # not `fixtures.switch_key`'s, tested below
                 found.setdefault(node.args[0].value, []).append(path.stem)
     assert {"02.unscaled", "04.post_norm", "mask.wrong_triangle"} <= set(found)
-    twice = {key: where for key, where in found.items() if len(where) > 1}
+    twice = {key: where for key, where in found.items() if len(set(where)) > 1}
     assert not twice, twice
     bad = {key: where for key, where in found.items() if not class_report._MISTAKE.fullmatch(key)
            or not key.startswith(where[0][3:] + "." if where[0].startswith("lab") else ("mask.", "softmax."))}
@@ -189,11 +191,15 @@ def test_the_report_imports_neither_torch_nor_nbgrader(root):
     ("warmup-from-zero", "09.lr_at.visible", "09.lr_at:warmup_from_zero=True"),
     ("mask-pad-query-sees-nothing", "10.padding_mask.visible", "10.mask_pad_query_sees_nothing"),
     ("pool-mask-sum", "10.last_real_token.left", "10.pool_mask_sum"),
-    ("bt-mean-before-log-sigmoid", "10.bradley_terry_loss.visible", "10.bt_mean_before_log_sigmoid")])
+    ("bt-mean-before-log-sigmoid", "10.bradley_terry_loss.visible", "10.bt_mean_before_log_sigmoid"),
+    ("targets-shifted-twice", "07.next_token_loss.visible", "07.targets_shifted_twice"),
+    ("no-zero-grad", "07.train_step.twice", "07.train_step:zero_grad=False"),
+    ("temperature-twice", "07.next_token_probs.visible", "07.temperature_twice"),
+    ("first-position", "07.sample_next_token.visible", "07.first_position")])
 def test_round_trip_students_are_judged_with_their_mistakes_key(student, case, key):
-    """Round-trip students of labs 09 and 10, judged in-process as the grader judges a payload: the mistakes that a
-    by-hand function's switches give (`fixtures.mistaken`: labs 09, 13, 15) are keyed by them, lab 10's by its
-    tables' `Mistake`s (its mask judge's own loop too)."""
+    """Round-trip students of labs 07, 09 and 10, judged in-process as the grader judges a payload: the mistakes
+    that a by-hand function's switches give (`fixtures.mistaken`: labs 09, 13, 15; lab 07's train_step) are keyed by
+    them, the tables' by their `Mistake`s (lab 10's mask judge's own loop too)."""
     import importlib
 
     from lab_roundtrip import solved_namespace
@@ -202,7 +208,7 @@ def test_round_trip_students_are_judged_with_their_mistakes_key(student, case, k
     from gptcourse.grading.kernel import run_case
     from gptcourse.grading.payload import judged
 
-    lab = {"09": "09_training_by_hand", "10": "10_finetuning_and_rewards"}[case[:2]]
+    lab = {"07": "07_training_and_generation", "09": "09_training_by_hand", "10": "10_finetuning_and_rewards"}[case[:2]]
     answers = importlib.import_module(f"test_labs_{case[:2]}").WRONG[student][0]
     obj = solved_namespace(lab, answers)[case.split(".")[1]]
     verdict = judged(run_case(get_case(case), case_seed(get_case(case)), obj))
