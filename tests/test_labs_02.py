@@ -17,6 +17,8 @@ from lab_roundtrip import (
 )
 from reference_routes import copied_references
 
+from gptcourse.grading.classroom import class_report
+
 LAB = "02_causal_attention"
 ATTENTION = '''
 def attention(q, k, v):
@@ -94,6 +96,41 @@ WRONG |= blind_round_trip(BLIND_FILE, {"mask-calls-gptcourse": MASK_TESTS | ATTE
                                                                 | {"test_attention_causal"}})
 
 
+# The class report (`gptcourse report`, grading/classroom/class_report.py) of the round trip's class: each named
+# mistake's key (`checks.Mistake`) and the students planted with it, by what their answers do (a student counts
+# once per piece, for the first mistake named in it). A mask without its diagonal leaves query 0 no key: attention
+# and the head, which use the student's mask, get a NaN row (`softmax.empty_row`); so does a mask whose True means
+# blocked (~tril: no diagonal either)
+ATTENTION_USERS = ("mask-diagonal-masked", "blind-mask-excludes-diagonal")
+PLANTED_MISTAKES = {
+    "attention.unscaled": {"no-scaling", "blind-att-no-scale", "forged-verdicts"},
+    "attention.scaled_by_d": {"blind-att-scale-by-d"},
+    "attention.scaled_by_c": {"blind-head-scale-by-d-model"},
+    "attention.softmax_dim": {"softmax-wrong-axis", "blind-att-softmax-over-queries"},
+    "attention.mask_after": {"blind-att-mask-after-softmax"},
+    "attention.swapped": {"blind-head-query-key-swapped"},
+    "02.no_value_projection": {"no-value-projection"},
+    "mask.wrong_triangle": {"mask-wrong-triangle", "blind-mask-upper-triangle"},
+    "mask.diagonal_masked": set(ATTENTION_USERS),
+    "mask.inverted": {"blind-mask-true-means-blocked"},
+    "softmax.empty_row": {*ATTENTION_USERS, "blind-mask-true-means-blocked"},
+}
+# passed every visible case of the piece, failed a hidden one: a transpose that only 4-d inputs show
+VISIBLE_NOT_HIDDEN = {"causal_mask": set(), "attention": {"blind-att-transpose-1-2"}, "AttentionHead": set()}
+FORGER = "forged-verdicts"
+
+
+def forged(nb):
+    """`nb` with verdict records of the student's own in every cell's metadata and a report of their own: full
+    marks, and a mistake no one made."""
+    record = {"lab": "02", "piece": "attention", "case": "02.attention.visible", "hidden": False, "passed": True,
+              "outcome": "passed", "mistake": "02.forged", "points": 100.0, "max_points": 100.0, "message": "<b>"}
+    for cell in nb.cells:
+        cell.metadata["gptcourse"] = {"verdicts": [record, record | {"passed": False}]}
+    nb.metadata["gptcourse"] = {"report": ["<script>forged</script>"]}
+    return nb
+
+
 class TestLab02(RoundTrip):
     LAB = LAB
     WRONG = WRONG
@@ -102,6 +139,30 @@ class TestLab02(RoundTrip):
         'check("02.attention.visible", attention)',
         "softmax over the wrong axis",
     ))
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def scores(cls, course):
+        """The round trip's class and one student more: no-scaling's answers in a notebook whose metadata holds
+        verdict records of its own (`forged`)."""
+        course.submit(FORGER, LAB, forged(course.solved(LAB, WRONG["no-scaling"][0])))
+        return course.grade_class(cls.LAB, cls.WRONG)
+
+    def test_class_report_counts_what_was_planted(self, course, scores):
+        """`gptcourse report` on the autograded class: every score the gradebook's, each planted mistake with its
+        students, the passed-visible-failed-hidden students, the histogram's bins; the forged records ignored."""
+        report = class_report.build(course.root, LAB)
+        graded = {sub.student: sub for sub in report.graded}
+        assert {s: sub.score for s, sub in graded.items()} == {s: sum(cells.values()) for s, cells in scores.items()}
+        assert {m.key: set(m.students) for m in report.mistakes()} == PLANTED_MISTAKES
+        assert [len(m.students) for m in report.mistakes()] == sorted(map(len, PLANTED_MISTAKES.values()),
+                                                                      reverse=True)
+        assert {row.piece: set(row.visible_not_hidden) for row in report.pieces()} == VISIBLE_NOT_HIDDEN
+        totals = [sum(cells.values()) for cells in scores.values()]
+        assert report.histogram() == [(k, k + 1, sum(min(t, 14) == k for t in totals)) for k in range(15)]
+        said = {(v.case, v.passed, v.outcome, v.mistake) for v in graded[FORGER].verdicts}
+        assert said == {(v.case, v.passed, v.outcome, v.mistake) for v in graded["no-scaling"].verdicts}
+        assert not graded[FORGER].lines and graded[FORGER].score == graded["no-scaling"].score < self.TOTAL
 
     def test_test_cells_show_the_graders_verdict_only(self, course, scores):
         """The grader re-judged each test cell outside the kernel (gptcourse.grading.steps.judge) and rewrote its

@@ -26,17 +26,40 @@ from .model.params import parameter_breakdown
 
 
 class CheckFailed(AssertionError):
-    """A failed check. In a notebook only its message is shown: no traceback, no test source."""
+    """A failed check. In a notebook only its message is shown: no traceback, no test source. `mistake`: the
+    stable key of the known mistake it names, if any (the grader records it; the message is for the student)."""
+
+    mistake: str | None = None
 
     def _render_traceback_(self) -> list[str]:  # IPython's hook for custom error display
         return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
 
 
-def fail(message: str) -> CheckFailed:
-    """`raise fail(...)`: a CheckFailed whose traceback is not chained to the exception being handled."""
+def fail(message: str, mistake: str | None = None) -> CheckFailed:
+    """`raise fail(...)`: a CheckFailed whose traceback is not chained to the exception being handled; `mistake`
+    is the key of the known mistake the message names."""
     error = CheckFailed(message)
+    error.mistake = mistake
     error.__suppress_context__ = True
     return error
+
+
+class Mistake(str):
+    """A known mistake's description (the student's message) carrying its stable key, e.g. "02.softmax_dim": the
+    key of a `mistakes` table, `Mistake("02.softmax_dim", "softmax over the wrong axis: ...")`. The message may
+    be reworded or hold numbers; the key stays, and the class report counts by it."""
+
+    key: str
+
+    def __new__(cls, key: str, description: str) -> Mistake:
+        named = super().__new__(cls, description)
+        named.key = key
+        return named
+
+
+def mistake_key(description: str) -> str | None:
+    """The key of a `mistakes` table's description, None for a plain string."""
+    return getattr(description, "key", None)
 
 
 def fmt_shape(shape: Sequence[int]) -> str:
@@ -107,7 +130,7 @@ def check_shape(
                        "missing or one too many.")
         raise fail(f"{header}: the axes are in the wrong order (permuted).")
     table = {**SHAPE_CAUSES, **(causes or {})}
-    details = []
+    details, keys = [], []
     for axis, (g, w, sym) in enumerate(zip(have, want, symbols, strict=True)):
         if g == w:
             continue
@@ -115,8 +138,9 @@ def check_shape(
         detail = f"axis {axis} ({sym}) has size {g}" + (f" = {found}" if found else "") + f", expected {w}"
         if (sym, found) in table:
             detail += f": {table[sym, found]}"
+            keys.append(mistake_key(table[sym, found]))
         details.append(detail)
-    raise fail(f"{header}: " + "; ".join(details) + ".")
+    raise fail(f"{header}: " + "; ".join(details) + ".", next(filter(None, keys), None))
 
 
 def check_dtype(got: torch.Tensor, expected: torch.dtype, name: str, why: str = "") -> None:
@@ -172,7 +196,7 @@ def check_known_mistakes(
     for description, wrong in (mistakes() if callable(mistakes) else mistakes).items():
         wrong = wrong() if callable(wrong) else wrong
         if _close(got, wrong, atol, rtol) and not _close(wrong, expected, atol, rtol):
-            raise fail(f"{name}: {description}.")
+            raise fail(f"{name}: {description}.", mistake_key(description))
 
 
 LOG_EPSILONS = (1e-6, 1e-8, 1e-9, 1e-10, 1e-12)  # what students add inside a log to keep it finite
@@ -260,15 +284,15 @@ def check_causal_mask(got: torch.Tensor, expected: torch.Tensor, name: str = "ca
         return
     t_q, t_k = expected.shape
     known = {
-        "it is on the wrong triangle: True must be on and below the diagonal (key j <= query i), use tril, "
-        "not triu": torch.ones_like(expected).triu(diagonal=t_k - t_q),
-        "the diagonal is masked: every position must see itself (tril(), not tril(diagonal=-1))":
-            expected & ~torch.ones_like(expected).triu(diagonal=t_k - t_q),
-        "True and False are swapped: True means 'may attend'": ~expected,
+        Mistake("mask.wrong_triangle", "it is on the wrong triangle: True must be on and below the diagonal (key "
+                "j <= query i), use tril, not triu"): torch.ones_like(expected).triu(diagonal=t_k - t_q),
+        Mistake("mask.diagonal_masked", "the diagonal is masked: every position must see itself (tril(), not "
+                "tril(diagonal=-1))"): expected & ~torch.ones_like(expected).triu(diagonal=t_k - t_q),
+        Mistake("mask.inverted", "True and False are swapped: True means 'may attend'"): ~expected,
     }
     for description, wrong in known.items():
         if torch.equal(got, wrong):
-            raise fail(f"{name}: {description}.")
+            raise fail(f"{name}: {description}.", mistake_key(description))
     leaks = _by_row(got & ~expected)
     hidden = (~got & expected).nonzero().tolist()
     problems = []
@@ -287,13 +311,14 @@ def check_rows_sum_to_one(weights: torch.Tensor, name: str = "attention weights"
         return
     if weights.size(-1) == weights.size(-2) and torch.allclose(weights.double().sum(-2), ones, atol=1e-4):
         raise fail(f"{name}: each column sums to 1 instead of each row. The softmax is over the wrong axis: "
-                   "each query i spreads its attention over the keys j, so use softmax(dim=-1).")
+                   "each query i spreads its attention over the keys j, so use softmax(dim=-1).",
+                   "softmax.over_queries")
     nan_rows = row_sums.isnan()
     if nan_rows.any():
         index = tuple(int(i) for i in nan_rows.nonzero()[0])
         raise fail(f"{name}: row {fmt_index(index)} is NaN. A softmax over scores that are all -inf (every key of "
                    "that query masked) divides 0 by 0: every query must keep at least one key, itself (the causal "
-                   "mask's diagonal is True).")
+                   "mask's diagonal is True).", "softmax.empty_row")
     index = tuple(int(i) for i in torch.unravel_index((row_sums - 1).abs().argmax(), row_sums.shape))
     raise fail(f"{name}: row {fmt_index(index)} sums to {row_sums[index].item():.4g}, expected 1. Each query's "
                "weights are a softmax over the keys: is the softmax missing, or the mask applied after it?")
@@ -309,7 +334,7 @@ def check_no_future_weight(weights: torch.Tensor, name: str = "attention weights
     above = torch.ones(t, t, dtype=torch.bool).triu(diagonal=1)
     if not bool(future[above.T].any()) and bool(future[above].all()):
         raise fail(f"{name}: weight on the future and none on the past: the mask is on the wrong triangle "
-                   "(mask the keys j > i, keep j <= i: tril, not triu).")
+                   "(mask the keys j > i, keep j <= i: tril, not triu).", "mask.wrong_triangle")
     raise fail(f"{name}: weight on the future ({describe_leaks(leaks)}). Mask the scores above the "
                "diagonal with -inf before the softmax.")
 

@@ -1,6 +1,7 @@
 """The `gptcourse` command: `gptcourse check-env` (paste its output in bug reports), `gptcourse progress`,
 `gptcourse autograde LAB` (instructors: nbgrader's autograde of a whole class, fast), `gptcourse similarity LAB`
-(instructors: copies found among a lab's submissions, the reference and the public solutions).
+(instructors: copies found among a lab's submissions, the reference and the public solutions), `gptcourse report
+LAB` (instructors: what the class got wrong, from the grader's verdicts).
 
 It answers `--help` and argument errors at once: nothing heavy (torch, nbgrader, jupyter) is imported before the
 chosen command runs, and a command's own options are added only when that command is chosen.
@@ -169,6 +170,18 @@ def _similarity_arguments(parser: argparse.ArgumentParser) -> None:
     similarity.add_arguments(parser)
 
 
+def _report(args: argparse.Namespace) -> int:
+    from .grading.classroom import class_report
+
+    return class_report.command(args)
+
+
+def _report_arguments(parser: argparse.ArgumentParser) -> None:
+    from .grading.classroom import class_report
+
+    class_report.add_arguments(parser)
+
+
 def _site(args: argparse.Namespace) -> int:
     from .website import command  # Sphinx and the `site` extra load only for this command
 
@@ -204,6 +217,9 @@ COMMANDS: dict[str, Command] = {
     "similarity": ("compare a lab's submissions with the reference, the public solutions and each other "
                    "(copydetect): HTML report, CSV, table of the closest pairs; no score changes",
                    _similarity, _similarity_arguments),
+    "report": ("after grading: what the class got wrong, per lab (score histogram, pass rates per piece and "
+               "case, named mistakes ranked, runs that stopped): HTML report, CSV, a page per student",
+               _report, _report_arguments),
     "site": ("build the course's static website into _site/ from the committed notebooks (needs the site extra)",
              _site, _site_arguments),
     "hub": ("one class on JupyterHub (as root, on Linux): `hub setup` creates accounts, exchange, course and "

@@ -16,30 +16,41 @@ from typing import Any
 
 import torch
 
-NO_SCALE = "the 1/sqrt(D) scaling is missing: divide the scores q k^T by sqrt(D) before the softmax"
-SCALED_BY_D = ("the scores were divided by D, not sqrt(D) (or by sqrt(D) twice: q scaled and then its scores "
-               "again): scale the scores once, by 1 / math.sqrt(D)")
-SOFTMAX_OVER_QUERIES = ("softmax over the wrong axis, the queries' (dim=-2): each query's weights must sum to 1 over "
-                        "the keys, softmax(dim=-1)")
-MASK_AFTER_SOFTMAX = ("the mask is applied after the softmax: set future scores to -inf *before* it, so each row "
-                      "still sums to 1")
-KEYS_FOR_QUERIES = ("q and k are swapped: the scores are k q^T, the transpose of q k^T, whose row i holds query i's "
-                    "dot products with the keys, q_i . k_j")
-NOT_CAUSAL = ("the attention is not causal: every position attends to later ones too. Mask the scores above the "
-              "diagonal, -inf where key j comes after query i (F.scaled_dot_product_attention masks nothing unless "
-              "told: is_causal=True or an attn_mask)")
-TOP_LEFT = ("the causal mask is aligned top-left, so the new queries see only the first keys: with keys from the "
-            "cache the T new queries are the *last* T of T_k positions (a single new token sees all T_k), so the "
-            "mask is tril(ones(T, T_k), diagonal=T_k - T); is_causal=True and tril(ones(T, T_k)) align it top-left")
-TILED_KV_HEADS = ("the kv heads are tiled (x.repeat(1, G, 1, 1) gives kv heads 0, 1, 0, 1, ...), not repeated in "
-                  "place (repeat_interleave: 0, 0, 1, 1, ...): query head i shares kv head i // G, G = H / H_kv "
-                  "(repeat_kv's n_rep), so repeat each kv head in place, x.repeat_interleave(G, dim=1)")
+from ..checks import Mistake
+
+NO_SCALE = Mistake("attention.unscaled",
+                   "the 1/sqrt(D) scaling is missing: divide the scores q k^T by sqrt(D) before the softmax")
+SCALED_BY_D = Mistake("attention.scaled_by_d",
+                      "the scores were divided by D, not sqrt(D) (or by sqrt(D) twice: q scaled and then its scores "
+                      "again): scale the scores once, by 1 / math.sqrt(D)")
+SOFTMAX_OVER_QUERIES = Mistake("attention.softmax_dim",
+                               "softmax over the wrong axis, the queries' (dim=-2): each query's weights must sum to "
+                               "1 over the keys, softmax(dim=-1)")
+MASK_AFTER_SOFTMAX = Mistake("attention.mask_after",
+                             "the mask is applied after the softmax: set future scores to -inf *before* it, so each "
+                             "row still sums to 1")
+KEYS_FOR_QUERIES = Mistake("attention.swapped",
+                           "q and k are swapped: the scores are k q^T, the transpose of q k^T, whose row i holds "
+                           "query i's dot products with the keys, q_i . k_j")
+NOT_CAUSAL = Mistake("attention.not_causal",
+                     "the attention is not causal: every position attends to later ones too. Mask the scores above "
+                     "the diagonal, -inf where key j comes after query i (F.scaled_dot_product_attention masks "
+                     "nothing unless told: is_causal=True or an attn_mask)")
+TOP_LEFT = Mistake("attention.top_left",
+                   "the causal mask is aligned top-left, so the new queries see only the first keys: with keys from "
+                   "the cache the T new queries are the *last* T of T_k positions (a single new token sees all T_k), "
+                   "so the mask is tril(ones(T, T_k), diagonal=T_k - T); is_causal=True and tril(ones(T, T_k)) align "
+                   "it top-left")
+TILED_KV_HEADS = Mistake("attention.tiled_kv_heads",
+                         "the kv heads are tiled (x.repeat(1, G, 1, 1) gives kv heads 0, 1, 0, 1, ...), not repeated "
+                         "in place (repeat_interleave: 0, 0, 1, 1, ...): query head i shares kv head i // G, G = H / "
+                         "H_kv (repeat_kv's n_rep), so repeat each kv head in place, x.repeat_interleave(G, dim=1)")
 
 
-def by_model_width(c: int, d: int) -> str:
+def by_model_width(c: int, d: int) -> Mistake:
     """The message for scores divided by sqrt(C), the model's width, where a head's is D."""
-    return (f"the scores are divided by sqrt(C) = sqrt({c}), the model's width: divide by sqrt(D) = sqrt({d}), the "
-            "width of q and k (d_head)")
+    return Mistake("attention.scaled_by_c", f"the scores are divided by sqrt(C) = sqrt({c}), the model's width: "
+                   f"divide by sqrt(D) = sqrt({d}), the width of q and k (d_head)")
 
 
 # the catalogue: why -> the switches of `attend_by_hand` that make that mistake

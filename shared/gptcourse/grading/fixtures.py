@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checks import CheckFailed, check_causal, check_close, check_shape, fail, fmt_shape, perturbed_copies
+from ..checks import CheckFailed, Mistake, check_causal, check_close, check_shape, fail, fmt_shape, perturbed_copies
 from ..model.config import GPTConfig
 from ..model.gpt import GPT
 from .cases import Inputs, Outputs, tensor_rng
@@ -110,8 +111,21 @@ def causal_probe(what: Callable[[Inputs], str], forward: Callable[[nn.Module, to
 def mistaken(call: Callable[[Any, Inputs], Outputs], wrong: Callable[..., Any], flags: Mapping[str, dict[str, Any]],
              inputs: Inputs, output: str) -> dict[str, torch.Tensor]:
     """{why: `output` of `call` run on `wrong` with that mistake's keyword flags}: what each known mistake gives,
-    computed through the same call as the student's code."""
-    return {why: call(partial(wrong, **flag), inputs)[output] for why, flag in flags.items()}
+    computed through the same call as the student's code. Each `why` is a `Mistake` keyed by its switches
+    (`switch_key`), unless it has a key of its own."""
+    return {why if isinstance(why, Mistake) else Mistake(switch_key(call, wrong, flag), why):
+            call(partial(wrong, **flag), inputs)[output] for why, flag in flags.items()}
+
+
+def switch_key(call: Callable[..., Any], wrong: Callable[..., Any], flag: Mapping[str, Any]) -> str:
+    """The key of the mistake a by-hand function's switches give: the graded lab (of `call`, else `wrong`), the
+    function and its switches, e.g. "09.adamw_step:correct_m=False" for `_wrong_adamw_step(correct_m=False)`."""
+    modules = [getattr(f, "__module__", None) or "" for f in (call, wrong)]
+    lab = next((m.rsplit(".lab", 1)[1] + "." for m in modules if re.search(r"\.lab\d\d$", m)), "")
+    name = getattr(wrong, "__name__", "by_hand").strip("_").removeprefix("wrong_")
+    switches = "+".join(f"{key}={re.sub(r'[^A-Za-z0-9_.-]', '_', str(value))[:24]}"
+                        for key, value in sorted(flag.items()))
+    return f"{lab}{name}:{switches}"
 
 
 def flat_parameters(model: nn.Module) -> torch.Tensor:

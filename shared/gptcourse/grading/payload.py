@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import re
 import textwrap
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -118,48 +118,73 @@ def _wrap(message: str) -> str:
                                    subsequent_indent="  ") for line in message.splitlines())
 
 
+class Judged(NamedTuple):
+    """The verdict on one payload: passed, the message, how it ended (`OUTCOMES`) and, when the judge recognised
+    a known mistake, its key (`checks.Mistake`)."""
+
+    passed: bool
+    message: str
+    outcome: str
+    mistake: str | None = None
+
+
+# passed; wrong (the judge failed it); error (the student's code raised); reference (a forbidden reference
+# under test); stale (another seed or format); unreadable (no such case, malformed outputs, a result twice); and,
+# from the judge of a cell (`steps/judge.py`): skipped (after a failing test of its cell), not_run (its cell
+# stopped), forged (its kernel sent forged messages)
+OUTCOMES = ("passed", "wrong", "error", "reference", "stale", "unreadable", "skipped", "not_run", "forged")
+
+
 def judge_payload(payload: dict[str, Any], student: str | None = None) -> tuple[bool, str]:
     """(passed, message) for one check's payload, judged with the case registry and the reference code; hidden
     cases with `student`'s seeds (the grader passes the submission's student; a kernel, none: its seeds).
 
     The message is wrapped to fit `nbgrader validate`'s report.
     """
-    passed, message = _judge(payload, student)
-    return passed, _wrap(message)
+    return judged(payload, student)[:2]
 
 
-def _judge(payload: Any, student: str | None) -> tuple[bool, str]:
+def judged(payload: dict[str, Any], student: str | None = None) -> Judged:
+    """`judge_payload`'s verdict with its outcome and the key of the mistake recognised (for the grader's
+    records: `steps/judge.py`)."""
+    verdict = _judge(payload, student)
+    return verdict._replace(message=_wrap(verdict.message))
+
+
+def _judge(payload: Any, student: str | None) -> Judged:
     if not isinstance(payload, dict):
-        return False, f"a recorded result is a {type(payload).__name__}, not an object"
+        return Judged(False, f"a recorded result is a {type(payload).__name__}, not an object", "unreadable")
     test_id = str(payload.get("test_id"))
     try:
         case = get_case(test_id)
     except KeyError as err:
-        return False, str(err.args[0])
+        return Judged(False, str(err.args[0]), "unreadable")
     seed = case_seed(case, student=student)
     header = f"{case.id} failed: {case.what}" + (" (hidden test)" if case.hidden else "")
     if payload.get("format") != FORMAT or payload.get("seed") != seed:
-        return False, f"{header}\nthe result was computed for other inputs (format {payload.get('format')}, " \
-                      f"seed {payload.get('seed')}); run the lab's cells again from the top"
+        return Judged(False, f"{header}\nthe result was computed for other inputs (format {payload.get('format')}, "
+                             f"seed {payload.get('seed')}); run the lab's cells again from the top", "stale")
     if payload.get("reference") is not None:
-        return False, f"{header}\nthe object under test {reference_text(payload['reference'])}, the reference for " \
-                      "a piece you must write: this test earns no points (the lab's intro says which imports to use)"
+        return Judged(False, f"{header}\nthe object under test {reference_text(payload['reference'])}, the reference "
+                             "for a piece you must write: this test earns no points (the lab's intro says which "
+                             "imports to use)", "reference")
     if payload.get("error") is not None or payload.get("outputs") is None:
-        return False, f"{header}\n{str(payload.get('error') or 'no result')[:MAX_MESSAGE]}"
+        return Judged(False, f"{header}\n{str(payload.get('error') or 'no result')[:MAX_MESSAGE]}", "error")
     try:
         if not isinstance(payload["outputs"], dict):
             raise ValueError("the outputs are not an object")
         got = {str(name): decode_value(v) for name, v in payload["outputs"].items()}
     except ValueError as err:
-        return False, f"{header}\nthe result could not be read: {err}"
+        return Judged(False, f"{header}\nthe result could not be read: {err}", "unreadable")
     inputs = case.inputs(seed)
     expected = case.expected(inputs)
     if set(got) != set(expected):
-        return False, f"{header}\nthe result holds {sorted(got)}, expected {sorted(expected)}"
+        return Judged(False, f"{header}\nthe result holds {sorted(got)}, expected {sorted(expected)}", "wrong")
     try:
         case.judge(got, expected, inputs)
     except CheckFailed as failure:
-        return False, f"{header}\n{failure}"
+        return Judged(False, f"{header}\n{failure}", "wrong", getattr(failure, "mistake", None))
     except Exception as err:  # odd data (e.g. NaN everywhere) must fail the test, never crash the grader
-        return False, f"{header}\nthe result could not be judged ({type(err).__name__}: {str(err)[:200]})"
-    return True, f"✓ {case.id} passed: {case.what}" + (" (hidden test)" if case.hidden else "")
+        return Judged(False, f"{header}\nthe result could not be judged ({type(err).__name__}: {str(err)[:200]})",
+                      "wrong")
+    return Judged(True, f"✓ {case.id} passed: {case.what}" + (" (hidden test)" if case.hidden else ""), "passed")

@@ -1,4 +1,5 @@
-"""CSV that a spreadsheet reads as data: every CSV the course writes (grades, similarity) goes through here.
+"""CSV that a spreadsheet reads as data: every CSV the course writes (grades, similarity, the class report) goes
+through `spreadsheet_safe` (`spreadsheet.py`, which imports no nbgrader).
 
 A student chooses their id (an exchange folder name, an LMS file name) and, on some LMSs, their name and email,
 so a cell may begin with a formula sign (`=1+1`, `@SUM(3)`) or hold a separator, a quote or a line break that
@@ -16,14 +17,10 @@ import csv
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.plugins.export import CsvExportPlugin
 
-FORMULA_SIGNS = ("=", "+", "-", "@", "\t", "\r", "\n")
+from .spreadsheet import spreadsheet_safe
+
 COLUMNS = ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email", "raw_score",
            "late_submission_penalty", "score", "max_score"]
-
-
-def spreadsheet_safe(text: str) -> str:
-    """A cell no spreadsheet reads as a formula."""
-    return "'" + text if text[:1] in FORMULA_SIGNS else text
 
 
 class SafeCsvExportPlugin(CsvExportPlugin):

@@ -15,6 +15,7 @@ import torch
 
 from ...checks import (
     CheckFailed,
+    Mistake,
     check_attention_weights,
     check_causal,
     check_causal_mask,
@@ -105,8 +106,8 @@ def _judge_attention_outputs(got: Outputs, expected: Outputs, q: torch.Tensor, k
     check_attention_weights(got["weights"], "attention weights")
     check_close(got["weights"], expected["weights"], "attention weights")
     check_close(got["output"], expected["output"], "attention output (weights @ v)",
-                mistakes={"the output is the scores times v, not the softmax weights times v": q @ k.transpose(-2, -1)
-                          @ v / math.sqrt(q.size(-1))})
+                mistakes={Mistake("02.output_from_scores", "the output is the scores times v, not the softmax "
+                                  "weights times v"): q @ k.transpose(-2, -1) @ v / math.sqrt(q.size(-1))})
 
 
 def _attention_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -147,7 +148,8 @@ def _head_inputs(b: int, t: int, c: int, d: int, seed: int) -> Inputs:
 def _head_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     w, x = inputs["weights"], inputs["x"]
     check_shape(got["output"], "B T D", inputs["sizes"], "head output", causes={
-        ("D", "C"): "the value projection is missing: the output is a mix of v = value(x), of width D"})
+        ("D", "C"): Mistake("02.no_value_projection", "the value projection is missing: the output is a mix of v = "
+                            "value(x), of width D")})
     q, k, v = (x @ w[f"{n}.weight"].T + w[f"{n}.bias"] for n in ("query", "key", "value"))  # each (B, T, D)
     _judge_attention_outputs(got, expected, q, k, v, inputs["sizes"], "B")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ...checks import fail
+from ...checks import Mistake, fail
 from ...model.block import DecoderBlock
 from ...model.config import GPTConfig
 from ...model.mlp import SwiGLU
@@ -43,18 +43,24 @@ def norm_mistakes(x: torch.Tensor, weight: torch.Tensor, eps: float) -> dict[str
     ms = x.pow(2).mean(-1, keepdim=True)
     centred = x - x.mean(-1, keepdim=True)
     return {
-        "it subtracts the mean (that is LayerNorm): RMSNorm only divides by the root mean square":
+        Mistake("04.rmsnorm_centred", "it subtracts the mean (that is LayerNorm): RMSNorm only divides by the root "
+                                      "mean square"):
             centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps) * weight,
-        "eps is added outside the square root: use x / sqrt(mean(x^2) + eps)": x / (ms.sqrt() + eps) * weight,
-        "the gain (weight) is not applied": x * torch.rsqrt(ms + eps),
-        "x is divided by torch.rsqrt(mean(x^2) + eps): rsqrt is already 1 / sqrt, so multiply by it, x * "
-        "torch.rsqrt(mean(x^2) + eps), or divide by torch.sqrt(...)": x / torch.rsqrt(ms + eps) * weight,
-        "it divides by the standard deviation over the wrong axis: normalise each token over its C features "
-        "(dim=-1)": x * torch.rsqrt(x.pow(2).mean(-2, keepdim=True) + eps) * weight,
-        "it divides by the L2 norm, sqrt(sum(x^2)): the root mean square divides the sum by C, sqrt(mean(x^2) + "
-        "eps) (the output is sqrt(C) times too small)": x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps) * weight,
-        "the gain is applied as (1 + weight), Gemma's convention: the lab's gain is weight itself, initialised to "
-        "ones, x / sqrt(mean(x^2) + eps) * weight": x * torch.rsqrt(ms + eps) * (1 + weight),
+        Mistake("04.eps_outside_sqrt", "eps is added outside the square root: use x / sqrt(mean(x^2) + eps)"):
+            x / (ms.sqrt() + eps) * weight,
+        Mistake("04.no_gain", "the gain (weight) is not applied"): x * torch.rsqrt(ms + eps),
+        Mistake("04.divides_by_rsqrt", "x is divided by torch.rsqrt(mean(x^2) + eps): rsqrt is already 1 / sqrt, so "
+                                       "multiply by it, x * torch.rsqrt(mean(x^2) + eps), or divide by "
+                                       "torch.sqrt(...)"): x / torch.rsqrt(ms + eps) * weight,
+        Mistake("04.norm_wrong_axis", "it divides by the standard deviation over the wrong axis: normalise each "
+                                      "token over its C features (dim=-1)"):
+            x * torch.rsqrt(x.pow(2).mean(-2, keepdim=True) + eps) * weight,
+        Mistake("04.l2_norm", "it divides by the L2 norm, sqrt(sum(x^2)): the root mean square divides the sum by "
+                              "C, sqrt(mean(x^2) + eps) (the output is sqrt(C) times too small)"):
+            x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps) * weight,
+        Mistake("04.gain_plus_one", "the gain is applied as (1 + weight), Gemma's convention: the lab's gain is "
+                                    "weight itself, initialised to ones, x / sqrt(mean(x^2) + eps) * weight"):
+            x * torch.rsqrt(ms + eps) * (1 + weight),
     }
 
 
@@ -64,20 +70,27 @@ def swiglu_mistakes(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) ->
     gate, value = interleaved.chunk(2, dim=-1)  # each (..., F)
     silu = torch.nn.functional.silu
     return {
-        "the gate and the value are swapped: the first half of w_in's output is the gate (it goes through SiLU), "
-        "the second half the value": (silu(value) * gate) @ w_out.T,
-        "SiLU is applied to the value too: only the gate goes through SiLU": (silu(gate) * silu(value)) @ w_out.T,
-        "SiLU is applied to the product, silu(gate * value): only the gate goes through SiLU, then multiplies the "
-        "value, silu(gate) * value": silu(gate * value) @ w_out.T,
-        "the gate's SiLU is missing: silu(gate) * value": (gate * value) @ w_out.T,
-        "ReLU instead of SiLU on the gate: SiLU(g) = g * sigmoid(g)": (gate.relu() * value) @ w_out.T,
-        "sigmoid instead of SiLU on the gate: SiLU(g) = g * sigmoid(g)": (gate.sigmoid() * value) @ w_out.T,
-        "the gate and the value are added: SwiGLU multiplies them, silu(gate) * value":
+        Mistake("04.gate_value_swapped", "the gate and the value are swapped: the first half of w_in's output is "
+                                         "the gate (it goes through SiLU), the second half the value"):
+            (silu(value) * gate) @ w_out.T,
+        Mistake("04.silu_on_value", "SiLU is applied to the value too: only the gate goes through SiLU"):
+            (silu(gate) * silu(value)) @ w_out.T,
+        Mistake("04.silu_of_product", "SiLU is applied to the product, silu(gate * value): only the gate goes "
+                                      "through SiLU, then multiplies the value, silu(gate) * value"):
+            silu(gate * value) @ w_out.T,
+        Mistake("04.no_silu", "the gate's SiLU is missing: silu(gate) * value"): (gate * value) @ w_out.T,
+        Mistake("04.relu_gate", "ReLU instead of SiLU on the gate: SiLU(g) = g * sigmoid(g)"):
+            (gate.relu() * value) @ w_out.T,
+        Mistake("04.sigmoid_gate", "sigmoid instead of SiLU on the gate: SiLU(g) = g * sigmoid(g)"):
+            (gate.sigmoid() * value) @ w_out.T,
+        Mistake("04.gate_plus_value", "the gate and the value are added: SwiGLU multiplies them, silu(gate) * value"):
             (silu(gate) + value) @ w_out.T,
-        "GELU instead of SiLU on the gate (that is GeGLU): SwiGLU's gate goes through SiLU(g) = g * sigmoid(g)":
+        Mistake("04.gelu_gate", "GELU instead of SiLU on the gate (that is GeGLU): SwiGLU's gate goes through "
+                                "SiLU(g) = g * sigmoid(g)"):
             (torch.nn.functional.gelu(gate) * value) @ w_out.T,
-        "w_in's output is split into its even and odd columns: the gate is its first half and the value its second, "
-        "gate, value = w_in(x).chunk(2, dim=-1)": (silu(interleaved[..., 0::2]) * interleaved[..., 1::2]) @ w_out.T,
+        Mistake("04.interleaved_split", "w_in's output is split into its even and odd columns: the gate is its "
+                                        "first half and the value its second, gate, value = w_in(x).chunk(2, dim=-1)"):
+            (silu(interleaved[..., 0::2]) * interleaved[..., 1::2]) @ w_out.T,
     }
 
 
@@ -95,21 +108,28 @@ def block_mistakes(
     post = norm1(x + attn(x))
     normed = norm1(x) + attn(norm1(x))  # (B, T, C): the residual stream started from norm1(x)
     return {
-        "post-norm: the norms are applied after the residual additions, norm(x + sublayer(x)); a pre-norm block "
-        "normalises only each sublayer's input: x + attn(norm1(x))": norm2(post + mlp(post)),
-        "the attention's residual is missing: u = x + attn(norm1(x))": attn(norm1(x)) + mlp(norm2(attn(norm1(x)))),
-        "the MLP's residual is missing: y = u + mlp(norm2(u))": mlp(norm2(u)),
-        "the residual adds the normalised x, norm1(x) + attn(norm1(x)): the norm belongs to the sublayer's input "
-        "only, and the residual stream carries x itself, u = x + attn(norm1(x)), then y = u + mlp(norm2(u))":
+        Mistake("04.post_norm", "post-norm: the norms are applied after the residual additions, norm(x + "
+                                "sublayer(x)); a pre-norm block normalises only each sublayer's input: x + "
+                                "attn(norm1(x))"): norm2(post + mlp(post)),
+        Mistake("04.no_attention_residual", "the attention's residual is missing: u = x + attn(norm1(x))"):
+            attn(norm1(x)) + mlp(norm2(attn(norm1(x)))),
+        Mistake("04.no_mlp_residual", "the MLP's residual is missing: y = u + mlp(norm2(u))"): mlp(norm2(u)),
+        Mistake("04.residual_from_normed", "the residual adds the normalised x, norm1(x) + attn(norm1(x)): the norm "
+                                           "belongs to the sublayer's input only, and the residual stream carries x "
+                                           "itself, u = x + attn(norm1(x)), then y = u + mlp(norm2(u))"):
             norm2(normed) + mlp(norm2(normed)),
-        "the MLP reads norm2(x), not norm2(u): it must see the attention's result (sequential, not parallel)":
+        Mistake("04.parallel_mlp", "the MLP reads norm2(x), not norm2(u): it must see the attention's result "
+                                   "(sequential, not parallel)"):
             u + mlp(norm2(x)),
-        "norm1 is used before both sublayers: the MLP reads norm2(u), with its own gain": u + mlp(norm1(u)),
-        "the norms are not applied: each sublayer reads a normalised copy, attn(norm1(x)) and mlp(norm2(u))":
+        Mistake("04.norm1_twice", "norm1 is used before both sublayers: the MLP reads norm2(u), with its own gain"):
+            u + mlp(norm1(u)),
+        Mistake("04.no_norms", "the norms are not applied: each sublayer reads a normalised copy, attn(norm1(x)) "
+                               "and mlp(norm2(u))"):
             (x + attn(x)) + mlp(x + attn(x)),
     } | ({} if attn_without_rope is None else {
-        "rope is not passed on to the attention: call self.attn(self.norm1(x), rope=rope), or the block ignores the "
-        "rotary tables it is given": (plain := x + attn_without_rope(norm1(x))) + mlp(norm2(plain))})
+        Mistake("04.rope_not_passed", "rope is not passed on to the attention: call self.attn(self.norm1(x), "
+                                      "rope=rope), or the block ignores the rotary tables it is given"):
+            (plain := x + attn_without_rope(norm1(x))) + mlp(norm2(plain))})
 
 
 def _block_count_causes(config: GPTConfig) -> dict[str, list[tuple[int, str]]]:

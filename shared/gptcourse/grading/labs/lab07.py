@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ...checks import CheckFailed, check_close, check_dtype, check_shape, fail, fmt_shape
+from ...checks import CheckFailed, Mistake, check_close, check_dtype, check_shape, fail, fmt_shape
 from ...inference.sampling import filter_logits, generate
 from ...model.config import GPTConfig
 from ...training.loop import lm_loss, train_step
@@ -32,6 +32,7 @@ from ..fixtures import (
     gpt_inputs,
     gpt_with_tokens,
     loss_outputs,
+    switch_key,
 )
 from ..piece import Piece, declare
 from ..student import as_number, as_tensor, returns
@@ -62,27 +63,37 @@ def _loss_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     with torch.no_grad():
         logits = model(x)  # (B, T, V)
         mistakes = {
-            "the targets are not shifted: the target at position t is the next token, so x = tokens[:, :-1] and "
-            "y = tokens[:, 1:]": lm_loss(model, x, x),
-            "x and y are swapped: the model reads x = tokens[:, :-1] and predicts y = tokens[:, 1:]":
+            Mistake("07.targets_not_shifted", "the targets are not shifted: the target at position t is the next "
+                                              "token, so x = tokens[:, :-1] and y = tokens[:, 1:]"):
+            lm_loss(model, x, x),
+            Mistake("07.x_y_swapped", "x and y are swapped: the model reads x = tokens[:, :-1] and predicts y = "
+                                      "tokens[:, 1:]"):
                 lm_loss(model, y, x),
-            "the logits went through a softmax first: F.cross_entropy takes the raw logits (it applies "
-            "log_softmax itself)": F.cross_entropy(logits.softmax(-1).flatten(0, 1), y.flatten()),
-            "the loss is summed over the B x T positions: average it (F.cross_entropy's default "
-            "reduction='mean')": F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum"),
-            "only the last position is scored: every position t predicts token t + 1":
+            Mistake("07.softmax_before_loss", "the logits went through a softmax first: F.cross_entropy takes the "
+                                              "raw logits (it applies log_softmax itself)"):
+            F.cross_entropy(logits.softmax(-1).flatten(0, 1), y.flatten()),
+            Mistake("07.loss_summed", "the loss is summed over the B x T positions: average it (F.cross_entropy's "
+                                      "default reduction='mean')"):
+            F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum"),
+            Mistake("07.last_position_only", "only the last position is scored: every position t predicts token t + "
+                                             "1"):
                 F.cross_entropy(logits[:, -1], y[:, -1]),
-            "the targets are flattened in another order than the logits (y.T, or a transpose before the reshape): "
-            "row b * T + t of logits.flatten(0, 1) is sequence b's position t, so flatten y the same way, "
-            "y.flatten()": F.cross_entropy(logits.flatten(0, 1), y.T.flatten()),
+            Mistake("07.targets_flattened_transposed", "the targets are flattened in another order than the logits "
+                                                       "(y.T, or a transpose before the reshape): row b * T + t of "
+                                                       "logits.flatten(0, 1) is sequence b's position t, so flatten "
+                                                       "y the same way, y.flatten()"):
+            F.cross_entropy(logits.flatten(0, 1), y.T.flatten()),
         }
         if tokens.size(1) > 2:
-            mistakes["the targets are shifted twice: tokens[:, 1:] is already the next token, so position t is "
-                     "scored against token t + 2. Shift once: x = tokens[:, :-1], y = tokens[:, 1:], and compare "
-                     "model(x) with y as they are"] = F.cross_entropy(logits[:, :-1].flatten(0, 1), y[:, 1:].flatten())
+            mistakes[Mistake("07.targets_shifted_twice", "the targets are shifted twice: tokens[:, 1:] is already "
+                                                         "the next token, so position t is scored against token t + "
+                                                         "2. Shift once: x = tokens[:, :-1], y = tokens[:, 1:], and "
+                                                         "compare model(x) with y as they are")] = \
+                F.cross_entropy(logits[:, :-1].flatten(0, 1), y[:, 1:].flatten())
         if tokens.size(1) <= inputs["config"].context_length:
-            mistakes["the targets are not shifted: x and y are both the whole sequence; use x = tokens[:, :-1] "
-                     "and y = tokens[:, 1:]"] = lm_loss(model, tokens, tokens)
+            mistakes[Mistake("07.targets_not_shifted", "the targets are not shifted: x and y are both the whole "
+                                                       "sequence; use x = tokens[:, :-1] and y = tokens[:, 1:]")] = \
+                lm_loss(model, tokens, tokens)
     return mistakes
 
 
@@ -191,8 +202,8 @@ def _step_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 
     def mistakes(output: str) -> dict[str, torch.Tensor]:
         if not variants:
-            variants.update({what: _step_call(_wrong_train_step(**flags), inputs)
-                             for what, flags in STEP_MISTAKES.items()})
+            variants.update({Mistake(switch_key(_step_call, _wrong_train_step, flags), what):
+                             _step_call(_wrong_train_step(**flags), inputs) for what, flags in STEP_MISTAKES.items()})
         return {what: v[output] for what, v in variants.items()}
 
     try:
@@ -229,35 +240,47 @@ def probs_mistakes(logits: torch.Tensor, temperature: float, top_k: int | None) 
     """What common wrong temperature / top-k samplers give as next-token probabilities (B, V)."""
     k, tau = top_k, temperature
     mistakes = {
-        "the temperature is applied after the softmax: divide the logits by it first, softmax(logits / "
-        "temperature)": filter_logits(logits, k).softmax(-1) / tau,
-        "the probabilities are raised to the power 1 / temperature after the softmax, and not renormalised, so "
-        "no row sums to 1: divide the logits by the temperature before the softmax, softmax(logits / "
-        "temperature)": filter_logits(logits, k).softmax(-1) ** (1 / tau),
-        "the temperature is not applied: divide the logits by it before the softmax":
+        Mistake("07.temperature_after_softmax", "the temperature is applied after the softmax: divide the logits by "
+                                                "it first, softmax(logits / temperature)"):
+            filter_logits(logits, k).softmax(-1) / tau,
+        Mistake("07.temperature_power_after_softmax", "the probabilities are raised to the power 1 / temperature "
+                                                      "after the softmax, and not renormalised, so no row sums to "
+                                                      "1: divide the logits by the temperature before the softmax, "
+                                                      "softmax(logits / temperature)"):
+            filter_logits(logits, k).softmax(-1) ** (1 / tau),
+        Mistake("07.no_temperature", "the temperature is not applied: divide the logits by it before the softmax"):
             filter_logits(logits, k).softmax(-1),
-        "the logits are multiplied by the temperature: divide them, so that a temperature below 1 sharpens the "
-        "distribution": filter_logits(logits * tau, k).softmax(-1),
-        "the temperature is applied twice (softmax(logits / temperature**2)): divide the logits by it once, "
-        "before the softmax": filter_logits(logits / tau**2, k).softmax(-1),
-        "the softmax runs over the batch axis: each row (one sequence) is a distribution over the V tokens, "
-        "softmax(dim=-1)": filter_logits(logits / tau, k).softmax(0),
+        Mistake("07.temperature_multiplied", "the logits are multiplied by the temperature: divide them, so that a "
+                                             "temperature below 1 sharpens the distribution"):
+            filter_logits(logits * tau, k).softmax(-1),
+        Mistake("07.temperature_twice", "the temperature is applied twice (softmax(logits / temperature**2)): "
+                                        "divide the logits by it once, before the softmax"):
+            filter_logits(logits / tau**2, k).softmax(-1),
+        Mistake("07.softmax_over_batch", "the softmax runs over the batch axis: each row (one sequence) is a "
+                                         "distribution over the V tokens, softmax(dim=-1)"):
+            filter_logits(logits / tau, k).softmax(0),
     }
     if k is not None:
         scaled = logits / tau
         kept = filter_logits(scaled, k).isfinite()
         kth = torch.topk(scaled, min(k, scaled.size(-1)), dim=-1).values[..., -1:]  # (B, 1)
         mistakes |= {
-            "top-k keeps k - 1 tokens: mask only the logits *below* the k-th largest (logits < kth), keep the "
-            "k-th itself": scaled.masked_fill(scaled <= kth, float("-inf")).softmax(-1),
-            "top-k keeps k + 1 tokens: the k-th largest is torch.topk(logits, k).values[..., -1:], the last of "
-            "the k": filter_logits(scaled, k + 1).softmax(-1),
-            "the tokens outside the top k are set to 0, not -inf: exp(0) still gives them probability":
+            Mistake("07.top_k_minus_1", "top-k keeps k - 1 tokens: mask only the logits *below* the k-th largest "
+                                        "(logits < kth), keep the k-th itself"):
+            scaled.masked_fill(scaled <= kth, float("-inf")).softmax(-1),
+            Mistake("07.top_k_plus_1", "top-k keeps k + 1 tokens: the k-th largest is torch.topk(logits, "
+                                       "k).values[..., -1:], the last of the k"):
+            filter_logits(scaled, k + 1).softmax(-1),
+            Mistake("07.top_k_fill_zero", "the tokens outside the top k are set to 0, not -inf: exp(0) still gives "
+                                          "them probability"):
                 scaled.masked_fill(~kept, 0.0).softmax(-1),
-            "the probabilities outside the top k are zeroed after the softmax without renormalising: set those "
-            "logits to -inf before the softmax, so the k left sum to 1": scaled.softmax(-1) * kept,
-            "one top-k threshold for the whole batch (the smallest k-th largest of all rows), so some rows keep "
-            "more than k: take the k-th largest of each row, torch.topk(logits, k).values[..., -1:], shape (B, 1)":
+            Mistake("07.top_k_zeroed_after_softmax", "the probabilities outside the top k are zeroed after the "
+                                                     "softmax without renormalising: set those logits to -inf "
+                                                     "before the softmax, so the k left sum to 1"):
+            scaled.softmax(-1) * kept,
+            Mistake("07.top_k_batch_threshold", "one top-k threshold for the whole batch (the smallest k-th largest "
+                                                "of all rows), so some rows keep more than k: take the k-th largest "
+                                                "of each row, torch.topk(logits, k).values[..., -1:], shape (B, 1)"):
                 scaled.masked_fill(scaled < kth.min(), float("-inf")).softmax(-1),
         }
     return mistakes
@@ -325,14 +348,16 @@ def _sample_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         raise fail("the generator was not used: at temperature > 0 draw with torch.multinomial(probs, 1, "
                    "generator=generator), so that the same seed gives the same tokens (without it the draws come from "
                    "torch's global random state, and a check of them passes or fails by chance)")
-    mistakes = {"the logits of the first position were used: the next token follows the *last* position, "
-                "logits[:, -1]": _sample_call(_first_position, inputs)["next_id"]}
+    mistakes = {Mistake("07.first_position", "the logits of the first position were used: the next token follows "
+                                             "the *last* position, logits[:, -1]"):
+            _sample_call(_first_position, inputs)["next_id"]}
     if inputs["temperature"] > 0:
         mistakes |= {
-            "the most likely token was taken (argmax): at temperature > 0, draw from the probabilities with "
-            "torch.multinomial(probs, 1, generator=generator)":
+            Mistake("07.argmax_sampling", "the most likely token was taken (argmax): at temperature > 0, draw from "
+                                          "the probabilities with torch.multinomial(probs, 1, generator=generator)"):
                 _sample_call(_sample_next_token, inputs | {"temperature": 0.0})["next_id"],
-            "temperature and top-k were not applied: use next_token_probs(logits, temperature, top_k)":
+            Mistake("07.sampling_unfiltered", "temperature and top-k were not applied: use next_token_probs(logits, "
+                                              "temperature, top_k)"):
                 _sample_call(_sample_next_token, inputs | {"temperature": 1.0, "top_k": None})["next_id"],
         }
     check_close(next_id, expected["next_id"], "the next tokens", atol=0, rtol=0, mistakes=mistakes)

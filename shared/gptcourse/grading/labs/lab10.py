@@ -17,7 +17,17 @@ from torch import nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
-from ...checks import LOG_EPSILONS, check_close, check_dtype, check_shape, eps_in_log_mistakes, fail, fmt_shape
+from ...checks import (
+    LOG_EPSILONS,
+    Mistake,
+    check_close,
+    check_dtype,
+    check_shape,
+    eps_in_log_mistakes,
+    fail,
+    fmt_shape,
+    mistake_key,
+)
 from ...finetuning.lora import LoRALinear
 from ...finetuning.losses import IGNORE_INDEX, bradley_terry_loss, response_labels
 from ...model.causal_attention import causal_mask, padding_mask
@@ -59,14 +69,17 @@ def _mask_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     real_key, real_query = mask.bool()[:, None, None, :], mask.bool()[:, None, :, None]
     itself, causal = torch.eye(t, dtype=torch.bool), causal_mask(t)
     return {
-        "it is not causal: combine the padding with the causal mask (key j <= query i), or real tokens see the "
-        "future": real_key | itself,
-        "it masks the pad *queries* instead of the pad *keys*: a real query must not look at a pad key, so index "
-        "the attention mask along the last axis, attention_mask[:, None, None, :]": causal & (real_query | itself),
-        "True and False are swapped for the padding: True marks a real token (attention_mask == 1) that may be "
-        "attended to": causal & (~real_key | itself),
-        "a pad query sees nothing at all: its row is all False, and a softmax over a row of -inf is NaN (which "
-        "reaches the gradients). Let every position attend to itself: | torch.eye(T, dtype=torch.bool)":
+        Mistake("10.mask_not_causal", "it is not causal: combine the padding with the causal mask (key j <= query "
+                                      "i), or real tokens see the future"): real_key | itself,
+        Mistake("10.mask_pad_queries", "it masks the pad *queries* instead of the pad *keys*: a real query must not "
+                                       "look at a pad key, so index the attention mask along the last axis, "
+                                       "attention_mask[:, None, None, :]"): causal & (real_query | itself),
+        Mistake("10.mask_inverted", "True and False are swapped for the padding: True marks a real token "
+                                    "(attention_mask == 1) that may be attended to"): causal & (~real_key | itself),
+        Mistake("10.mask_pad_query_sees_nothing", "a pad query sees nothing at all: its row is all False, and a "
+                                                  "softmax over a row of -inf is NaN (which reaches the gradients). "
+                                                  "Let every position attend to itself: | torch.eye(T, "
+                                                  "dtype=torch.bool)"):
             causal & real_key,
     }
 
@@ -84,7 +97,7 @@ def _mask_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         return
     for what, wrong in _mask_mistakes(inputs).items():
         if torch.equal(allowed, wrong.expand_as(allowed)):
-            raise fail(f"the mask: {what}.")
+            raise fail(f"the mask: {what}.", mistake_key(what))
     diff = (allowed != want).nonzero()
     b, _, i, j = (int(v) for v in diff[0])
     raise fail(f"the mask: {len(diff)} of {allowed.numel()} entries are wrong, e.g. [{b}, 0, {i}, {j}] is "
@@ -110,17 +123,22 @@ def _pool_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     first_real = torch.tensor([int(row.nonzero().min()) for row in mask])
     last_real = torch.tensor([int(row.nonzero().max()) for row in mask])
     return {
-        "position -1 was read: in a right-padded batch that is a pad for every sequence but the longest. Read "
-        "each row at its last real token (the rightmost 1 of its attention mask)": hidden[:, -1],
-        "the last real token was taken at attention_mask.sum(-1) - 1: that is right only when the padding is on "
-        "the right. With left padding the last real token is at T - 1; find the rightmost 1 of each row instead, "
-        "e.g. (torch.arange(T) * attention_mask).argmax(-1)": _gather(hidden, (mask.sum(-1) - 1).clamp(min=0)),
-        "the first real token was read: only the last real token has attended to the whole sequence":
+        Mistake("10.pool_position_minus_one", "position -1 was read: in a right-padded batch that is a pad for "
+                                              "every sequence but the longest. Read each row at its last real token "
+                                              "(the rightmost 1 of its attention mask)"): hidden[:, -1],
+        Mistake("10.pool_mask_sum", "the last real token was taken at attention_mask.sum(-1) - 1: that is right "
+                                    "only when the padding is on the right. With left padding the last real token "
+                                    "is at T - 1; find the rightmost 1 of each row instead, e.g. (torch.arange(T) * "
+                                    "attention_mask).argmax(-1)"): _gather(hidden, (mask.sum(-1) - 1).clamp(min=0)),
+        Mistake("10.pool_first_real", "the first real token was read: only the last real token has attended to the "
+                                      "whole sequence"):
             _gather(hidden, first_real),
-        "the row index is not the batch index: hidden[last % B, last] (or hidden[last, last]) reads row last[b] "
-        "for sequence b. Pair each row with its own position, hidden[torch.arange(B), last]":
+        Mistake("10.pool_row_index", "the row index is not the batch index: hidden[last % B, last] (or hidden[last, "
+                                     "last]) reads row last[b] for sequence b. Pair each row with its own position, "
+                                     "hidden[torch.arange(B), last]"):
             hidden[last_real % hidden.size(0), last_real],
-        "the states were averaged: read the one state of the last real token": (hidden * mask[..., None]).sum(1)
+        Mistake("10.pool_averaged", "the states were averaged: read the one state of the last real token"):
+            (hidden * mask[..., None]).sum(1)
             / mask.sum(1, keepdim=True),
     }
 
@@ -145,21 +163,28 @@ def _labels_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         return ids.masked_fill(~kept, fill)
 
     return {
-        "the response is masked instead of the prompt: the model must learn to produce the response, so -100 goes "
-        "on the prompt (and the padding), and the response keeps its token ids": keeping((index < prompt) & real),
-        "the padding is not masked: pads are not text to learn, give them -100 too":
+        Mistake("10.labels_mask_response", "the response is masked instead of the prompt: the model must learn to "
+                                           "produce the response, so -100 goes on the prompt (and the padding), and "
+                                           "the response keeps its token ids"): keeping((index < prompt) & real),
+        Mistake("10.labels_padding_kept", "the padding is not masked: pads are not text to learn, give them -100 too"):
             keeping(~((index < prompt) & real)),
-        "the masked positions hold 0: F.cross_entropy skips targets equal to -100 (its ignore_index), 0 is a "
-        "token id it would learn": keeping((index >= prompt) & real, fill=0),
-        "the last prompt token is kept: the first prompt_lengths[b] real tokens of row b are the prompt":
+        Mistake("10.labels_fill_zero", "the masked positions hold 0: F.cross_entropy skips targets equal to -100 "
+                                       "(its ignore_index), 0 is a token id it would learn"):
+            keeping((index >= prompt) & real, fill=0),
+        Mistake("10.labels_last_prompt_kept", "the last prompt token is kept: the first prompt_lengths[b] real "
+                                              "tokens of row b are the prompt"):
             keeping((index >= prompt - 1) & real),
-        "the first response token is masked: the response starts right after the prompt_lengths[b] prompt tokens":
+        Mistake("10.labels_first_response_masked", "the first response token is masked: the response starts right "
+                                                   "after the prompt_lengths[b] prompt tokens"):
             keeping((index > prompt) & real),
-        "the prompt was counted from position 0 of the row: with left padding the prompt starts after the pads, "
-        "so count real tokens (attention_mask.cumsum(-1) - 1 is each real token's index in its sequence)":
+        Mistake("10.labels_prompt_from_zero", "the prompt was counted from position 0 of the row: with left padding "
+                                              "the prompt starts after the pads, so count real tokens "
+                                              "(attention_mask.cumsum(-1) - 1 is each real token's index in its "
+                                              "sequence)"):
             keeping((torch.arange(ids.size(1))[None, :] >= prompt) & real),
-        "the labels are shifted by one: labels[:, t] is the token at t itself (or -100); the loss does the shift, "
-        "comparing logits[:, t] with labels[:, t + 1]": F.pad(keeping((index >= prompt) & real)[:, 1:], (0, 1),
+        Mistake("10.labels_shifted", "the labels are shifted by one: labels[:, t] is the token at t itself (or "
+                                     "-100); the loss does the shift, comparing logits[:, t] with labels[:, t + 1]"):
+            F.pad(keeping((index >= prompt) & real)[:, 1:], (0, 1),
                                                              value=IGNORE_INDEX),
     }
 
@@ -195,14 +220,18 @@ def _bt_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         raise fail("the loss is inf or NaN: for a large negative difference sigmoid(d) rounds to 0 and log(0) is "
                    "-inf. Use F.logsigmoid(d), which computes log sigmoid(d) without forming sigmoid(d)")
     mistakes = {
-        "chosen and rejected are swapped: the loss is small when the chosen answer's reward is the larger, "
-        "-log sigmoid(chosen - rejected)": -F.logsigmoid(rejected - chosen).mean(),
-        "the minus sign is missing: minimise -log sigmoid(chosen - rejected), the negative log-likelihood":
+        Mistake("10.bt_swapped", "chosen and rejected are swapped: the loss is small when the chosen answer's "
+                                 "reward is the larger, -log sigmoid(chosen - rejected)"):
+            -F.logsigmoid(rejected - chosen).mean(),
+        Mistake("10.bt_no_minus", "the minus sign is missing: minimise -log sigmoid(chosen - rejected), the "
+                                  "negative log-likelihood"):
             F.logsigmoid(d).mean(),
-        "the log is missing: the loss is -log sigmoid(chosen - rejected)": -torch.sigmoid(d).mean(),
-        "the loss is summed over the pairs: average it with .mean()": -F.logsigmoid(d).sum(),
-        "the differences were averaged before the log-sigmoid: the loss is the mean of each pair's "
-        "-log sigmoid(chosen - rejected)": -F.logsigmoid(d.mean()),
+        Mistake("10.bt_no_log", "the log is missing: the loss is -log sigmoid(chosen - rejected)"):
+            -torch.sigmoid(d).mean(),
+        Mistake("10.bt_summed", "the loss is summed over the pairs: average it with .mean()"): -F.logsigmoid(d).sum(),
+        Mistake("10.bt_mean_before_log_sigmoid", "the differences were averaged before the log-sigmoid: the loss is "
+                                                 "the mean of each pair's -log sigmoid(chosen - rejected)"):
+            -F.logsigmoid(d.mean()),
     } | eps_in_log_mistakes(torch.sigmoid(d), "sigmoid(d)", "pair", "for a pair far the wrong way round sigmoid(d) "
                             "is 0 in float32. Use F.logsigmoid(d), which never forms sigmoid(d)") | {
         f"sigmoid(d) was clamped to at least {eps:g} before the log: finite, but it caps each pair's loss at "

@@ -13,7 +13,11 @@ For every autograded test cell (a grade cell whose source, restored from the gra
 4. a cell whose kernel sent messages the grader cannot read (`execute.message_problem`: they were dropped and the
    cell got a `FORGED` error output) fails every test, with that reason;
 5. the cell's outputs are replaced: one line per passing test, or a single error output holding only the
-   diagnostics (nbgrader scores a cell with an error output 0), never a traceback or the test's source.
+   diagnostics (nbgrader scores a cell with an error output 0), never a traceback or the test's source;
+6. beside them, in the cell's metadata under the course's key, a record per test of the grader's own verdict (lab,
+   piece, case, passed, outcome, points, the key of the mistake recognised: `verdict_records`), which
+   `gptcourse report` reads (`classroom/class_report.py`); the key is first dropped from every cell, so nothing
+   the submission held there survives (`sanitize.trusted_metadata` already drops it).
 A piece whose reference implementation the student uses (its `Piece.forbidden`, see `forbidden.py`) scores 0 in
 every test of it, with a report line that says why. Two independent findings lead there:
 - the static scan of the cells' source (`find_forbidden`), here: imports, aliases, subclasses, attribute chains;
@@ -36,11 +40,13 @@ from nbgrader.preprocessors import NbGraderPreprocessor
 from ..cases import CaseId
 from ..forbidden import Finding, find_forbidden
 from ..handles import HANDLES, named_payload
-from ..payload import MIME, judge_payload, reference_text
+from ..payload import MIME, Judged, judged, reference_text
 from ..piece import forbidden_names
-from .report import add_line, cell_label
+from .report import KEY, add_line, cell_label
 
 STOP_REASON_CHARS = 300
+AFTER_FAILURE = "an earlier test of this cell failing"  # why a test after a failing one has no result
+RECORDED_MESSAGE_CHARS = 1200  # of a verdict's message, kept in the cell's record for the class report
 FORGED = "ForgedOutput"  # the ename of the error output RobustExecute gives a cell whose kernel sent forged messages
 
 
@@ -72,7 +78,7 @@ def _stop_reason(cell: NotebookNode) -> str:
     for output in cell.get("outputs", []):
         if output.get("output_type") == "error":
             if output.get("ename") == "CheckFailed":
-                return "an earlier test of this cell failing"
+                return AFTER_FAILURE
             text = f"{output.get('ename', '')}: {output.get('evalue', '')}".strip(": ")
             return text[:STOP_REASON_CHARS]
     return ""
@@ -94,7 +100,7 @@ def reported_references(cell: NotebookNode, test_ids: list[str]) -> dict[str, tu
 
 
 def _until_first_failure(payloads: list[object], test_ids: list[str],
-                         student: str | None) -> tuple[list[object], dict[int, tuple[bool, str]]]:
+                         student: str | None) -> tuple[list[object], dict[int, Judged]]:
     """The cell's payloads of `test_ids` up to and including the first that fails, and the verdicts on them (by
     position).
 
@@ -103,12 +109,12 @@ def _until_first_failure(payloads: list[object], test_ids: list[str],
     here judges both cells alike: a test after a failing one is "not run", exactly as before.
     """
     kept: list[object] = []
-    verdicts: dict[int, tuple[bool, str]] = {}
+    verdicts: dict[int, Judged] = {}
     for payload in payloads:
         kept.append(payload)
         if isinstance(payload, dict) and payload.get("test_id") in test_ids:
-            verdicts[len(kept) - 1] = verdict = judge_payload(payload, student)
-            if not verdict[0]:
+            verdicts[len(kept) - 1] = verdict = judged(payload, student)
+            if not verdict.passed:
                 break
     return kept, verdicts
 
@@ -117,27 +123,51 @@ def judge_cell(cell: NotebookNode, test_ids: list[str], banned: dict[str, str],
                student: str | None = None) -> tuple[bool, list[str]]:
     """(all passed, one message per test id) from the cell's recorded payloads, hidden cases with `student`'s
     seeds; `banned`: piece -> reason."""
+    passed, verdicts = cell_verdicts(cell, test_ids, banned, student)
+    return passed, [verdict.message for verdict in verdicts]
+
+
+def cell_verdicts(cell: NotebookNode, test_ids: list[str], banned: dict[str, str],
+                  student: str | None = None) -> tuple[bool, list[Judged]]:
+    """`judge_cell`'s verdicts whole: with each test's outcome and the key of the mistake recognised."""
     forged = [out.get("evalue", "") for out in cell.get("outputs", [])
               if out.get("output_type") == "error" and out.get("ename") == FORGED]
     if forged:
-        return False, [f"{test_id}: 0 points: while this cell ran, {forged[0]}" for test_id in test_ids]
+        return False, [Judged(False, f"{test_id}: 0 points: while this cell ran, {forged[0]}", "forged")
+                       for test_id in test_ids]
     recorded = _payloads(cell)
-    payloads, judged = _until_first_failure(recorded, test_ids, student)
-    reason = "an earlier test of this cell failing" if len(payloads) < len(recorded) else _stop_reason(cell)
+    payloads, judged_at = _until_first_failure(recorded, test_ids, student)
+    reason = AFTER_FAILURE if len(payloads) < len(recorded) else _stop_reason(cell)
     verdicts = []
     for test_id in test_ids:
         mine = [i for i, p in enumerate(payloads) if isinstance(p, dict) and p.get("test_id") == test_id]
         if _piece(test_id) in banned:
-            verdicts.append((False, f"{test_id}: 0 points: {banned[_piece(test_id)]}"))
+            verdicts.append(Judged(False, f"{test_id}: 0 points: {banned[_piece(test_id)]}", "reference"))
         elif not mine:
             stopped = f" (it stopped with {reason})" if reason else ""
-            verdicts.append((False, f"no result recorded for {test_id}: the test cell did not run to the end{stopped}"))
+            verdicts.append(Judged(False, f"no result recorded for {test_id}: the test cell did not run to the "
+                                          f"end{stopped}", "skipped" if reason == AFTER_FAILURE else "not_run"))
         elif len(mine) > 1:
-            verdicts.append((False, f"{len(mine)} results recorded for {test_id}, expected one: a test records its "
-                                    "result once"))
+            verdicts.append(Judged(False, f"{len(mine)} results recorded for {test_id}, expected one: a test "
+                                          "records its result once", "unreadable"))
         else:
-            verdicts.append(judged[mine[0]])
-    return all(passed for passed, _ in verdicts), [message for _, message in verdicts]
+            verdicts.append(judged_at[mine[0]])
+    return all(verdict.passed for verdict in verdicts), verdicts
+
+
+def verdict_records(cell: NotebookNode, test_ids: list[str], passed: bool, verdicts: list[Judged]) -> list[dict]:
+    """What the class report reads of a test cell (`classroom/class_report.py`), one record per test id: the
+    grader's own verdict, never anything the kernel wrote. nbgrader scores a cell all or nothing: each case holds
+    an equal share of the cell's points, earned when the whole cell passes."""
+    share = float(cell.metadata.get("nbgrader", {}).get("points") or 0) / max(len(test_ids), 1)
+    records = []
+    for test_id, verdict in zip(test_ids, verdicts, strict=True):
+        case = _parsed(test_id)
+        records.append({"lab": case.lab, "piece": case.piece, "case": test_id, "hidden": case.hidden,
+                        "passed": verdict.passed, "outcome": verdict.outcome, "mistake": verdict.mistake,
+                        "points": share if passed else 0.0, "max_points": share,
+                        "message": verdict.message[:RECORDED_MESSAGE_CHARS]})
+    return records
 
 
 def _rewrite(cell: NotebookNode, passed: bool, messages: list[str]) -> None:
@@ -172,9 +202,12 @@ class JudgeTestCells(NbGraderPreprocessor):
                     banned[piece] = f"the object that {test_id} checks {text}"
                     add_line(nb, f"{cell_label(cell, i)}: the object that {test_id} checks {text}, the reference for "
                                  f"a piece you must write: 0 points for {prefix}.{piece}.*")
+        for cell in nb.cells:  # the course's namespace in a cell's metadata is the grader's alone
+            cell.get("metadata", {}).pop(KEY, None)
         for _, cell, ids in tests:
-            passed, messages = judge_cell(cell, ids, banned, student)
-            _rewrite(cell, passed, messages)
+            passed, verdicts = cell_verdicts(cell, ids, banned, student)
+            _rewrite(cell, passed, [verdict.message for verdict in verdicts])
+            cell.metadata[KEY] = {"verdicts": verdict_records(cell, ids, passed, verdicts)}
         return nb, resources
 
     def _banned_pieces(self, nb: NotebookNode, forbidden: dict[str, tuple[str, ...]],

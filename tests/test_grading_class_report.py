@@ -1,0 +1,228 @@
+"""`gptcourse report LAB` on synthetic classes: the verdict records a judge writes, each planted mistake counted,
+the passed-visible-failed-hidden students, the histogram's bins, the compare, pseudonyms, escaping and the CSV.
+The same report on a class that nbgrader graded: tests/test_labs_02.py (`test_class_report_counts_what_was_planted`);
+in Chromium: tests/browser/test_class_report_in_browser.py."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+
+import pytest
+from synthetic_class import CELLS, HOSTILE, LAB, PLANTED, ROOT, STOPPED, course_with, score
+
+from gptcourse import cli
+from gptcourse.grading.classroom import class_report
+
+
+@pytest.fixture
+def root(tmp_path):
+    return course_with(tmp_path, PLANTED)
+
+
+def test_cells_table_is_the_labs():
+    solution = json.loads((ROOT / "solutions" / LAB / f"{LAB}.ipynb").read_text())
+    found = {c["metadata"]["nbgrader"]["grade_id"]: (c["metadata"]["nbgrader"]["points"],
+                                                     re.findall(r'check\("([^"]+)"', "".join(c["source"])))
+             for c in solution["cells"] if c["metadata"].get("nbgrader", {}).get("grade")}
+    assert found == CELLS
+
+
+def test_each_planted_mistake_is_counted_by_student(root):
+    report = class_report.build(root, LAB)
+    ranked = [(m.key, m.students) for m in report.mistakes()]
+    assert ranked == [("02.unscaled", ("unscaled-1", "unscaled-2", "unscaled-3")),
+                      ("mask.wrong_triangle", ("triangle-1", "triangle-2")),
+                      ("02.no_value_projection", ("square-1",)), ("02.swapped", ("swapped-1",))]
+    assert report.mistakes()[0].pieces == ("attention", "AttentionHead")
+    assert report.mistakes()[0].message == "02.unscaled: what to do"  # the diagnosis, the case's line cut
+
+
+def test_passed_visible_failed_hidden_per_piece(root):
+    pieces = {row.piece: row for row in class_report.build(root, LAB).pieces()}
+    assert pieces["attention"].visible_not_hidden == ("heads-1", "heads-2")
+    assert pieces["AttentionHead"].visible_not_hidden == ("square-1",)
+    assert sorted(pieces["causal_mask"].visible_not_hidden) == sorted(HOSTILE)
+    graded = len(PLANTED) + len(STOPPED)
+    assert pieces["causal_mask"].graded == graded
+    assert pieces["causal_mask"].visible_passed == graded - 2  # the two triangles
+    assert pieces["attention"].visible_passed == graded - 3 - 1  # three unscaled, the stopped one
+    assert pieces["AttentionHead"].visible_passed == graded - 1 - 1 - 1  # unscaled-2, swapped-1, the stopped one
+
+
+def test_histogram_bins_are_one_point_wide_and_hold_every_score(root):
+    report = class_report.build(root, LAB)
+    assert report.max_score == 15
+    scores = [score(f) for f in PLANTED.values()] + [score(dict.fromkeys(CELLS["test_attention"][1]
+                                                                         + CELLS["test_AttentionHead"][1]))]
+    assert sorted(s.score for s in report.graded) == sorted(scores)
+    bins = report.histogram()
+    assert [(lo, hi) for lo, hi, _ in bins] == [(k, k + 1) for k in range(15)]
+    assert [n for _, _, n in bins] == [sum(min(s, 14) == k for s in scores) for k in range(15)]  # 15 in the last
+    assert bins[-1][2] == 2 + len(HOSTILE)  # [14, 15], full marks included: ok-1, ok-2 and those who lost 1 point
+    assert bins[13][2] == 4  # heads-1, heads-2, square-1, triangle-1
+
+
+def test_score_bins_of_a_large_lab_are_twenty():
+    bins = class_report.score_bins([0, 49.9, 50, 100], 100)
+    assert len(bins) == 20 and bins[9] == (45.0, 50.0, 1) and bins[10][2] == 1 and bins[-1][2] == 1
+
+
+def test_runs_that_stopped_and_submissions_never_graded_are_listed(root):
+    stopped = dict(class_report.build(root, LAB).stopped())
+    assert set(stopped) == {"stopped-1", "never-graded"}
+    assert stopped["stopped-1"][0] == STOPPED["stopped-1"][0]
+    assert "autograde did not finish" in stopped["never-graded"][0]
+
+
+def test_records_the_grader_did_not_write_for_that_cell_are_ignored(root):
+    """A record on a solution cell, on a grade cell whose source does not name its case, of another lab or with
+    odd types does not count: only the judge's, on the cell it judged."""
+    path = root / "grading" / "autograded" / "ok-1" / LAB / f"{LAB}.ipynb"
+    nb = json.loads(path.read_text())
+    forged = {"lab": "02", "piece": "attention", "case": "02.attention.visible", "hidden": False, "passed": False,
+              "outcome": "wrong", "mistake": "02.forged", "points": 0.0, "max_points": 3.0, "message": "x"}
+    for cell in nb["cells"]:
+        grading = cell["metadata"].get("nbgrader", {})
+        if grading.get("solution") or not grading.get("grade"):
+            cell["metadata"]["gptcourse"] = {"verdicts": [forged]}
+        elif grading["grade_id"] == "test_causal_mask":
+            cell["metadata"]["gptcourse"]["verdicts"] += [forged, forged | {"case": "03.causal_mask.visible"}]
+        elif grading["grade_id"] == "test_attention":
+            cell["metadata"]["gptcourse"]["verdicts"] += [forged | {"passed": "yes"}, forged | {"points": 1e9},
+                                                           forged | {"case": ["02.attention.visible"]}, "x", None]
+    path.write_text(json.dumps(nb))
+    report = class_report.build(root, LAB)
+    assert "02.forged" not in {m.key for m in report.mistakes()}
+    assert next(s for s in report.submissions if s.student == "ok-1").score == 15
+
+
+def test_files_are_written_escaped_and_formula_safe(root, monkeypatch, capsys):
+    monkeypatch.chdir(root)
+    assert cli.main(["report"]) == 0  # every lab graded: lab 02
+    assert "02.unscaled (3)" in capsys.readouterr().out
+    folder = root / "grading" / "reports" / LAB
+    page = (folder / "index.html").read_text()
+    assert "<script" not in page.lower() and "onerror=alert" not in page.replace("onerror=alert(1)&gt;", "")
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "default-src 'none'" in page and "http://" not in page and "https://" not in page
+    assert page.count("<img alt='figure' src='data:image/png;base64,") == 3
+    assert "<li>the most common named mistake: 02.unscaled, 3 students</li>" in page
+    assert "failed a hidden one (are the instructions clear?): causal_mask 6, attention 2, AttentionHead 1" in page
+    assert "lesson 02, 3. Why divide by" in page or "lesson 02, 2. The causal mask" in page
+    with open(folder / "report.csv", encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert not [r for r in rows if r["student"][:1] in ("=", "+", "-", "@", "\t", "\r")]
+    assert {"'" + h for h in HOSTILE if h[0] != "<"} <= {r["student"] for r in rows}
+    assert len(rows) == sum(len(cases) for _, cases in CELLS.values()) * (len(PLANTED) + 1) + 1  # + never-graded
+    pages = {p.name for p in (folder / "students").iterdir()}
+    assert "unscaled-1.html" in pages and len(pages) == len(PLANTED) + 2
+    mine = (folder / "students" / "unscaled-2.html").read_text()
+    assert "02.unscaled" in mine and "unscaled-1" not in mine and "triangle" not in mine
+
+
+def test_anonymous_pseudonyms_are_stable_and_hide_every_id(root, monkeypatch):
+    monkeypatch.setenv("GPTCOURSE_SECRET", "s3cret")
+    first = class_report.write_report(root, LAB, anonymous=True)
+    page = (first.folder / "index.html").read_text()
+    assert not any(student in page for student in ("unscaled-1", "heads-2", "square-1", "stopped-1"))
+    assert "students/" not in page
+    again = class_report.build(root, LAB, anonymous=True)
+    assert again.names == first.report.names and len(set(again.names.values())) == len(again.names)
+    assert all(name.startswith("student-") for name in again.names.values())
+    monkeypatch.setenv("GPTCOURSE_SECRET", "other")
+    assert class_report.build(root, LAB, anonymous=True).names != again.names
+
+
+def test_compare_shows_what_changed_since_another_round(tmp_path):
+    first = course_with(tmp_path / "first", PLANTED)
+    fixed = PLANTED | {"unscaled-1": {}, "unscaled-2": {}, "heads-1": {"02.attention.visible": ("wrong", "02.swapped")}}
+    second = course_with(tmp_path / "second", fixed)
+    written = class_report.write_report(second, LAB, compare=first / "grading")
+    page = (written.folder / "index.html").read_text()
+    section = page.split("Since the other round", 1)[1]
+    assert "<tr><td>02.unscaled</td><td>3</td><td>1</td></tr>" in section
+    assert "<tr><td>02.swapped</td><td>1</td><td>2</td></tr>" in section  # swapped-1, and heads-1 now
+    assert "3 students in both rounds changed their score" in section
+    with pytest.raises(SystemExit, match="holding autograded/"):
+        class_report.write_report(second, LAB, compare=tmp_path)
+
+
+def test_every_mistake_key_is_one_the_report_reads():
+    """Each `Mistake("key", ...)` of the checks and the lab modules: a key the report keeps (`_MISTAKE`), declared
+    in one module (twice there for two wordings of one mistake, lab 07's unshifted targets), a lab's own starting
+    with its number (lab 04: "04.") and the shared checks' and the attention catalogue's with their topic."""
+    import ast
+
+    grading = ROOT / "shared" / "gptcourse"
+    found: dict[str, list[str]] = {}
+    for path in [grading / "checks.py", grading / "grading" / "attention_mistakes.py",
+                 *sorted((grading / "grading" / "labs").glob("lab*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Mistake" \
+                    and isinstance(node.args[0], ast.Constant):  # not `fixtures.switch_key`'s, tested below
+                found.setdefault(node.args[0].value, []).append(path.stem)
+    assert {"attention.unscaled", "04.post_norm", "mask.wrong_triangle"} <= set(found)
+    twice = {key: where for key, where in found.items() if len(set(where)) > 1}
+    assert not twice, twice
+    bad = {key: where for key, where in found.items() if not class_report._MISTAKE.fullmatch(key)
+           or not key.startswith(where[0][3:] + "." if where[0].startswith("lab") else ("mask.", "softmax.", "attention."))}
+    assert not bad, bad
+
+
+def test_the_report_imports_neither_torch_nor_nbgrader(root):
+    """It reads JSON: seconds of imports saved on every run (nbgrader alone took 4 s; `spreadsheet.py` exists for
+    this)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom gptcourse.cli import main\nmain(['report', '02_causal_attention'])\n"
+            "print(' '.join(sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout
+    modules = set(out.splitlines()[-1].split())
+    assert "gptcourse.grading.classroom.class_report" in modules and "matplotlib" in modules
+    assert not {"torch", "nbgrader", "nbformat"} & modules
+    with pytest.raises(SystemExit, match="not a lab name"):
+        cli.main(["report", "lab02"])
+
+
+@pytest.mark.parametrize(("student", "case", "key"), [
+    ("coupled-decay", "09.adamw_step.visible", "09.adamw_step:decay=gradient"),
+    ("warmup-from-zero", "09.lr_at.visible", "09.lr_at:warmup_from_zero=True"),
+    ("mask-pad-query-sees-nothing", "10.padding_mask.visible", "10.mask_pad_query_sees_nothing"),
+    ("pool-mask-sum", "10.last_real_token.left", "10.pool_mask_sum"),
+    ("bt-mean-before-log-sigmoid", "10.bradley_terry_loss.visible", "10.bt_mean_before_log_sigmoid"),
+    ("targets-shifted-twice", "07.next_token_loss.visible", "07.targets_shifted_twice"),
+    ("no-zero-grad", "07.train_step.twice", "07.train_step:zero_grad=False"),
+    ("temperature-twice", "07.next_token_probs.visible", "07.temperature_twice"),
+    ("first-position", "07.sample_next_token.visible", "07.first_position")])
+def test_round_trip_students_are_judged_with_their_mistakes_key(student, case, key):
+    """Round-trip students of labs 07, 09 and 10, judged in-process as the grader judges a payload: the mistakes
+    that a by-hand function's switches give (`fixtures.mistaken`: labs 09, 13, 15; lab 07's train_step) are keyed by
+    them, the tables' by their `Mistake`s (lab 10's mask judge's own loop too)."""
+    import importlib
+
+    from lab_roundtrip import solved_namespace
+
+    from gptcourse.grading.cases import case_seed, get_case
+    from gptcourse.grading.kernel import run_case
+    from gptcourse.grading.payload import judged
+
+    lab = {"07": "07_training_and_generation", "09": "09_training_by_hand", "10": "10_finetuning_and_rewards"}[case[:2]]
+    answers = importlib.import_module(f"test_labs_{case[:2]}").WRONG[student][0]
+    obj = solved_namespace(lab, answers)[case.split(".")[1]]
+    verdict = judged(run_case(get_case(case), case_seed(get_case(case)), obj))
+    assert (verdict.passed, verdict.outcome, verdict.mistake) == (False, "wrong", key)
+    assert class_report._MISTAKE.fullmatch(key)
+
+
+def test_an_unreadable_autograded_notebook_is_listed_not_fatal(root):
+    folder = root / "grading" / "autograded"
+    for student, text in (("not-json", "{"), ("a-list", "[1, 2]"), ("odd-cells", '{"cells": [1, {"metadata": 2}]}')):
+        (folder / student / LAB).mkdir(parents=True)
+        (folder / student / LAB / f"{LAB}.ipynb").write_text(text)
+    stopped = dict(class_report.build(root, LAB).stopped())
+    assert stopped["not-json"] == ["unreadable: JSONDecodeError"]
+    assert stopped["a-list"][0].startswith("no test was recorded") and stopped["odd-cells"][0] == stopped["a-list"][0]
+    assert class_report.write_report(root, LAB).report.max_score == 15
