@@ -167,7 +167,8 @@ def test_every_mistake_key_is_one_the_report_reads():
     twice = {key: where for key, where in found.items() if len(set(where)) > 1}
     assert not twice, twice
     bad = {key: where for key, where in found.items() if not class_report._MISTAKE.fullmatch(key)
-           or not key.startswith(where[0][3:] + "." if where[0].startswith("lab") else ("mask.", "softmax.", "attention."))}
+           or not key.startswith(where[0][3:] + "." if where[0].startswith("lab")
+                                 else ("mask.", "softmax.", "attention."))}
     assert not bad, bad
 
 
