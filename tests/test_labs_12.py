@@ -171,6 +171,9 @@ WRONG = {
     "function-keeps-prob-rows-on-ctx": ({"FlashAttention": FUNCTION.format(keep=ROWS_PROBS, more="",
                                                                            probs="torch.cat(ctx.rows, dim=2)")},
                                         FUNCTION_TESTS),
+    # a reference imported costs its own piece and the class, which calls the student's flash_backward
+    "backward-imports-reference": ({"flash_backward": "from gptcourse import flash_backward\n"},
+                                   BACKWARD_TESTS | FUNCTION_TESTS),
 }
 
 # Written blind to the tests (issue 42), as written: student -> the test cells it fails (tests/lab12_blind.cells;
@@ -188,8 +191,9 @@ BLIND_FAILS = {
     **dict.fromkeys(("os-alpha-inverted", "os-o-not-rescaled"), MERGE_TESTS | OUTPUT_TESTS),
     "os-unshifted-exp": {"test_online_softmax_max_moves"},
     "os-wrong-max": {"test_online_softmax"} | OUTPUT_TESTS,
-    # torch's own CPU flash kernel: a name every piece forbids, so the scan zeroes all four
-    "fwd-cpu-flash-kernel": MERGE_TESTS | ALL_FORWARD | BACKWARD_TESTS,
+    # torch's own CPU flash kernel: a name the forward, the backward and the class forbid (not the merge, which
+    # computes no attention), so the scan zeroes those three
+    "fwd-cpu-flash-kernel": ALL_FORWARD | BACKWARD_TESTS,
 }
 WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # bwd-no-mask grades as blind-bwd-no-mask
 
@@ -214,6 +218,7 @@ SAYS = {
                                "probabilities"),
     "function-keeps-probs-on-ctx": ("12.FlashAttention.visible", "(on ctx, outside save_for_backward), B H T T"),
     "function-keeps-prob-rows-on-ctx": ("12.FlashAttention.visible", "more than q, k, v, the output and L"),
+    "backward-imports-reference": ("12.flash_backward.visible", "is gptcourse.flash_backward, the reference"),
 }
 
 

@@ -86,6 +86,10 @@ WRONG = {student: (BLIND[student], fails) for student, fails in BLIND_FAILS.item
                                      LOGPS_TESTS | STEP_TESTS),
     "adapters-scaling-reset": ({"adapters_disabled": ADAPTERS_BY_SCALING}, ADAPTER_TESTS),
     "adapters-never-restored": ({"adapters_disabled": ADAPTERS.format(body="yield model")}, ADAPTER_TESTS),
+    # a reference imported costs its own piece and the step, which calls the student's dpo_loss and sequence_logprobs
+    "dpo-imports-reference": ({"dpo_loss": "from gptcourse import dpo_loss\n"}, DPO_TESTS | STEP_TESTS),
+    "adapters-imports-reference": ({"adapters_disabled": "from gptcourse import adapters_disabled\n"},
+                                   ADAPTER_TESTS),
 }
 # student -> (a case their code fails, what its message says)
 SAYS = {
@@ -117,6 +121,8 @@ SAYS = {
     "adapters-never-restored": ("13.adapters_disabled.visible", "the adapters stay off after the block"),
     "adapters-not-restored-after-an-error": ("13.adapters_disabled.visible",
                                              "the adapters stay off when the block is left by an error"),
+    "dpo-imports-reference": ("13.dpo_loss.visible", "is gptcourse.dpo_loss, the reference"),
+    "adapters-imports-reference": ("13.adapters_disabled.visible", "is gptcourse.adapters_disabled, the reference"),
 }
 
 

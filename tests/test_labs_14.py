@@ -115,6 +115,9 @@ WRONG = {student: (BLIND[student], fails) for student, fails in BLIND_FAILS.item
                                   OVERLAP_TESTS),
     "overlap-any-gram": ({"ngram_overlap": OVERLAP.format(**RIGHT_OVERLAP | {
         "fraction": "float(any(g in seen for g in mine))"})}, OVERLAP_TESTS),
+    # a reference imported costs its own piece alone
+    "pass-imports-reference": ({"pass_at_k": "from gptcourse import pass_at_k\n"}, PASS_TESTS),
+    "overlap-imports-reference": ({"ngram_overlap": "from gptcourse import ngram_overlap\n"}, OVERLAP_TESTS),
 }
 # student -> (a case their code fails, what its message says)
 SAYS = {
@@ -131,6 +134,8 @@ SAYS = {
     "overlap-split-on-spaces": ("14.ngram_overlap.visible", "the text was split on spaces only"),
     "overlap-item-grams-as-set": ("14.ngram_overlap.visible", "counted once each (a set)"),
     "overlap-any-gram": ("14.ngram_overlap.visible", "each item got 1 or 0"),
+    "pass-imports-reference": ("14.pass_at_k.visible", "is gptcourse.pass_at_k, the reference"),
+    "overlap-imports-reference": ("14.ngram_overlap.visible", "is gptcourse.ngram_overlap, the reference"),
 }
 
 

@@ -43,7 +43,14 @@ _ATTENTION = ("gptcourse.attention", "gptcourse.fused_attention", "gptcourse.Mul
               "torch._scaled_dot_product_efficient_attention", "torch._scaled_dot_product_cudnn_attention",
               "torch.nn.MultiheadAttention", "torch.nn.functional.multi_head_attention_forward",
               "torch._native_multi_head_attention")
-_FORBIDDEN = _TILED + _ATTENTION
+# Each piece forbids its own references and those of the pieces it calls (flash_forward calls the student's
+# online_softmax, FlashAttention their flash_forward and flash_backward): a student who imports the reference
+# flash_backward loses it and FlashAttention, not the merge. The module defines every piece's reference, so it is
+# FlashAttention's alone, which forbids them all.
+_MERGE = ("gptcourse.online_softmax",)
+_FORWARD = ("gptcourse.flash_forward", "gptcourse.computed_tiles", *_MERGE, *_ATTENTION)
+_BACKWARD = ("gptcourse.flash_backward", "gptcourse.computed_tiles", *_ATTENTION)
+_FUNCTION = _TILED + _ATTENTION
 
 
 def _sizes(b: int, h: int, h_kv: int, t: int, d: int) -> dict[str, int]:
@@ -604,7 +611,7 @@ CAUSAL = (2, 6, 3, 10, 5, 4, 3, True)  # (B, H, H_kv, T, D, block_q, block_k, ca
 EDGES = (1, 2, 1, 10, 3, 4, 2, True)  # key tiles that start at q1 = 4 and 8, just past a block's last query
 UNEVEN = (1, 4, 2, 11, 3, 4, 3, True)
 PIECES = declare(
-    Piece("12", "online_softmax", online_softmax, _merge_call, judge=_merge_judge, forbidden=_FORBIDDEN,
+    Piece("12", "online_softmax", online_softmax, _merge_call, judge=_merge_judge, forbidden=_MERGE,
           visible=[("visible", "online_softmax: the state after 6 keys (B=2, 3 query rows, D=4) and a block of 5",
                     lambda seed: _merge_inputs(2, 3, 6, 5, 4, seed)),
                    ("max_moves", "online_softmax with a block whose scores are about 100 larger (the maximum "
@@ -613,7 +620,7 @@ PIECES = declare(
           hidden=[("hidden_first", "online_softmax on the first block (m = -inf, denom = 0, o = 0)",
                    lambda seed: _merge_inputs(1, 2, 0, 4, 3, seed)),
                   ("hidden_sizes", "online_softmax with other sizes", _merge_hidden)]),
-    Piece("12", "flash_forward", _forward_with_tiles, _forward_call, judge=_forward_judge, forbidden=_FORBIDDEN,
+    Piece("12", "flash_forward", _forward_with_tiles, _forward_call, judge=_forward_judge, forbidden=_FORWARD,
           visible=[("visible", "flash_forward, causal, q (2, 6, 10, 5), k, v (2, 3, 10, 5), blocks of 4 queries "
                     "and 3 keys: the output, L, and the tensors and products it makes",
                     lambda seed: _attention_inputs(*CAUSAL, seed)),
@@ -631,7 +638,7 @@ PIECES = declare(
                   ("hidden_sizes", "flash_forward with other sizes", _forward_hidden),
                   ("hidden_tiles", "the tiles on_tile sees, blocks of 3 and 2 (T=11)",
                    lambda seed: _attention_inputs(1, 1, 1, 11, 2, 3, 2, True, seed), TILES)]),
-    Piece("12", "flash_backward", flash_backward, _backward_call, judge=_backward_judge, forbidden=_FORBIDDEN,
+    Piece("12", "flash_backward", flash_backward, _backward_call, judge=_backward_judge, forbidden=_BACKWARD,
           visible=[("visible", "flash_backward, causal, q (1, 4, 11, 3), k, v (1, 2, 11, 3), blocks of 4 and 3: "
                     "the gradients, and the tensors and products it makes",
                     lambda seed: _backward_inputs(*UNEVEN, seed))],
@@ -641,7 +648,7 @@ PIECES = declare(
                    "their group", lambda seed: _backward_inputs(2, 4, 2, 6, 3, 4, 2, True, seed)),
                   ("hidden_sizes", "flash_backward with other sizes", _backward_hidden)]),
     Piece("12", "FlashAttention", None, _function_call, expected=_function_expected, judge=_function_judge,
-          forbidden=_FORBIDDEN,
+          forbidden=_FUNCTION,
           visible=[("visible", "FlashAttention.apply, causal, q (1, 4, 11, 3), k, v (1, 2, 11, 3): output, "
                     "gradients, what it keeps for the backward", lambda seed: _backward_inputs(*UNEVEN, seed))],
           hidden=[("hidden_gqa", "FlashAttention with grouped-query shapes (4 query heads, 2 kv heads), blocks of 4 "

@@ -40,10 +40,14 @@ from ..fixtures import (
 from ..piece import Piece, declare
 from ..student import as_tensor, as_tensors
 
-# By name in finetuning.dpo and dpo_training: their records (DPOLoss, PreferencePair) hold no reference logic, and a
-# learner may build them.
-FORBIDDEN = ("gptcourse.sequence_logprobs", "gptcourse.dpo_loss", "gptcourse.dpo_step", "gptcourse.train_dpo",
-             "gptcourse.adapters_disabled", "gptcourse.finetuning.log_likelihood", "gptcourse.finetuning.reference")
+# Each piece forbids its own references and those of the pieces it calls (the step calls the student's
+# sequence_logprobs and dpo_loss): a student who imports the reference step loses the step alone, one who imports
+# dpo_loss loses it and the step. By name in finetuning.dpo and dpo_training: their records (DPOLoss,
+# PreferencePair) hold no reference logic, and a learner may build them.
+_LOGPS = ("gptcourse.sequence_logprobs", "gptcourse.finetuning.log_likelihood")
+_DPO = ("gptcourse.dpo_loss",)
+_STEP = ("gptcourse.dpo_step", "gptcourse.train_dpo", *_LOGPS, *_DPO)
+_ADAPTERS = ("gptcourse.adapters_disabled", "gptcourse.finetuning.reference")
 TINY = GPTConfig(vocab_size=13, context_length=12, d_model=16, n_heads=2, n_layers=1, mlp="relu")
 
 
@@ -372,7 +376,7 @@ def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 
 
 PIECES = declare(
-    Piece("13", "sequence_logprobs", sequence_logprobs, _logps_call, judge=_logps_judge, forbidden=FORBIDDEN,
+    Piece("13", "sequence_logprobs", sequence_logprobs, _logps_call, judge=_logps_judge, forbidden=_LOGPS,
           visible=[("visible", "sequence_logprobs of a right-padded batch (B, T, V) = (3, 7, 11)",
                     lambda seed: _logps_inputs(3, 7, 11, "right", seed)),
                    ("left", "sequence_logprobs of a left-padded batch (B, T, V) = (4, 6, 9)",
@@ -380,20 +384,20 @@ PIECES = declare(
           hidden=[("hidden_one_token", "sequence_logprobs of responses one token long",
                    lambda seed: _logps_inputs(3, 6, 7, "left", seed, one_token=True)),
                   ("hidden_mixed", "sequence_logprobs with other sizes, rows padded on either side", _logps_hidden)]),
-    Piece("13", "dpo_loss", dpo_loss, _dpo_call, judge=_dpo_judge, forbidden=FORBIDDEN,
+    Piece("13", "dpo_loss", dpo_loss, _dpo_call, judge=_dpo_judge, forbidden=_DPO,
           visible=[("visible", "dpo_loss of 6 pairs, beta = 0.1", lambda seed: _dpo_inputs(6, 0.1, 0.0, seed)),
                    ("large", "dpo_loss with margins of about -1000 and +1000 (sigmoid rounds to 0: log-sigmoid "
                     "needed), beta = 0.5", lambda seed: _dpo_inputs(5, 0.5, 1000.0, seed))],
           hidden=[("hidden_large", "dpo_loss with margins of about +-1000, beta = 2",
                    lambda seed: _dpo_inputs(4, 2.0, 1000.0, seed)),
                   ("hidden_beta", "dpo_loss with beta = 0.001 or 50, one pair or several", _dpo_hidden)]),
-    Piece("13", "dpo_step", dpo_step, _step_call, judge=_step_judge, forbidden=FORBIDDEN,
+    Piece("13", "dpo_step", dpo_step, _step_call, judge=_step_judge, forbidden=_STEP,
           visible=[("visible", "dpo_step on 2 pairs (4 rows, padded on the right and on the left in turn), beta = 0.5, "
                     "SGD with lr = 1, a reference that is not the policy, stale gradients in the policy's .grad",
                     lambda seed: _step_inputs(2, 8, "mixed", 0.5, seed))],
           hidden=[("hidden_left", "dpo_step on 3 left-padded pairs, beta = 2",
                    lambda seed: _step_inputs(3, 7, "left", 2.0, seed))]),
-    Piece("13", "adapters_disabled", adapters_disabled, _lora_call, judge=_lora_judge, forbidden=FORBIDDEN,
+    Piece("13", "adapters_disabled", adapters_disabled, _lora_call, judge=_lora_judge, forbidden=_ADAPTERS,
           visible=[("visible", "adapters_disabled on a one-layer GPT with LoRA on qkv, out and fc_in (out switched "
                     "off and fc_in's scaling 0 before the block), ids (2, 6)",
                     lambda seed: _lora_inputs(2, 6, seed))],

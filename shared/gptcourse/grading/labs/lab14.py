@@ -34,11 +34,12 @@ from ..student import as_number, as_tensor, describe_error
 # a right answer computed in float32 (torch's default) is off by about 1e-7 of its value (choice scores of -12 at
 # most, bootstrap differences of at most 1); every mistake is further away than this
 FLOAT32_ROUNDING = 1e-6
-FORBIDDEN = ("gptcourse.loglikelihood", "gptcourse.score_choices", "gptcourse.multiple_choice_accuracy",
-             "gptcourse.pass_at_k", "gptcourse.paired_bootstrap", "gptcourse.bootstrap_interval",
-             "gptcourse.ngram_overlap", "gptcourse.evaluation.continuations", "gptcourse.evaluation.multiple_choice",
-             "gptcourse.evaluation.unbiased_pass", "gptcourse.evaluation.error_bars",
-             "gptcourse.evaluation.contamination")
+# Each piece forbids its own references (none calls another): a student who imports one loses that piece alone.
+_LOGLIKELIHOOD = ("gptcourse.loglikelihood", "gptcourse.evaluation.continuations")
+_CHOICES = ("gptcourse.score_choices", "gptcourse.multiple_choice_accuracy", "gptcourse.evaluation.multiple_choice")
+_PASS = ("gptcourse.pass_at_k", "gptcourse.evaluation.unbiased_pass")
+_BOOTSTRAP = ("gptcourse.paired_bootstrap", "gptcourse.bootstrap_interval", "gptcourse.evaluation.error_bars")
+_OVERLAP = ("gptcourse.ngram_overlap", "gptcourse.evaluation.contamination")
 
 
 # ---- loglikelihood(model, context, continuation) -> (log p(continuation | context), greedy)
@@ -633,7 +634,7 @@ def _overlap_hidden(r: random.Random, seed: int) -> Inputs:
 
 
 PIECES = declare(
-    Piece("14", "loglikelihood", None, _ll_call, expected=_ll_expected, judge=_ll_judge, forbidden=FORBIDDEN,
+    Piece("14", "loglikelihood", None, _ll_call, expected=_ll_expected, judge=_ll_judge, forbidden=_LOGLIKELIHOOD,
           visible=[("visible", "loglikelihood of a 3-token continuation after 4 context tokens (a bigram model, "
                     "V=11): only the continuation's tokens, each read from the position before it; its first and last "
                     "tokens are the argmax, its middle one 200 logits below it (the greedy flag False)",
@@ -648,7 +649,7 @@ PIECES = declare(
                    lambda seed: _ll_inputs(13, 2, "~~+++", seed)),
                   ("hidden_sizes", "loglikelihood with other sizes, greedy or not", _ll_hidden)]),
     Piece("14", "choice_scores", None, _choice_call, expected=_choice_expected, mistakes=_choice_mistakes,
-          label="the choice scores", shape="C", atol=FLOAT32_ROUNDING, rtol=FLOAT32_ROUNDING, forbidden=FORBIDDEN,
+          label="the choice scores", shape="C", atol=FLOAT32_ROUNDING, rtol=FLOAT32_ROUNDING, forbidden=_CHOICES,
           visible=[("visible", "choice_scores normalised by characters (acc_norm), one choice a prefix of another, "
                     "one of two words with '½' (one character, two bytes)",
                     lambda seed: _choice_inputs(["7", "17", "170", "71", "7½ m"], "chars", seed)),
@@ -660,7 +661,7 @@ PIECES = declare(
                    lambda seed: _choice_inputs(["Ελλάδα", "東京", "Zürich", "Lyon"], "bytes", seed, tie=True)),
                   ("hidden_sizes", "choice_scores by characters with other choices (Unicode, ties)",
                    _choice_hidden)]),
-    Piece("14", "pass_at_k", pass_at_k, _pass_call, judge=_pass_judge, forbidden=FORBIDDEN,
+    Piece("14", "pass_at_k", pass_at_k, _pass_call, judge=_pass_judge, forbidden=_PASS,
           visible=[("visible", "pass_at_k for n=10 samples, c from 1 to 9, k from 1 to 5 (unbiased, not "
                     "1 - (1 - c/n)^k), and for n=2000, k=250 (C(2000, 250) has 326 digits, past a float's range)",
                     lambda seed: {"table": [(10, 3, 1), (10, 3, 2), (10, 3, 5), (10, 1, 4), (10, 9, 2),
@@ -671,7 +672,7 @@ PIECES = declare(
                    lambda seed: {"table": [(200, 13, 100), (200, 1, 1), (200, 50, 10), (180, 3, 90)]}),
                   ("hidden_sizes", "pass_at_k for other n, c, k", lambda seed: _pass_table(seed, 40))]),
     Piece("14", "paired_bootstrap", None, _boot_call, expected=_boot_expected, judge=_boot_judge,
-          forbidden=FORBIDDEN,
+          forbidden=_BOOTSTRAP,
           visible=[("visible", "paired_bootstrap of two models on 60 shared items, 1000 resamples (the 97.5% "
                     "quantile between two distinct sorted differences)",
                     lambda seed: _boot_inputs(60, 0.7, 0.6, 1000, seed))],
@@ -680,7 +681,7 @@ PIECES = declare(
                   ("hidden_sizes", "paired_bootstrap with other sizes (the 97.5% quantile between two "
                    "distinct sorted differences)", _boot_hidden)]),
     Piece("14", "ngram_overlap", ngram_overlap, _overlap_call, label="the overlap of each item",
-          mistakes=_overlap_mistakes, atol=1e-9, rtol=0, forbidden=FORBIDDEN,
+          mistakes=_overlap_mistakes, atol=1e-9, rtol=0, forbidden=_OVERLAP,
           visible=[("visible", "ngram_overlap with n=4, a training text of two lines: an item copied with other "
                     "capitals and punctuation, one half copied, one clean, one whose first words are found only "
                     "inside others ('he' in 'the'), one copied across the line break ('foolishness.\\nThe model')",
