@@ -142,16 +142,10 @@ class MultiHeadAttention(nn.Module):
         b, h, t, d = x.shape
         return x.transpose(1, 2).reshape(b, t, h * d)  # (B, H, T, D) -> (B, T, C)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        cache: LayerCache | None = None,
-        return_weights: bool = False,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, C) -> (B, T, C); with `return_weights`, also the (B, H, T, T_k) weights. `mask`: see
-        `padding_mask`."""
+    def heads(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+              cache: LayerCache | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, C) -> q (B, H, T, D) and k, v (B, H_kv, T_k, D): projected, split, rotated, and (with a cache)
+        appended to the keys and values before them."""
         kv_width = self.n_kv_heads * self.d_head
         q, k, v = self.qkv(x).split([x.size(-1), kv_width, kv_width], dim=-1)  # (B, T, C), 2 x (B, T, H_kv D)
         q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)  # (B, H, T, D), 2 x (B, H_kv, T, D)
@@ -159,10 +153,28 @@ class MultiHeadAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, H_kv, T_past + T, D): the cache holds only the kv heads
-        if return_weights or not self.fused:
-            n_rep = self.n_heads // self.n_kv_heads
-            y, weights = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask)  # k, v as (B, H, T_k, D)
+        return q, k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cache: LayerCache | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C). `mask`: see `padding_mask`; the weights themselves: `weights`."""
+        q, k, v = self.heads(x, rope, cache)
+        if self.fused:
+            y = fused_attention(q, k, v, mask)  # the kv heads go in unrepeated (see fused_attention)
         else:
-            y, weights = fused_attention(q, k, v, mask), None  # the kv heads go in unrepeated (see fused_attention)
-        y = self.out(self.merge_heads(y))  # (B, T, C)
-        return (y, weights) if return_weights else y
+            n_rep = self.n_heads // self.n_kv_heads
+            y, _ = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask)  # k, v as (B, H, T_k, D)
+        return self.out(self.merge_heads(y))  # (B, H, T, D) -> (B, T, C)
+
+    def weights(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, C) -> the (B, H, T, T) attention weights that `forward` mixes the values with: to look at them
+        (the fused kernel never forms them)."""
+        q, k, v = self.heads(x, rope)
+        n_rep = self.n_heads // self.n_kv_heads
+        return attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask)[1]  # (B, H, T, T)
