@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-from lab_roundtrip import RoundTrip, Validation, blind_students, check_named_mistake
+from lab_roundtrip import NamedMistakes, RoundTrip, Validation, blind_students
 
 LAB = "13_preference_optimization"
 LOGPS = '''
@@ -120,16 +119,6 @@ SAYS = {
 }
 
 
-class TestLab13(RoundTrip):
-    LAB = LAB
-    WRONG = WRONG
-    TOTAL = 20
-    VALIDATE = Validation("dpo-log-of-sigmoid", 1, (
-        'check("13.dpo_loss.large", dpo_loss)',
-        "Use F.logsigmoid(margin)",
-    ))
-
-
-@pytest.mark.parametrize("student", sorted(SAYS))
-def test_each_named_mistake_gets_its_message(student):
-    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
+class TestLab13(RoundTrip, NamedMistakes):
+    LAB, WRONG, SAYS, TOTAL = LAB, WRONG, SAYS, 20
+    VALIDATE = Validation("dpo-log-of-sigmoid", 1, ('check("13.dpo_loss.large", dpo_loss)', "Use F.logsigmoid(margin)"))
