@@ -169,7 +169,7 @@ def _blind_parts(path: Path) -> dict[str, tuple[str, list[str]]]:
 
 @dataclass(frozen=True)
 class Validation:
-    student: str  # a key of WRONG
+    student: str  # one `RoundTrip.graded` grades (blind-x for the blind student x)
     failed_cells: int
     says: tuple[str, ...]  # snippets the validation report must contain
 
@@ -280,7 +280,7 @@ class RoundTrip:
         v = self.VALIDATE
         solved_name, wrong_name = f"{self.LAB}-solved", f"{self.LAB}-{v.student}"
         reports = course.validate({solved_name: course.solved(self.LAB),
-                                   wrong_name: course.solved(self.LAB, self.WRONG[v.student][0])})
+                                   wrong_name: course.solved(self.LAB, self.graded()[v.student][0])})
         solved, report = reports[solved_name], reports[wrong_name]
         assert "Success! Your notebook passes all the tests." in solved
         assert "WARNING" not in solved, f"validate printed a warning a student cannot act on:\n{solved[:2000]}"

@@ -75,7 +75,6 @@ OVERLAP_TESTS = {"test_ngram_overlap", "test_ngram_overlap_hidden"}
 # ll-drops-first-token, ll-raw-logits, ll-greedy-any, cs-word-count, pak-product-off-by-one, pak-k-over-n-shortcut,
 # ng-characters or ng-split-no-normalise.
 BLIND_FILE = Path(__file__).with_name("lab14_blind.cells")
-BLIND = blind_students(BLIND_FILE)
 BLIND_FAILS = {
     **dict.fromkeys(("ll-full-input-last-rows", "ll-drops-first-token", "ll-sums-context-too", "ll-raw-logits",
                      "ll-mean-not-sum"), LL_TESTS),
