@@ -7,9 +7,9 @@ report must say) and, where the lab has blind students, BLIND_FILE and BLIND_FAI
 it fails; `blind_round_trip` names them for nbgrader). The release it generates must be the committed labs/LAB; one
 autograde batch grades the solution, the untouched release, every student of WRONG and every blind student;
 lab-specific tests are methods of the subclass and can use the same `scores` (mark them slow: they run nbgrader).
-In-process, `NamedMistakes` checks that each mistake of SAYS (student of WRONG -> (a case it fails, what its message
-says)) is named (`check_named_mistake`), and `BlindStudents` grades each blind student, every case of every test
-cell, visible and hidden, reading each message (`check_blind_student`).
+In-process, `NamedMistakes` checks that each mistake of SAYS (a student of WRONG or a blind student -> (a case it
+fails, what its message says)) is named (`check_named_mistake`), and `BlindStudents` grades each blind student,
+every case of every test cell, visible and hidden, reading each message (`check_blind_student`).
 """
 
 from __future__ import annotations
@@ -197,11 +197,14 @@ class NamedMistakes(PerStudent):
 
     LAB: str
     WRONG: dict[str, tuple[dict[str, str], set[str]]]
-    SAYS: dict[str, tuple[str, str]]  # student of WRONG -> (a case their code fails, what its message says)
+    BLIND_FILE: Path | None = None
+    # a student of WRONG, or a blind student of BLIND_FILE -> (a case their code fails, what its message says)
+    SAYS: dict[str, tuple[str, str]]
 
     @per_student("SAYS")
     def test_each_named_mistake_gets_its_message(self, student: str) -> None:
-        check_named_mistake(self.LAB, self.WRONG[student][0], *self.SAYS[student])
+        answers = self.WRONG[student][0] if student in self.WRONG else blind_students(self.BLIND_FILE)[student]
+        check_named_mistake(self.LAB, answers, *self.SAYS[student])
 
 
 class BlindStudents(PerStudent):
