@@ -1,20 +1,24 @@
-"""The nbgrader round trip every lab's test module runs, written once.
+"""The nbgrader round trip every lab's test module runs, and its in-process checks, written once.
 
-A lab module subclasses `RoundTrip` as `class TestLabNN(RoundTrip)` and sets LAB (the lab's folder), WRONG
-(student -> ({solution cell grade_id: what they wrote}, the test cells it must fail)), TOTAL (the lab's points)
-and VALIDATE (a mistake, how many cells `nbgrader validate` must report, and what the report must say). The
-release it generates must be the committed labs/LAB; one autograde batch grades the solution, the untouched
-release and every mistake; lab-specific tests are methods of the subclass and can use the same `scores`.
-`check_named_mistake` checks, in-process, that a mistake's message names it (the round trip checks its scores);
-`check_blind_student` grades a blind-written student in-process, every case of every test cell, visible and hidden,
-and reads each message; `blind_round_trip` puts the same students in WRONG, so that nbgrader grades them too.
+A lab module holds its lab's tables and one `class TestLabNN(RoundTrip, ...)` that names them. `RoundTrip` reads
+LAB (the lab's folder), WRONG (student -> ({solution cell grade_id: what they wrote}, the test cells it must
+fail)), TOTAL (the lab's points), VALIDATE (a mistake, how many cells `nbgrader validate` must report, and what the
+report must say) and, where the lab has blind students, BLIND_FILE and BLIND_FAILS (blind student -> the test cells
+it fails; `blind_round_trip` names them for nbgrader). The release it generates must be the committed labs/LAB; one
+autograde batch grades the solution, the untouched release, every student of WRONG and every blind student;
+lab-specific tests are methods of the subclass and can use the same `scores` (mark them slow: they run nbgrader).
+In-process, `NamedMistakes` checks that each mistake of SAYS (a student of WRONG or a blind student -> (a case it
+fails, what its message says)) is named (`check_named_mistake`), and `BlindStudents` grades each blind student,
+every case of every test cell, visible and hidden, reading each message (`check_blind_student`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import nbformat
 import pytest
@@ -165,27 +169,94 @@ def _blind_parts(path: Path) -> dict[str, tuple[str, list[str]]]:
 
 @dataclass(frozen=True)
 class Validation:
-    student: str  # a key of WRONG
+    student: str  # one `RoundTrip.graded` grades (blind-x for the blind student x)
     failed_cells: int
     says: tuple[str, ...]  # snippets the validation report must contain
 
 
-@pytest.mark.slow
+def per_student(table: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Runs the test method once per student of the class's table named `table` (see `PerStudent`)."""
+    def mark(test: Callable[..., None]) -> Callable[..., None]:
+        test.students_of = table
+        return test
+    return mark
+
+
+class PerStudent:
+    """Parametrises each method marked `per_student(TABLE)` over `student`, the sorted keys of its class's TABLE
+    (pytest calls a test class's `pytest_generate_tests` for its methods)."""
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        table = getattr(metafunc.function, "students_of", None)
+        if table is not None:
+            metafunc.parametrize("student", sorted(getattr(self, table)))
+
+
+class NamedMistakes(PerStudent):
+    """Each mistake of SAYS fails its case, in-process, with a message that says what it is."""
+
+    LAB: str
+    WRONG: dict[str, tuple[dict[str, str], set[str]]]
+    BLIND_FILE: Path | None = None
+    # a student of WRONG, or a blind student of BLIND_FILE -> (a case their code fails, what its message says)
+    SAYS: dict[str, tuple[str, str]]
+
+    @per_student("SAYS")
+    def test_each_named_mistake_gets_its_message(self, student: str) -> None:
+        answers = self.WRONG[student][0] if student in self.WRONG else blind_students(self.BLIND_FILE)[student]
+        check_named_mistake(self.LAB, answers, *self.SAYS[student])
+
+
+class BlindStudents(PerStudent):
+    """Each student of BLIND_FILE that BLIND_FAILS lists fails exactly its test cells, in-process, every case named
+    (`check_blind_student`); `RoundTrip` has nbgrader grade them too."""
+
+    LAB: str
+    BLIND_FILE: Path
+    BLIND_FAILS: dict[str, set[str]]  # blind student -> the test cells it fails
+
+    @per_student("BLIND_FAILS")
+    def test_each_blind_student_fails_its_cells_named(self, student: str) -> None:
+        check_blind_student(self.LAB, self.BLIND_FILE, student, self.BLIND_FAILS[student])
+
+
 class RoundTrip:
+    """Real nbgrader on the lab: generate, autograde the class (`graded`) in one call, validate (each test marked
+    slow)."""
+
     LAB: str
     WRONG: dict[str, tuple[dict[str, str], set[str]]]
     TOTAL: int
     VALIDATE: Validation
+    BLIND_FILE: Path | None = None
+    BLIND_FAILS: ClassVar[dict[str, set[str]]] = {}
+    NBGRADER_ONLY: ClassVar[dict[str, set[str]]] = {}  # blind students that only nbgrader grades
+
+    @classmethod
+    def graded(cls) -> dict[str, tuple[dict[str, str], set[str]]]:
+        """The students autograde grades besides the solution and the untouched release: WRONG's, and the blind
+        students of BLIND_FAILS and NBGRADER_ONLY (`blind_round_trip`)."""
+        if cls.BLIND_FILE is None:
+            return cls.WRONG
+        return cls.WRONG | blind_round_trip(cls.BLIND_FILE, cls.BLIND_FAILS | cls.NBGRADER_ONLY)
 
     @pytest.fixture(scope="class")
     @classmethod
     def scores(cls, course: Course) -> dict[str, dict[str, float]]:
-        return course.grade_class(cls.LAB, cls.WRONG)
+        return course.grade_class(cls.LAB, cls.graded())
 
+    def autograded_cell(self, course: Course, student: str, grade_id: str) -> nbformat.NotebookNode:
+        """Test cell `grade_id` of `student`'s notebook as autograde left it (after `scores`)."""
+        [cell] = [cell for cell in course.notebook(f"grading/autograded/{student}", self.LAB).cells
+                  if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id]
+        return cell
+
+    @pytest.mark.slow
     def test_solution_scores_full_marks(self, course: Course, scores: dict) -> None:
         assert scores["solution"] == course.expected_scores(self.LAB)
         assert sum(scores["solution"].values()) == self.TOTAL
 
+    @pytest.mark.slow
     def test_release_is_exactly_what_nbgrader_generates(self, course: Course, scores: dict) -> None:
         """labs/LAB as committed is what `nbgrader generate_assignment` made of solutions/LAB in `scores`."""
         generated, committed = files(course.root / "labs" / self.LAB), files(ROOT / "labs" / self.LAB)
@@ -194,21 +265,25 @@ class RoundTrip:
         assert not drift, (f"labs/{self.LAB} differs from what solutions/{self.LAB} generates: {drift}. From the repo "
                            f"root run `nbgrader generate_assignment {self.LAB} --force` and commit labs/.")
 
+    @pytest.mark.slow
     def test_untouched_release_scores_zero(self, course: Course, scores: dict) -> None:
         assert scores["untouched"] == course.expected_scores(self.LAB, set(course.expected_scores(self.LAB)))
 
+    @pytest.mark.slow
     def test_each_mistake_loses_exactly_its_tests(self, course: Course, scores: dict) -> None:
-        assert len(self.WRONG) >= 3
-        expected = {student: course.expected_scores(self.LAB, fails) for student, (_, fails) in self.WRONG.items()}
+        graded = self.graded()
+        assert len(graded) >= 3
+        expected = {student: course.expected_scores(self.LAB, fails) for student, (_, fails) in graded.items()}
         wrong = {student: sorted(cell for cell, points in scores[student].items() if points != want[cell])
                  for student, want in expected.items() if scores[student] != want}
         assert not wrong, f"these students' scores differ from WRONG's in these cells: {wrong}"
 
+    @pytest.mark.slow
     def test_validate_reports_success_and_the_failing_test(self, course: Course) -> None:
         v = self.VALIDATE
         solved_name, wrong_name = f"{self.LAB}-solved", f"{self.LAB}-{v.student}"
         reports = course.validate({solved_name: course.solved(self.LAB),
-                                   wrong_name: course.solved(self.LAB, self.WRONG[v.student][0])})
+                                   wrong_name: course.solved(self.LAB, self.graded()[v.student][0])})
         solved, report = reports[solved_name], reports[wrong_name]
         assert "Success! Your notebook passes all the tests." in solved
         assert "WARNING" not in solved, f"validate printed a warning a student cannot act on:\n{solved[:2000]}"

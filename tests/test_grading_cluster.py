@@ -29,10 +29,8 @@ from nbgrader_course import Course
 from test_grading_attacks import FORGED_NOTE
 from test_grading_attacks import submissions as attacks
 from test_grading_batch import LAB
-from test_grading_intake import ROOT_ONLY
+from test_grading_intake import ROOT_ONLY, hostile_folder, leaks
 from test_grading_intake import SECRET as INTAKE_SECRET
-from test_grading_intake import _hostile_folder as hostile_folder
-from test_grading_intake import _leaks as leaks
 from test_grading_postgres import postgres_url  # noqa: F401 (the module's throwaway PostgreSQL server)
 from test_labs_02 import WRONG
 

@@ -182,7 +182,7 @@ def test_the_committed_hook_admits_a_submission_before_nbgrader_copies_it(tmp_pa
 
 
 def test_gptcourse_autograde_refuses_an_id_before_any_runner_sees_it(tmp_path, monkeypatch):
-    """`gptcourse autograde`, one machine or --cluster, share `_autograde_class`."""
+    """`gptcourse autograde`, one machine or --cluster, share `grade_submissions`."""
     from gptcourse.grading.classroom import batch, grade_one
 
     course = Course(tmp_path / "course")
@@ -205,9 +205,10 @@ def test_gptcourse_autograde_refuses_an_id_before_any_runner_sees_it(tmp_path, m
         def close(self):
             pass
 
-    monkeypatch.setattr(batch, "_require_assignment", lambda db_url, lab: None)
+    monkeypatch.setattr(batch, "require_assignment", lambda db_url, lab: None)
     monkeypatch.chdir(course.root)
-    outcomes = batch._autograde_class(grade_one.nbgrader_app(LAB, []), LAB, force=True, progress=False, runner=Runner())
+    app = grade_one.nbgrader_app(LAB, [])
+    outcomes = batch.grade_submissions(app, LAB, force=True, progress=False, runner=Runner())
     assert seen == ["ada"]
     assert outcomes["Not_An_Id"].status == "refused" and "is not allowed" in outcomes["Not_An_Id"].messages[0]
     assert outcomes["linked"].status == "refused" and "is a symbolic link" in outcomes["linked"].messages[0]
@@ -246,7 +247,7 @@ def test_a_notebook_refused_on_one_run_is_reported_refused_on_the_next(tmp_path,
 
     (reports / "linked-notebook.txt").unlink()
     resumed = next(s for s in grade_one.submissions(app.coursedir, LAB) if s.student == "linked-notebook")
-    outcome = batch._no_notebook(resumed, LAB, app)  # what `gptcourse autograde` does with it on a later run
+    outcome = batch.no_notebook_outcome(resumed, LAB, app)  # what `gptcourse autograde` does with it on a later run
     assert outcome.status == "no notebook" and outcome.messages[0].startswith("no notebook is left to grade")
     assert (reports / "linked-notebook.txt").read_text().splitlines()[1].startswith(f"- {refusal}")
 
@@ -313,7 +314,7 @@ def _targets(course: Course, root_only: Path) -> dict[str, str]:
             "environ.txt": "/proc/self/environ", "zero.txt": "/dev/zero", "etc": "/etc"}
 
 
-def _hostile_folder(course: Course, folder: Path, root_only: Path, outside: Path) -> None:
+def hostile_folder(course: Course, folder: Path, root_only: Path, outside: Path) -> None:
     """An honest notebook and, beside it, every link, a FIFO and a hard link to a file outside."""
     import nbformat
 
@@ -330,7 +331,7 @@ def _notebook_link(course: Course, folder: Path, target: Path) -> None:
     os.symlink(target, folder / f"{LAB}.ipynb")
 
 
-def _leaks(*folders: Path) -> list[str]:
+def leaks(*folders: Path) -> list[str]:
     """Files under `folders` that hold anything of a target, or are not a plain file."""
     found = []
     for folder in folders:
@@ -386,7 +387,7 @@ def graded(tmp_path_factory):
 
     # nbgrader collect, from an inbound the students wrote
     stamp = "2026-01-01 10:00:00.000000 UTC"
-    _hostile_folder(course, _inbound(exchange, f"exchange+{LAB}+{stamp}"), root_only, outside)
+    hostile_folder(course, _inbound(exchange, f"exchange+{LAB}+{stamp}"), root_only, outside)
     for bad in ("=1+1", "<img src=x onerror=alert(1)>", "nl\nx"):
         folder = _inbound(exchange, f"{bad}+{LAB}+{stamp}")
         folder.mkdir()
@@ -405,14 +406,14 @@ def graded(tmp_path_factory):
     collected = course.nbgrader("collect", LAB, "--update", env=env)
 
     # gptcourse autograde (one machine), over submissions placed by hand
-    _hostile_folder(course, submitted / "batch-links" / LAB, root_only, outside)
+    hostile_folder(course, submitted / "batch-links" / LAB, root_only, outside)
     _notebook_link(course, submitted / "batch-solution-link" / LAB, course.root / "solutions" / LAB / f"{LAB}.ipynb")
     (submitted / "Batch_Bad_Id" / LAB).mkdir(parents=True)
     nbformat.write(course.solved(LAB), submitted / "Batch_Bad_Id" / LAB / f"{LAB}.ipynb")
     batch = _gptcourse(course, "autograde", LAB, "--workers", "2", env=env)
 
     # plain nbgrader autograde: grades only what has no autograded folder yet
-    _hostile_folder(course, submitted / "plain-links" / LAB, root_only, outside)
+    hostile_folder(course, submitted / "plain-links" / LAB, root_only, outside)
     _notebook_link(course, submitted / "plain-solution-link" / LAB, course.root / "solutions" / LAB / f"{LAB}.ipynb")
     _notebook_link(course, submitted / "plain-other-link" / LAB, submitted / "victim" / LAB / f"{LAB}.ipynb")
     (submitted / "=2+2" / LAB).mkdir(parents=True)
@@ -441,7 +442,7 @@ def test_every_honest_notebook_is_graded_and_a_linked_one_scores_zero(graded):
 @pytest.mark.slow
 def test_nothing_of_a_target_reaches_autograded_feedback_or_the_exchange(graded):
     course, exchange, _ = graded
-    assert not _leaks(course.root / "grading" / "autograded", course.root / "grading" / "feedback",
+    assert not leaks(course.root / "grading" / "autograded", course.root / "grading" / "feedback",
                       exchange / "gptcourse" / "feedback")
     assert (course.root / "grading" / "feedback" / "plain-links" / LAB / "notes.txt").read_text() == \
         "an honest file"

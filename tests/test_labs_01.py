@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lab_roundtrip import RoundTrip, Validation, blind_round_trip, check_blind_student, check_named_mistake
+from lab_roundtrip import BlindStudents, NamedMistakes, RoundTrip, Validation
 
 LAB = "01_tokens_and_embeddings"
 EMBEDDING = '''
@@ -59,10 +59,6 @@ SAYS = {
                                     "max(ids) + 1"),
 }
 
-@pytest.mark.parametrize("student", sorted(SAYS))
-def test_each_named_mistake_gets_its_message(student):
-    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
-
 
 # Written blind to the tests (issue 42), as written: student -> the test cells it fails, each case of each cell run
 # in-process (`check_blind_student`) and each cell by nbgrader (the round trip). Before issue 42
@@ -85,18 +81,16 @@ BLIND_FAILS = {
     **dict.fromkeys(("emb-positions-are-token-ids", "emb-positions-over-batch-axis", "emb-full-context-positions",
                      "emb-scaled-by-sqrt-d"), EMBEDDING_TESTS),
 }
-WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 
 
-class TestLab01(RoundTrip):
-    LAB = LAB
-    WRONG = WRONG
-    TOTAL = 11
-    VALIDATE = Validation('no-positions', 1, (
+class TestLab01(RoundTrip, NamedMistakes, BlindStudents):
+    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 11
+    VALIDATE = Validation("no-positions", 1, (
         'check("01.TokenAndPositionEmbedding.visible", TokenAndPositionEmbedding)',
         "the positions are missing",
     ))
 
+    @pytest.mark.slow
     def test_feedback_shows_the_diagnostic_and_export_has_the_scores(self, course, scores):
         course.nbgrader("generate_feedback", LAB)
         feedback = (course.root / "grading" / "feedback" / "no-positions" / LAB / f"{LAB}.html").read_text()
@@ -109,8 +103,3 @@ class TestLab01(RoundTrip):
                   if r["assignment"] == LAB}
         assert totals["solution"] == (11.0, 11.0) and totals["untouched"] == (0.0, 11.0)
         assert totals["no-positions"] == (6.0, 11.0)
-
-
-@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
-def test_each_blind_student_fails_its_tests_named(student):
-    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 from lab_roundtrip import (
+    BlindStudents,
     RoundTrip,
     Validation,
-    blind_round_trip,
     blind_students,
-    check_blind_student,
     check_named_mistake,
     failures,
 )
 from reference_routes import copied_references
 
+from gptcourse.grading.cases import CaseId
 from gptcourse.grading.classroom import class_report
 
 LAB = "02_causal_attention"
@@ -88,12 +88,10 @@ BLIND_FAILS = {
     **dict.fromkeys(("att-calls-gptcourse", "att-sdpa-output"), ATTENTION_TESTS | {"test_attention_causal"}),
     "att-sdpa-math-kernel": ATTENTION_TESTS | {"test_attention_causal"},  # the kernel behind F.sdpa: banned
 }
-WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 # In the graded kernel gptcourse.causal_mask raises ("not available while lab 02 is graded": the package view), so
 # attention and the head, which call the student's mask, fail too; in-process, where the whole package imports,
 # they pass: this student is graded by nbgrader alone.
-WRONG |= blind_round_trip(BLIND_FILE, {"mask-calls-gptcourse": MASK_TESTS | ATTENTION_TESTS
-                                                                | {"test_attention_causal"}})
+NBGRADER_ONLY = {"mask-calls-gptcourse": MASK_TESTS | ATTENTION_TESTS | {"test_attention_causal"}}
 
 
 # The class report (`gptcourse report`, grading/classroom/class_report.py) of the round trip's class: each named
@@ -131,14 +129,10 @@ def forged(nb):
     return nb
 
 
-class TestLab02(RoundTrip):
-    LAB = LAB
-    WRONG = WRONG
-    TOTAL = 15
-    VALIDATE = Validation('softmax-wrong-axis', 3, (
-        'check("02.attention.visible", attention)',
-        "softmax over the wrong axis",
-    ))
+class TestLab02(RoundTrip, BlindStudents):
+    LAB, WRONG, BLIND_FILE, BLIND_FAILS, NBGRADER_ONLY, TOTAL = LAB, WRONG, BLIND_FILE, BLIND_FAILS, NBGRADER_ONLY, 15
+    VALIDATE = Validation("softmax-wrong-axis", 3, ('check("02.attention.visible", attention)',
+                                                    "softmax over the wrong axis"))
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -146,8 +140,9 @@ class TestLab02(RoundTrip):
         """The round trip's class and one student more: no-scaling's answers in a notebook whose metadata holds
         verdict records of its own (`forged`)."""
         course.submit(FORGER, LAB, forged(course.solved(LAB, WRONG["no-scaling"][0])))
-        return course.grade_class(cls.LAB, cls.WRONG)
+        return course.grade_class(cls.LAB, cls.graded())
 
+    @pytest.mark.slow
     def test_class_report_counts_what_was_planted(self, course, scores):
         """`gptcourse report` on the autograded class: every score the gradebook's, each planted mistake with its
         students, the passed-visible-failed-hidden students, the histogram's bins; the forged records ignored."""
@@ -164,6 +159,7 @@ class TestLab02(RoundTrip):
         assert said == {(v.case, v.passed, v.outcome, v.mistake) for v in graded["no-scaling"].verdicts}
         assert not graded[FORGER].lines and graded[FORGER].score == graded["no-scaling"].score < self.TOTAL
 
+    @pytest.mark.slow
     def test_test_cells_show_the_graders_verdict_only(self, course, scores):
         """The grader re-judged each test cell outside the kernel (gptcourse.grading.steps.judge) and rewrote its
         outputs: one line per passing test, or a single CheckFailed holding only the diagnostics."""
@@ -183,17 +179,12 @@ class TestLab02(RoundTrip):
                     assert "check(" not in error.traceback[0] and "Traceback" not in error.traceback[0]
 
 
-@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
-def test_each_blind_student_fails_its_tests_named(student):
-    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])
-
-
 def test_a_float_mask_is_named_in_the_pieces_that_use_it():
     """nanoGPT's float mask fails attention and the head with torch's TypeError (`~` of a float tensor); their
     messages say what the mask must be (`student.LIKELY_CAUSES`), not torch's words alone."""
     failed = failures(LAB, blind_students(BLIND_FILE)["mask-float-ones"])
     users = {case: message for by_case in failed.values() for case, message in by_case.items()
-             if ".causal_mask." not in case}
-    assert {case.split(".")[1] for case in users} == {"attention", "AttentionHead"}, failed
+             if CaseId.parse(case).piece != "causal_mask"}
+    assert {CaseId.parse(case).piece for case in users} == {"attention", "AttentionHead"}, failed
     unnamed = {case: message for case, message in users.items() if "a mask must be torch.bool" not in message}
     assert not unnamed, unnamed

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-from lab_roundtrip import RoundTrip, Validation, blind_round_trip, check_blind_student
+from lab_roundtrip import BlindStudents, RoundTrip, Validation
 
 LAB = "03_multi_head_attention_and_rope"
 MHA = '''
@@ -79,19 +78,9 @@ BLIND_FAILS = {
     "mha-sdpa-not-causal": MHA_TESTS,
     **dict.fromkeys(("rope-calls-gptcourse", "mha-wraps-gptcourse-functions"), ROPE_TESTS | MHA_TESTS),
 }
-WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 
 
-class TestLab03(RoundTrip):
-    LAB = LAB
-    WRONG = WRONG
-    TOTAL = 20
-    VALIDATE = Validation('rope-on-v', 1, (
-        'check("03.MultiHeadAttention.rope", MultiHeadAttention)',
-        "RoPE is applied to v as well",
-    ))
-
-
-@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
-def test_each_blind_student_fails_its_tests_named(student):
-    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])
+class TestLab03(RoundTrip, BlindStudents):
+    LAB, WRONG, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, BLIND_FILE, BLIND_FAILS, 20
+    VALIDATE = Validation("rope-on-v", 1, ('check("03.MultiHeadAttention.rope", MultiHeadAttention)',
+                                           "RoPE is applied to v as well"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lab_roundtrip import RoundTrip, Validation, blind_round_trip, check_blind_student, check_named_mistake
+from lab_roundtrip import BlindStudents, NamedMistakes, RoundTrip, Validation
 
 LAB = "04_decoder_block"
 RMSNORM = '''
@@ -83,10 +83,6 @@ SAYS = {
     "silu-of-product": ("04.SwiGLU.visible", "SiLU is applied to the product, silu(gate * value)"),
 }
 
-@pytest.mark.parametrize("student", sorted(SAYS))
-def test_each_named_mistake_gets_its_message(student):
-    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
-
 
 # Written blind to the tests (issue 42), as written: student -> the test cells it fails (the block runs the student's
 # norm and MLP, so their mistakes fail it too; a banned reference zeroes the piece and the block that uses it).
@@ -109,27 +105,17 @@ BLIND_FAILS = {
     "block-torch-layernorm": BLOCK_TESTS,
     "rms-fused-kernel": NORM_TESTS | BLOCK_TESTS,  # torch._fused_rms_norm, the op behind F.rms_norm: banned
 }
-WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 
 
-class TestLab04(RoundTrip):
-    LAB = LAB
-    WRONG = WRONG
-    TOTAL = 18
-    VALIDATE = Validation('rmsnorm-subtracts-mean', 3, (
-        'check("04.RMSNorm.visible", RMSNorm)',
-        "it subtracts the mean (that is LayerNorm)",
-    ))
+class TestLab04(RoundTrip, NamedMistakes, BlindStudents):
+    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 18
+    VALIDATE = Validation("rmsnorm-subtracts-mean", 3, ('check("04.RMSNorm.visible", RMSNorm)',
+                                                        "it subtracts the mean (that is LayerNorm)"))
 
+    @pytest.mark.slow
     def test_the_parameter_count_names_the_biases(self, course, scores):
-        nb = course.notebook("grading/autograded/swiglu-with-biases", LAB)
-        cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_DecoderBlock_params")
+        cell = self.autograded_cell(course, "swiglu-with-biases", "test_DecoderBlock_params")
         message = " ".join(" ".join(out.traceback) for out in cell.outputs if out.output_type == "error").split()
         message = " ".join(message)  # the message is wrapped for display
         assert "mlp has 6,304, expected 6,144 (+160: SwiGLU's linear" in message
         assert "use bias=False" in message
-
-
-@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
-def test_each_blind_student_fails_its_cells_named(student):
-    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-from lab_roundtrip import RoundTrip, Validation, blind_round_trip, check_blind_student, check_named_mistake
+from lab_roundtrip import BlindStudents, NamedMistakes, RoundTrip, Validation
 
 LAB = "06_parameter_counting"
 BREAKDOWN = '''
@@ -94,11 +93,6 @@ SAYS = {
 }
 
 
-@pytest.mark.parametrize("student", sorted(SAYS))
-def test_each_named_mistake_gets_its_message(student):
-    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
-
-
 BREAKDOWNS = {"test_parameter_breakdown", "test_parameter_breakdown_gpt2", "test_parameter_breakdown_llama",
               "test_parameter_breakdown_hidden"}
 HIDDEN = {"test_parameter_breakdown_hidden", "test_count_parameters_hidden"}
@@ -126,12 +120,6 @@ BLIND_FAILS = {
     "total-hardcoded-published": {"test_count_parameters_hidden"},
     "total-ignores-breakdown-ties": TOTALS,
 }
-WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
-
-
-@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
-def test_each_blind_student_fails_its_cells_named(student):
-    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])
 
 
 def test_every_config_the_lab_checks_has_a_key_and_value_head_per_query_head():
@@ -144,14 +132,10 @@ def test_every_config_the_lab_checks_has_a_key_and_value_head_per_query_head():
     assert configs and all(config.kv_heads == config.n_heads for config in configs)
 
 
-class TestLab06(RoundTrip):
-    LAB = LAB
-    WRONG = WRONG
-    TOTAL = 13
-    VALIDATE = Validation('always-untied', 4, (
-        'check("06.parameter_breakdown.visible", parameter_breakdown)',
-        "(+3,200 = V x d: untied output projection?",
-    ))
+class TestLab06(RoundTrip, NamedMistakes, BlindStudents):
+    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 13
+    VALIDATE = Validation("always-untied", 4, ('check("06.parameter_breakdown.visible", parameter_breakdown)',
+                                               "(+3,200 = V x d: untied output projection?"))
 
     def test_the_visible_presets_have_their_published_totals(self):
         from gptcourse.grading import case_seed, get_case

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 from lab_roundtrip import (
+    BlindStudents,
+    NamedMistakes,
     RoundTrip,
     Validation,
-    blind_round_trip,
     blind_students,
-    check_blind_student,
-    check_named_mistake,
     failures,
 )
 
@@ -121,12 +120,6 @@ BLIND_FAILS = {
     "sample-greedy-by-tiny-temperature": {"test_sample_next_token_greedy"},
     "uses-reference-filter": PROBS_TESTS | SAMPLE_TESTS,
 }
-WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
-
-
-@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
-def test_each_blind_student_fails_its_cells_named(student):
-    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])
 
 
 @pytest.mark.parametrize("student", ["loss-no-shift", "loss-double-softmax", "loss-sum", "loss-transposed-targets"])
@@ -144,25 +137,15 @@ def test_a_right_next_token_loss_is_not_blamed_for_a_wrong_train_step():
     assert failed and not [m for by_case in failed.values() for m in by_case.values() if "next_token_loss" in m]
 
 
-class TestLab07(RoundTrip):
-    LAB = LAB
-    WRONG = WRONG
-    TOTAL = 24
-    VALIDATE = Validation('no-zero-grad', 1, (
-        'check("07.train_step.twice", train_step)',
-        "the gradients accumulate from one step to the next",
-    ))
+class TestLab07(RoundTrip, NamedMistakes, BlindStudents):
+    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 24
+    VALIDATE = Validation("no-zero-grad", 1, ('check("07.train_step.twice", train_step)',
+                                              "the gradients accumulate from one step to the next"))
 
+    @pytest.mark.slow
     def test_a_graded_train_step_names_the_wrong_loss_it_builds_on(self, course, scores):
         """In the graded kernel (the package view of lab 07), train_step's case finds the student's own
         next_token_loss: the grader's message names it."""
-        nb = course.notebook("grading/autograded/targets-not-shifted", LAB)
-        [cell] = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "test_train_step"]
-        [error] = cell.outputs
+        [error] = self.autograded_cell(course, "targets-not-shifted", "test_train_step").outputs
         assert "your next_token_loss gives " in error.evalue and "fix next_token_loss first" in error.evalue, \
             error.evalue
-
-
-@pytest.mark.parametrize("student", sorted(SAYS))
-def test_each_named_mistake_gets_its_message(student):
-    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])

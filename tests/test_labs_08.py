@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from lab_roundtrip import RoundTrip, Validation, blind_round_trip, check_blind_student, check_named_mistake
+from lab_roundtrip import BlindStudents, NamedMistakes, RoundTrip, Validation
 
 from gptcourse.checks import CheckFailed
-from gptcourse.grading.labs.lab08 import _train_judge, slow_merges, trained_merges
+from gptcourse.grading import get_case
+from gptcourse.grading.labs.lab08 import slow_merges, trained_merges
 
 LAB = "08_bpe_tokenizer"
 MERGE = '''
@@ -169,22 +170,12 @@ BLIND_FAILS = {
     "decode-errors-ignore": DECODE_TESTS - {"test_decode"},
     "uses-reference-bpe": COUNT_TESTS | MERGE_TESTS | TRAIN_TESTS | ENCODE_TESTS | DECODE_TESTS,
 }
-WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 
 
-@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
-def test_each_blind_student_fails_its_cells_named(student):
-    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])
-
-
-class TestLab08(RoundTrip):
-    LAB = LAB
-    WRONG = WRONG
-    TOTAL = 25
-    VALIDATE = Validation("decode-token-by-token-strict", 2, (
-        'check("08.decode.split", decode)',
-        "join the bytes of all the tokens first and decode once",
-    ))
+class TestLab08(RoundTrip, NamedMistakes, BlindStudents):
+    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 25
+    VALIDATE = Validation("decode-token-by-token-strict", 2, ('check("08.decode.split", decode)',
+                                                              "join the bytes of all the tokens first and decode once"))
 
 
 def test_a_mistake_that_doubles_a_token_is_followed_only_so_far():
@@ -198,10 +189,5 @@ def test_a_mistake_that_doubles_a_token_is_followed_only_so_far():
     inputs = {"text": " " * 40, "vocab_size": 320}
     got = {"merges": torch.tensor(doubling[:-1], dtype=torch.int64)}
     with pytest.raises(CheckFailed, match=r"merge 5 \(making id 261\) is \(260, 260\)") as failed:
-        _train_judge(got, {"merges": torch.tensor(trained_merges(**inputs))}, inputs)
+        get_case("08.train_bpe.visible").judge(got, {"merges": torch.tensor(trained_merges(**inputs))}, inputs)
     assert "merged twice" not in str(failed.value)
-
-
-@pytest.mark.parametrize("student", sorted(SAYS))
-def test_each_named_mistake_gets_its_message(student):
-    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])

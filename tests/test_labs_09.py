@@ -6,13 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lab_roundtrip import (
-    RoundTrip,
-    Validation,
-    blind_round_trip,
-    check_blind_student,
-    check_named_mistake,
-)
+from lab_roundtrip import BlindStudents, NamedMistakes, RoundTrip, Validation, check_named_mistake
 
 LAB = "09_training_by_hand"
 NAIVE_CROSS_ENTROPY = '''
@@ -192,11 +186,6 @@ SAYS = {
 }
 
 
-@pytest.mark.parametrize("student", sorted(SAYS))
-def test_each_named_mistake_gets_its_message(student):
-    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
-
-
 @pytest.mark.parametrize("seed", range(12))
 def test_the_hidden_case_shows_decay_after_the_update(seed, monkeypatch):
     """At lr=1e-3 the decay's order moves a weight by lr**2 * weight_decay, inside the tolerance: the hidden
@@ -242,19 +231,9 @@ BLIND_FAILS = {
                      "ce-nll-loss-module"), frozenset(CE | {"test_cross_entropy_hidden"})),
     "adam-functional-adamw": {"test_adamw_step", "test_adamw_step_decay", "test_adamw_step_hidden"},
 }
-WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 
 
-class TestLab09(RoundTrip):
-    LAB = LAB
-    WRONG = WRONG
-    TOTAL = 34
-    VALIDATE = Validation("no-bias-correction", 2, (
-        'check("09.adamw_step.visible", adamw_step)',
-        "bias correction missing: step 1 is 10x too small",
-    ))
-
-
-@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
-def test_each_blind_student_fails_exactly_its_cells_each_visible_one_naming_it(student):
-    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])
+class TestLab09(RoundTrip, NamedMistakes, BlindStudents):
+    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 34
+    VALIDATE = Validation("no-bias-correction", 2, ('check("09.adamw_step.visible", adamw_step)',
+                                                    "bias correction missing: step 1 is 10x too small"))

@@ -5,14 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-from lab_roundtrip import (
-    RoundTrip,
-    Validation,
-    blind_round_trip,
-    check_blind_student,
-    check_named_mistake,
-)
+from lab_roundtrip import BlindStudents, NamedMistakes, RoundTrip, Validation, check_named_mistake
 
 LAB = "11_inference"
 CACHE = '''
@@ -177,11 +170,6 @@ SAYS = {
 }
 
 
-@pytest.mark.parametrize("student", sorted(SAYS))
-def test_each_named_mistake_gets_its_message(student):
-    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
-
-
 def test_the_ascending_sort_kept_below_p_is_named():
     """Least likely first and `cumsum <= p`: the least likely tokens stay (mlx-examples#602's confusion)."""
     check_named_mistake(LAB, {"top_p_filter": TOP_P.format(**RIGHT_TOP_P | {"keep": "probs.cumsum(dim=-1) <= top_p"})
@@ -220,20 +208,12 @@ BLIND_FAILS = {
     **dict.fromkeys(("gen-recompute-no-cache", "gen-feeds-all-with-cache", "gen-positions-restart",
                      "gen-prefill-first-logits"), GENERATE_CELLS),
 }
-WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 
 
-class TestLab11(RoundTrip):
-    LAB = LAB
-    WRONG = WRONG
-    TOTAL = 38
+class TestLab11(RoundTrip, NamedMistakes, BlindStudents):
+    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 38
     VALIDATE = Validation("top-p-above-threshold", 3, (
         'check("11.top_p_filter.visible", top_p_filter)',
         "the smallest set of the most likely tokens whose mass reaches p",
         "top_p_filter masked every token of a row: the most likely token always stays",
     ))
-
-
-@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
-def test_each_blind_student_fails_exactly_its_cells_each_visible_one_naming_it(student):
-    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])

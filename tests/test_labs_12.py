@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-from lab_roundtrip import RoundTrip, Validation, blind_round_trip, check_blind_student, check_named_mistake
+from lab_roundtrip import BlindStudents, NamedMistakes, RoundTrip, Validation
 
 LAB = "12_flash_attention"
 MERGE = '''
@@ -195,7 +194,6 @@ BLIND_FAILS = {
     # computes no attention), so the scan zeroes those three
     "fwd-cpu-flash-kernel": ALL_FORWARD | BACKWARD_TESTS,
 }
-WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # bwd-no-mask grades as blind-bwd-no-mask
 
 # student -> (a case their code fails, what its message says)
 SAYS = {
@@ -222,21 +220,7 @@ SAYS = {
 }
 
 
-class TestLab12(RoundTrip):
-    LAB = LAB
-    WRONG = WRONG
-    TOTAL = 22
-    VALIDATE = Validation("merge-no-rescale-o", 4, (
-        'check("12.online_softmax.max_moves", online_softmax)',
-        "the running output o was not rescaled",
-    ))
-
-
-@pytest.mark.parametrize("student", sorted(SAYS))
-def test_each_named_mistake_gets_its_message(student):
-    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
-
-
-@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
-def test_each_blind_student_fails_its_cells_named(student):
-    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])
+class TestLab12(RoundTrip, NamedMistakes, BlindStudents):
+    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 22
+    VALIDATE = Validation("merge-no-rescale-o", 4, ('check("12.online_softmax.max_moves", online_softmax)',
+                                                    "the running output o was not rescaled"))

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-from lab_roundtrip import RoundTrip, Validation, blind_students, check_named_mistake
+from lab_roundtrip import BlindStudents, NamedMistakes, RoundTrip, Validation
 
 LAB = "13_preference_optimization"
 LOGPS = '''
@@ -54,12 +53,13 @@ LOGPS_TESTS = {"test_sequence_logprobs", "test_sequence_logprobs_left", "test_se
 DPO_TESTS = {"test_dpo_loss", "test_dpo_loss_large", "test_dpo_loss_hidden"}
 STEP_TESTS = {"test_dpo_step", "test_dpo_step_hidden"}  # a step uses the student's two functions above
 ADAPTER_TESTS = {"test_adapters_disabled", "test_adapters_disabled_hidden"}
-# Written blind to the tests (issue 42), as written: student -> the test cells it must fail. Before issue 42
+# Written blind to the tests (issue 42), as written: student -> the test cells it must fail, each case of each cell
+# run in-process (`check_blind_student`, since issue 43) and each cell by nbgrader (the round trip). Before issue 42
 # step-reference-from-policy, step-no-zero-grad, step-reference-detached, logps-no-mask, dpo-rewards-not-detached
 # and adapters-all-enabled-after passed every cell (the step's reference was a copy of the policy, its policy had
 # no stale gradients, the model ignored the mask, no adapter started off), and nothing named adapters-children-only,
 # adapters-on-a-copy, dpo-beta-divides, dpo-beta-one-side or logps-pads-counted.
-BLIND = blind_students(Path(__file__).with_name("lab13_blind.cells"))
+BLIND_FILE = Path(__file__).with_name("lab13_blind.cells")
 BLIND_FAILS = {
     **dict.fromkeys(("logps-averaged", "logps-not-shifted", "logps-no-mask", "logps-pads-counted",
                      "logps-prompt-counted"), LOGPS_TESTS | STEP_TESTS),
@@ -74,7 +74,7 @@ BLIND_FAILS = {
                      "adapters-not-restored-after-an-error"), ADAPTER_TESTS),
 }
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
-WRONG = {student: (BLIND[student], fails) for student, fails in BLIND_FAILS.items()} | {
+WRONG = {
     "dpo-no-reference": ({"dpo_loss": DPO.format(**RIGHT_DPO | {
         "chosen": "policy_chosen", "rejected": "policy_rejected"})}, DPO_TESTS | STEP_TESTS),
     # passed dpo_step while the step's reference was a copy of the policy (margins of 0, where its gradient is right)
@@ -126,16 +126,7 @@ SAYS = {
 }
 
 
-class TestLab13(RoundTrip):
-    LAB = LAB
-    WRONG = WRONG
-    TOTAL = 20
-    VALIDATE = Validation("dpo-log-of-sigmoid", 1, (
-        'check("13.dpo_loss.large", dpo_loss)',
-        "Use F.logsigmoid(margin)",
-    ))
-
-
-@pytest.mark.parametrize("student", sorted(SAYS))
-def test_each_named_mistake_gets_its_message(student):
-    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
+class TestLab13(RoundTrip, NamedMistakes, BlindStudents):
+    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 20
+    VALIDATE = Validation("blind-dpo-log-of-sigmoid", 1, ('check("13.dpo_loss.large", dpo_loss)',
+                                                          "Use F.logsigmoid(margin)"))

@@ -7,16 +7,18 @@ from pathlib import Path
 
 import pytest
 from lab_roundtrip import (
+    BlindStudents,
+    NamedMistakes,
     RoundTrip,
     Validation,
     blind_names,
     blind_students,
     check_blind_student,
-    check_named_mistake,
     solved_namespace,
 )
 
 from gptcourse.grading import check
+from gptcourse.grading.cases import CaseId
 
 LAB = "14_evaluating_language_models"
 LOGLIKELIHOOD = '''
@@ -73,7 +75,6 @@ OVERLAP_TESTS = {"test_ngram_overlap", "test_ngram_overlap_hidden"}
 # ll-drops-first-token, ll-raw-logits, ll-greedy-any, cs-word-count, pak-product-off-by-one, pak-k-over-n-shortcut,
 # ng-characters or ng-split-no-normalise.
 BLIND_FILE = Path(__file__).with_name("lab14_blind.cells")
-BLIND = blind_students(BLIND_FILE)
 BLIND_FAILS = {
     **dict.fromkeys(("ll-full-input-last-rows", "ll-drops-first-token", "ll-sums-context-too", "ll-raw-logits",
                      "ll-mean-not-sum"), LL_TESTS),
@@ -88,7 +89,7 @@ BLIND_FAILS = {
                      "ng-substring-shortcut", "ng-flag-not-fraction"), OVERLAP_TESTS),
 }
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
-WRONG = {student: (BLIND[student], fails) for student, fails in BLIND_FAILS.items()} | {
+WRONG = {
     "ll-counts-context": ({"loglikelihood": LOGLIKELIHOOD.format(**RIGHT_LL | {
         "rows": ":", "target": "(context + continuation)[1:]"})}, LL_TESTS),
     # the whole sequence fed and its last rows read: each token scored from its own position
@@ -139,24 +140,10 @@ SAYS = {
 }
 
 
-class TestLab14(RoundTrip):
-    LAB = LAB
-    WRONG = WRONG
-    TOTAL = 24
-    VALIDATE = Validation("pass-with-replacement", 1, (
-        'check("14.pass_at_k.visible", pass_at_k)',
-        "this is 1 - (1 - c/n)^k",
-    ))
-
-
-@pytest.mark.parametrize("student", sorted(SAYS))
-def test_each_named_mistake_gets_its_message(student):
-    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
-
-
-@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
-def test_each_blind_student_fails_its_cells_named(student):
-    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])
+class TestLab14(RoundTrip, NamedMistakes, BlindStudents):
+    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 24
+    VALIDATE = Validation("pass-with-replacement", 1, ('check("14.pass_at_k.visible", pass_at_k)',
+                                                       "this is 1 - (1 - c/n)^k"))
 
 
 # Written blind to the tests, a second reader (round 2): checked in-process (check_blind_student), each student
@@ -225,4 +212,4 @@ FLOAT32 = {
 
 @pytest.mark.parametrize("test_id", sorted(FLOAT32))
 def test_a_right_answer_in_float32_passes(test_id):
-    check(test_id, solved_namespace(LAB, FLOAT32[test_id])[test_id.split(".")[1]])
+    check(test_id, solved_namespace(LAB, FLOAT32[test_id])[CaseId.parse(test_id).piece])

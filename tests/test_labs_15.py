@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 from lab_roundtrip import (
+    BlindStudents,
+    NamedMistakes,
     RoundTrip,
     Validation,
-    blind_round_trip,
     blind_students,
-    check_blind_student,
     check_named_mistake,
 )
 
@@ -178,7 +178,6 @@ BLIND_FAILS = {
                      "loss-padded-length-mean", "loss-kl-unmasked", "loss-sum-over-answers"), LOSS_TESTS | STEP_TESTS),
     **dict.fromkeys(("step-logits-shifted-wrong", "step-log-softmax-over-time", "step-raw-logits"), STEP_TESTS),
 }
-WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 # blind student -> (a case it fails, what its message says): the mistakes named for these students
 BLIND_SAYS = {
     "adv-no-group-of-one-guard": ("15.group_advantages.one", "for groups of one"),
@@ -198,24 +197,10 @@ BLIND_SAYS = {
 }
 
 
-class TestLab15(RoundTrip):
-    LAB = LAB
-    WRONG = WRONG
-    TOTAL = 19
-    VALIDATE = Validation("loss-clip-upper-only", 3, (
-        'check("15.grpo_loss.visible", grpo_loss)',
-        "only the upper side is clipped",
-    ))
-
-
-@pytest.mark.parametrize("student", sorted(SAYS))
-def test_each_named_mistake_gets_its_message(student):
-    check_named_mistake(LAB, WRONG[student][0], *SAYS[student])
-
-
-@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
-def test_each_blind_student_fails_its_tests_named(student):
-    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])
+class TestLab15(RoundTrip, NamedMistakes, BlindStudents):
+    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 19
+    VALIDATE = Validation("loss-clip-upper-only", 3, ('check("15.grpo_loss.visible", grpo_loss)',
+                                                      "only the upper side is clipped"))
 
 
 @pytest.mark.parametrize("student", sorted(BLIND_SAYS))

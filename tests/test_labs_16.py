@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-from lab_roundtrip import RoundTrip, Validation, blind_round_trip, check_blind_student, check_named_mistake
+from lab_roundtrip import BlindStudents, NamedMistakes, RoundTrip, Validation
 
 LAB = "16_mixture_of_experts"
 ROUTE = '''
@@ -114,6 +113,7 @@ FAILS = {student: {"route": ROUTE_TESTS, "dispatch": DISPATCH_TESTS, "balance": 
                    "counts": COUNT_TESTS}[student.split("-")[0]] for student in CASES}
 FAILS["counts-shared-as-routed"] = COUNT_TESTS - {"test_moe_parameter_counts_mixtral"}
 WRONG = {student: (answers, FAILS[student]) for student, (answers, _, _) in CASES.items()}
+SAYS = {student: (test_id, says) for student, (_, test_id, says) in CASES.items()}
 
 # Written blind to the tests (tests/lab16_blind.cells), checked in-process against every test cell, hidden included,
 # and by nbgrader in the round trip below. Before these fixes dc-per-token-calls, dc-empty-expert-crash,
@@ -156,25 +156,9 @@ BLIND_FAILS = {
     # Mixtral has no dense block
     "pc-dense-layers-expert-width": COUNT_TESTS - {"test_moe_parameter_counts_mixtral"},
 }
-WRONG |= blind_round_trip(BLIND_FILE, BLIND_FAILS)  # nbgrader grades them too
 
 
-@pytest.mark.parametrize("student", sorted(CASES))
-def test_each_named_mistake_gets_its_message(student):
-    answers, test_id, says = CASES[student]
-    check_named_mistake(LAB, answers, test_id, says)
-
-
-class TestLab16(RoundTrip):
-    LAB = LAB
-    WRONG = WRONG
-    TOTAL = 18
-    VALIDATE = Validation("dispatch-dense", 1, (
-        'check("16.dispatch_combine.visible", dispatch_combine)',
-        "this is the dense computation",
-    ))
-
-
-@pytest.mark.parametrize("student", sorted(BLIND_FAILS))
-def test_each_blind_student_fails_exactly_its_cells_each_visible_one_naming_it(student):
-    check_blind_student(LAB, BLIND_FILE, student, BLIND_FAILS[student])
+class TestLab16(RoundTrip, NamedMistakes, BlindStudents):
+    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 18
+    VALIDATE = Validation("dispatch-dense", 1, ('check("16.dispatch_combine.visible", dispatch_combine)',
+                                                "this is the dense computation"))

@@ -13,6 +13,7 @@ import torch
 
 from gptcourse.checks import CheckFailed
 from gptcourse.grading import CASES, case_seed, check, get_case, judge_payload
+from gptcourse.grading.cases import CaseId
 from gptcourse.grading.payload import MAX_ELEMENTS, decode_value, encode_value, make_payload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,8 +57,8 @@ def test_every_registered_case_is_called_by_its_lab_and_ids_name_their_lab():
     assert called == set(CASES), f"unused: {set(CASES) - called}; unregistered: {called - set(CASES)}"
     labs = {p.parent.name[:2] for p in SOLUTIONS}
     for test_id, case in CASES.items():
-        assert test_id.split(".")[0] in labs
-        assert case.hidden == test_id.split(".")[-1].startswith("hidden"), test_id
+        assert CaseId.parse(test_id).lab in labs
+        assert case.hidden == CaseId.parse(test_id).hidden, test_id
 
 
 def test_released_labs_hide_the_hidden_case_ids():

@@ -63,8 +63,8 @@ def test_check_env_passes_here():
 
 
 def test_check_env_fails_loudly(monkeypatch, capsys):
-    real = cli._version_of
-    monkeypatch.setattr(cli, "_version_of", lambda m: (False, "not importable") if m == "nbgrader" else real(m))
+    real = cli.version_of
+    monkeypatch.setattr(cli, "version_of", lambda m: (False, "not importable") if m == "nbgrader" else real(m))
     assert cli.main(["check-env"]) == 1
     assert "[FAIL] nbgrader: not importable" in capsys.readouterr().out
 
@@ -82,7 +82,7 @@ def test_check_env_notices_a_disabled_nbgrader_extension(tmp_path, monkeypatch):
     (labconfig / "page_config.json").write_text('{"disabledExtensions": {"@jupyter/nbgrader": true}}')
     real = jupyter_core.paths.jupyter_config_path
     monkeypatch.setattr(jupyter_core.paths, "jupyter_config_path", lambda: [str(tmp_path), *real()])
-    ok, detail = cli._nbgrader_labextension()
+    ok, detail = cli.nbgrader_labextension()
     assert not ok
     assert "jupyter labextension enable @jupyter/nbgrader" in detail
 

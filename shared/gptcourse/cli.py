@@ -32,7 +32,7 @@ def required_packages() -> list[str]:
     return sorted(names, key=lambda name: (name != "torch", name))  # torch first, the rest alphabetically
 
 
-def _version_of(distribution: str) -> tuple[bool, str]:
+def version_of(distribution: str) -> tuple[bool, str]:
     import importlib.metadata
 
     try:
@@ -52,7 +52,7 @@ def _json_files(folder: str, pattern: str) -> list[dict]:
     return found
 
 
-def _nbgrader_labextension() -> tuple[bool, str]:
+def nbgrader_labextension() -> tuple[bool, str]:
     """Read Jupyter's own config files (fast; `jupyter labextension list` takes seconds to start)."""
     from jupyter_core.paths import jupyter_config_path, jupyter_path
 
@@ -81,8 +81,8 @@ def environment_checks() -> list[tuple[str, bool, str]]:
     checks = [("python", sys.version_info >= MIN_PYTHON,
                f"{platform.python_version()} (need >= {'.'.join(map(str, MIN_PYTHON))})")]
     for name in required_packages():
-        checks.append((name, *_version_of(name)))
-    checks.append(("nbgrader labextension", *_nbgrader_labextension()))
+        checks.append((name, *version_of(name)))
+    checks.append(("nbgrader labextension", *nbgrader_labextension()))
     if any(name == "torch" and ok for name, ok, _ in checks):
         import torch
 

@@ -246,7 +246,7 @@ def autograde_class(lab: str, workers: int | None = None, force: bool = False, u
     else:
         runner = LocalRunner(app, workers, use_zygote, nbgrader_args)
     try:
-        return _autograde_class(app, lab, force, progress, runner)
+        return grade_submissions(app, lab, force, progress, runner)
     finally:
         runner.close()
 
@@ -299,13 +299,15 @@ class LocalRunner:
         self.zygote_log.close()
 
 
-def _autograde_class(app: Any, lab: str, force: bool, progress: bool, runner: Any) -> dict[str, Outcome]:
+def grade_submissions(app: Any, lab: str, force: bool, progress: bool, runner: Any) -> dict[str, Outcome]:
+    """Grade the submissions of `lab` that need it (all with `force`) through `runner` (this machine's workers or a
+    cluster's), after refusing what intake refuses; print the summary; return every student's outcome."""
     from tqdm.auto import tqdm
 
     from ..steps.intake import admit_submitted, shown
 
     coursedir = app.coursedir
-    _require_assignment(coursedir.db_url, lab)
+    require_assignment(coursedir.db_url, lab)
     refused: list[Path] = []
     found = submissions(coursedir, lab, refused)
     if not found and not refused:
@@ -313,7 +315,7 @@ def _autograde_class(app: Any, lab: str, force: bool, progress: bool, runner: An
     outcomes = {shown(folder.parent.name): Outcome(shown(folder.parent.name), "refused",
                                                    messages=admit_submitted(coursedir.root, folder))
                 for folder in refused}
-    outcomes.update({s.student: _no_notebook(s, lab, app) for s in found if not s.has_notebook()})
+    outcomes.update({s.student: no_notebook_outcome(s, lab, app) for s in found if not s.has_notebook()})
     outcomes.update({s.student: Outcome(s.student, "up to date") for s in found if s.student not in outcomes
                      and not force and s.is_up_to_date(autograded_folder(coursedir, lab, s.student))})
     todo = [s.student for s in found if s.student not in outcomes]
@@ -345,7 +347,7 @@ def _autograde_class(app: Any, lab: str, force: bool, progress: bool, runner: An
     return outcomes
 
 
-def _no_notebook(submission: Submission, lab: str, app: Any) -> Outcome:
+def no_notebook_outcome(submission: Submission, lab: str, app: Any) -> Outcome:
     """A submitted folder without any notebook: nbgrader does not see it; the summary and its report say so."""
     from ..steps.intake import report_no_notebook
     from ..steps.report import WriteGradingReport
@@ -371,7 +373,8 @@ def default_workers() -> int:
     return cores() + 1
 
 
-def _require_assignment(db_url: str, lab: str) -> None:
+def require_assignment(db_url: str, lab: str) -> None:
+    """Stop, saying how to fix it, when `lab` was never generated into the gradebook at `db_url`."""
     from nbgrader.api import Gradebook, MissingEntry
 
     with Gradebook(db_url) as gb:
