@@ -11,6 +11,7 @@ import torch
 from nbformat.v4 import new_code_cell, new_output
 
 from gptcourse.grading import MIME, case_seed, get_case, judge_payload
+from gptcourse.grading.cases import case_expected, case_inputs
 from gptcourse.grading.forbidden import find_forbidden
 from gptcourse.grading.payload import make_payload
 from gptcourse.grading.piece import forbidden_names
@@ -202,3 +203,20 @@ def test_a_kernel_message_that_nbformat_would_refuse_is_named(content, problem):
     assert message_problem(message | {"content": good}) is None  # JSON where JSON may be, text as lines
     assert "unknown type 'made_up'" in message_problem(message | {"msg_type": "made_up",
                                                                    "header": {"msg_type": "made_up"}})
+
+
+def test_a_visible_case_made_once_is_handed_out_as_independent_copies():
+    """The grader makes a visible case's inputs and expected outputs once per process (the seed is the same for
+    every student): what one submission's run does to its copy must not reach the next one's, and the copies equal
+    what the case makes afresh."""
+    case = get_case("09.adamw_step.visible")
+    seed = case_seed(case)
+    first, second = case_inputs(case, seed), case_inputs(case, seed)
+    fresh = case.inputs(seed)
+    first["param"].add_(1.0)
+    first["grads"][0].zero_()
+    assert torch.equal(second["param"], fresh["param"]) and torch.equal(second["grads"][0], fresh["grads"][0])
+    expected = case_expected(case, seed, second)
+    expected["params"].zero_()
+    again = case_expected(case, seed, case_inputs(case, seed))
+    assert torch.equal(again["params"], case.expected(fresh)["params"])

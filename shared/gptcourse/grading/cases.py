@@ -21,6 +21,7 @@ its cases' inputs from them and hands those over, a hidden case's under an opaqu
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import importlib
@@ -173,6 +174,29 @@ def kernel_environment(lab: str, student: str | None, environ: Mapping[str, str]
     seeds = sorted(hidden_seeds(lab, student, environ).items())
     env[HIDDEN_SEEDS_ENV] = " ".join(f"{test_id}={seed}" for test_id, seed in seeds)
     return env
+
+
+def case_inputs(case: Case, seed: int) -> Inputs:
+    """`case.inputs(seed)`; a visible case's, whose seed is the same for every student, made once per process and
+    handed out as copies (the grader makes them for every submission it grades; what runs on them may change
+    them)."""
+    return case.inputs(seed) if case.hidden else copy.deepcopy(_visible_inputs(case, seed))
+
+
+def case_expected(case: Case, seed: int, inputs: Inputs) -> Outputs:
+    """`case.expected(inputs)`, `inputs` those of `case_inputs(case, seed)`; a visible case's computed once per
+    process, on its own copy of the inputs, and handed out as copies."""
+    return case.expected(inputs) if case.hidden else copy.deepcopy(_visible_expected(case, seed))
+
+
+@functools.lru_cache(maxsize=256)
+def _visible_inputs(case: Case, seed: int) -> Inputs:
+    return case.inputs(seed)
+
+
+@functools.lru_cache(maxsize=256)
+def _visible_expected(case: Case, seed: int) -> Outputs:
+    return case.expected(case_inputs(case, seed))
 
 
 def sizes_rng(seed: int) -> random.Random:

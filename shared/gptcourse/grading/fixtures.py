@@ -9,8 +9,8 @@ from __future__ import annotations
 import copy
 import math
 import re
-from collections.abc import Callable, Mapping
-from functools import partial
+from collections.abc import Callable, Iterable, Mapping
+from functools import cache, partial
 from typing import Any
 
 import torch
@@ -58,30 +58,39 @@ def check_close_lazily(got: torch.Tensor, expected: torch.Tensor, name: str,
         check_close(got, expected, name, atol=atol, mistakes=mistakes())
 
 
-def unit_scale_weights(module: torch.nn.Module, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """Weights at the scale of a working network: unit-variance embeddings, matrices with std 1/sqrt(fan-in),
-    norm gains near 1, small biases. The logits then depend on the tokens (with one scale for everything, one
-    token can win at every position, and a sampler reading the wrong position would go unnoticed)."""
+@cache
+def gpt_parameter_shapes(config: GPTConfig) -> tuple[tuple[str, torch.Size], ...]:
+    """(name, shape) of each parameter of GPT(config), in `named_parameters` order: from a skeleton on the meta
+    device, built once per config (every op of its init goes through torch's device mode, which costs far more
+    than drawing the weights)."""
+    with torch.device("meta"):  # shapes only
+        skeleton = GPT(config)
+    return tuple((name, p.shape) for name, p in skeleton.named_parameters())
+
+
+def unit_scale_weights(shapes: Iterable[tuple[str, torch.Size]], gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Weights of these (name, shape) parameters at the scale of a working network: unit-variance embeddings,
+    matrices with std 1/sqrt(fan-in), norm gains near 1, small biases. The logits then depend on the tokens (with
+    one scale for everything, one token can win at every position, and a sampler reading the wrong position would
+    go unnoticed)."""
     weights = {}
-    for name, p in module.named_parameters():
+    for name, shape in shapes:
         if name.startswith(("tok_emb.", "pos_emb.")):
             mean, std = 0.0, 1.0
-        elif p.dim() == 2:
-            mean, std = 0.0, 1 / math.sqrt(p.shape[1])
+        elif len(shape) == 2:
+            mean, std = 0.0, 1 / math.sqrt(shape[1])
         elif name.endswith("bias"):
             mean, std = 0.0, 0.1
         else:  # norm gains
             mean, std = 1.0, 0.2
-        weights[name] = mean + std * torch.randn(p.shape, generator=gen)
+        weights[name] = mean + std * torch.randn(shape, generator=gen)
     return weights
 
 
 def gpt_inputs(config: GPTConfig, gen: torch.Generator) -> dict[str, Any]:
     """A case's model, as {"config", "weights"} (weights at a working network's scale, drawn from `gen`), for
     `reference_gpt(inputs["config"], inputs["weights"])`."""
-    with torch.device("meta"):  # shapes only: the weights are drawn from `gen`
-        skeleton = GPT(config)
-    return {"config": config, "weights": unit_scale_weights(skeleton, gen)}
+    return {"config": config, "weights": unit_scale_weights(gpt_parameter_shapes(config), gen)}
 
 
 def gpt_with_tokens(config: GPTConfig, seed: int, shape: tuple[int, ...], name: str = "tokens",
@@ -157,9 +166,7 @@ def policy_and_reference(config: GPTConfig, seed: int, drift: float) -> tuple[GP
     `drift` added, as if the policy had trained, so that a step that uses the policy as its reference goes
     elsewhere. The reference is trainable on purpose: a step must not give it gradients."""
     gen = tensor_rng(seed)
-    with torch.device("meta"):  # shapes only: the weights are drawn from `gen`
-        skeleton = GPT(config)
-    weights = unit_scale_weights(skeleton, gen)
+    weights = unit_scale_weights(gpt_parameter_shapes(config), gen)
     with torch.random.fork_rng(devices=[]):
         policy = GPT(config)
     with torch.no_grad():

@@ -15,7 +15,7 @@ import warnings
 from typing import Any
 
 from ..checks import CheckFailed
-from .cases import Case, CaseId, case_seed, get_case
+from .cases import Case, CaseId, case_inputs, case_seed, get_case
 from .forbidden import calls_to, reference_behind
 from .handles import is_handle, run_of
 from .kernel_inputs import INPUTS_ENV, graded_inputs
@@ -88,7 +88,7 @@ def run_case(case: Case, seed: int, student_obj: Any, forbidden: tuple[str, ...]
         inputs = graded_inputs(case.id)
     except Exception as err:  # the file is the grader's: only a notebook that rewrote it can break it
         return make_payload(case.id, seed, None, f"the grader's inputs of this test are unreadable ({err!r:.200})")
-    return run_on(case.call, case.id, seed, case.inputs(seed) if inputs is None else inputs, student_obj,
+    return run_on(case.call, case.id, seed, case_inputs(case, seed) if inputs is None else inputs, student_obj,
                   forbidden)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .cases import CaseId, case_seed, lab_cases
+from .cases import CaseId, case_inputs, case_seed, lab_cases
 from .handles import handle_entries
 
 INPUTS_ENV = "GPTCOURSE_CASE_INPUTS"
@@ -30,7 +30,7 @@ FILE_NAME = ".gptcourse-case-inputs.pt"  # in the box's /scratch
 def lab_inputs(lab: str, environ: Mapping[str, str]) -> dict[str, Any]:
     """case id -> inputs, for every case of `lab` ("02_causal_attention" or "02"), with the seeds a kernel of
     environment `environ` computes."""
-    return {case.id: case.inputs(case_seed(case, environ)) for case in lab_cases(lab)}
+    return {case.id: case_inputs(case, case_seed(case, environ)) for case in lab_cases(lab)}
 
 
 def write_inputs(path: str | Path, lab: str, environ: Mapping[str, str], handles: Mapping[str, str]) -> None:

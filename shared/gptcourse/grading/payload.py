@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..checks import CheckFailed
-from .cases import case_seed, get_case
+from .cases import case_expected, case_inputs, case_seed, get_case
 from .forbidden import HOW
 
 MIME = "application/vnd.gptcourse.result+json"
@@ -176,8 +176,8 @@ def _judge(payload: Any, student: str | None) -> Judged:
         got = {str(name): decode_value(v) for name, v in payload["outputs"].items()}
     except ValueError as err:
         return Judged(False, f"{header}\nthe result could not be read: {err}", "unreadable")
-    inputs = case.inputs(seed)
-    expected = case.expected(inputs)
+    inputs = case_inputs(case, seed)
+    expected = case_expected(case, seed, inputs)
     if set(got) != set(expected):
         return Judged(False, f"{header}\nthe result holds {sorted(got)}, expected {sorted(expected)}", "wrong")
     try:
