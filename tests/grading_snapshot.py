@@ -56,8 +56,8 @@ def _cell_points(folder: str) -> dict[str, float]:
 
 
 def lab_rows(lab: str) -> list[dict]:
-    """The rows of lab `lab` ("02"): the solution's and each student's of its WRONG, every case of every test
-    cell."""
+    """The rows of lab `lab` ("02"): the solution's and each student's the round trip grades (`RoundTrip.graded`),
+    every case of every test cell."""
     from lab_roundtrip import after_description, banned_pieces, graded_cells, solved_namespace
 
     from gptcourse.checks import CheckFailed
@@ -66,7 +66,8 @@ def lab_rows(lab: str) -> list[dict]:
 
     module = _lab_module(lab)
     folder, points = module.LAB, _cell_points(module.LAB)
-    students = {"solution": {}} | {student: answers for student, (answers, _) in sorted(module.WRONG.items())}
+    graded = getattr(module, f"TestLab{lab}").graded()  # WRONG and the blind students, as the round trip grades
+    students = {"solution": {}} | {student: answers for student, (answers, _) in sorted(graded.items())}
     rows = []
     for student, answers in students.items():
         torch.manual_seed(0)
