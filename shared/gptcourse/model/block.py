@@ -11,6 +11,7 @@ from .kv_cache import LayerCache
 from .mixture_of_experts import MoE
 from .mlp import make_mlp
 from .norms import make_norm
+from .positions import Rope
 
 
 class DecoderBlock(nn.Module):
@@ -34,13 +35,8 @@ class DecoderBlock(nn.Module):
             self.mlp = make_mlp(c.mlp, c.d_model, c.hidden_width, c.mlp_bias)
         self.router_logits: torch.Tensor | None = None  # (B T, E) of the last forward, with a mixture of experts
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        cache: LayerCache | None = None,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope | None = None, cache: LayerCache | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), rope=rope, cache=cache, mask=mask)  # (B, T, C)
         if isinstance(self.mlp, MoE):
             update, self.router_logits = self.mlp(self.norm2(x))  # (B, T, C), (B T, E)

@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .kv_cache import LayerCache
-from .positions import apply_rope
+from .positions import Rope, apply_rope
 
 
 def causal_mask(t_q: int, t_k: int | None = None, device: torch.device | str | None = None) -> torch.Tensor:
@@ -142,7 +142,7 @@ class MultiHeadAttention(nn.Module):
         b, h, t, d = x.shape
         return x.transpose(1, 2).reshape(b, t, h * d)  # (B, H, T, D) -> (B, T, C)
 
-    def heads(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    def heads(self, x: torch.Tensor, rope: Rope | None = None,
               cache: LayerCache | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, C) -> q (B, H, T, D) and k, v (B, H_kv, T_k, D): projected, split, rotated, and (with a cache)
         appended to the keys and values before them."""
@@ -155,13 +155,8 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.append(k, v)  # (B, H_kv, T_past + T, D): the cache holds only the kv heads
         return q, k, v
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        cache: LayerCache | None = None,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope | None = None, cache: LayerCache | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C). `mask`: see `padding_mask`; the weights themselves: `weights`."""
         q, k, v = self.heads(x, rope, cache)
         if self.fused:
@@ -171,7 +166,7 @@ class MultiHeadAttention(nn.Module):
             y, _ = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask)  # k, v as (B, H, T_k, D)
         return self.out(self.merge_heads(y))  # (B, H, T, D) -> (B, T, C)
 
-    def weights(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    def weights(self, x: torch.Tensor, rope: Rope | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, T, C) -> the (B, H, T, T) attention weights that `forward` mixes the values with: to look at them
         (the fused kernel never forms them)."""

@@ -160,18 +160,16 @@ class GPTConfig:
         return replace(self, **changes)
 
 
+# The assembly seed's runnable model: RoPE, RMSNorm, SwiGLU (4d fused projection), MHA with biases, tied.
+_SEED_TINY = GPTConfig(
+    vocab_size=100, context_length=1024, d_model=32, n_heads=4, n_layers=2,
+    position="rope", norm="rmsnorm", norm_eps=1e-6, mlp="swiglu", d_ff=64,
+    attn_bias=True, mlp_bias=False, tie_weights=True,
+)
+
 PRESETS: dict[str, GPTConfig] = {
-    # The assembly seed's runnable model: RoPE, RMSNorm, SwiGLU (4d fused projection), MHA with biases, tied.
-    "seed-tiny": GPTConfig(
-        vocab_size=100, context_length=1024, d_model=32, n_heads=4, n_layers=2,
-        position="rope", norm="rmsnorm", norm_eps=1e-6, mlp="swiglu", d_ff=64,
-        attn_bias=True, mlp_bias=False, tie_weights=True,
-    ),
-    "seed-tiny-untied": GPTConfig(
-        vocab_size=100, context_length=1024, d_model=32, n_heads=4, n_layers=2,
-        position="rope", norm="rmsnorm", norm_eps=1e-6, mlp="swiglu", d_ff=64,
-        attn_bias=True, mlp_bias=False, tie_weights=False,
-    ),
+    "seed-tiny": _SEED_TINY,
+    "seed-tiny-untied": _SEED_TINY.replace(tie_weights=False),
     # The architecture seed's repo: learned positions, LayerNorm, ReLU 4C MLP, untied nn.Linear head (with bias).
     # Its sizes are not given there; these are a character-level model's (65 symbols, like tiny Shakespeare).
     "seed-repo": GPTConfig(

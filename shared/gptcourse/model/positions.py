@@ -26,6 +26,9 @@ class LearnedPositions(nn.Module):
         return F.embedding(positions, self.weight)  # (T, C) or (B, T, C)
 
 
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each (T, D): what RotaryEmbedding gives for T positions
+
+
 class RotaryEmbedding(nn.Module):
     """Precomputed cos/sin tables for RoPE; no parameters.
 
