@@ -215,9 +215,10 @@ _ONE_TOKEN_MISTAKES = {
 
 def _one_token_overflow(inputs: Inputs) -> str:
     top = float((inputs["q"] @ inputs["k"].transpose(-2, -1)).abs().max()) / math.sqrt(inputs["q"].size(-1))
-    return (f"attend_new_token output has NaN or inf for scores as large as {top:.0f}: exp() overflows float32 past "
-            "88. Subtract each row's largest score before exp (the softmax is unchanged by a shift), as torch.softmax "
-            "does")
+    return Mistake("11.one_token_overflow",
+                   f"attend_new_token output has NaN or inf for scores as large as {top:.0f}: exp() overflows float32 "
+                   "past 88. Subtract each row's largest score before exp (the softmax is unchanged by a shift), as "
+                   "torch.softmax does")
 
 
 # ---- top_p_filter(logits (B, V), top_p) -> logits with -inf outside the nucleus
