@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..checks import Mistakes, check_close, check_dtype, check_shape, fail
+from ..checks import Mistakes, check_close, check_dtype, check_shape, fail, mistake_key
 from .cases import Case, CaseId, Inputs, Outputs, register, registry
 
 Judge = Callable[[Outputs, Outputs, Inputs], None]
@@ -102,7 +102,8 @@ class Piece:
         if self.dtype is not None:
             check_dtype(got[key], self.dtype[0], label, self.dtype[1])
         if self.finite is not None and not bool(torch.isfinite(got[key]).all()):
-            raise fail(self.finite(inputs))
+            message = self.finite(inputs)
+            raise fail(message, mistake_key(message))
         check_close(got[key], want, label, atol=self.atol, rtol=self.rtol,
                     mistakes=partial(self.known_mistakes, key, inputs))
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...checks import check_close, check_shape, fail
+from ...checks import Mistake, check_close, check_shape, fail, mistake_key
 from ...model.positions import LearnedPositions
 from ...text.char_tokenizer import CharTokenizer
 from ..cases import Inputs, Outputs, random_weights, sized, tensor_rng
@@ -62,39 +62,46 @@ def _tokenizer_call(cls: Any, inputs: Inputs) -> Outputs:
 def _tokenizer_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     text, sample = inputs["text"], inputs["sample"]
     if got["vocab_size"] != expected["vocab_size"]:
-        why = ("one id per *distinct* character: the vocabulary is sorted(set(text))"
+        why = (Mistake("01.vocab_per_character", "one id per *distinct* character: the vocabulary is sorted(set(text))")
                if got["vocab_size"] == len(text) else "the vocabulary is the distinct characters of the text")
         raise fail(f"vocab_size is {got['vocab_size']}, expected {expected['vocab_size']} for a text with "
-                   f"{len(set(text))} distinct character{'s' * (len(set(text)) != 1)}: {why}.")
+                   f"{len(set(text))} distinct character{'s' * (len(set(text)) != 1)}: {why}.",
+                   mistake_key(why))
     if got["ids"].numel() != len(sample):
         raise fail(f"encode({sample!r}) returned {got['ids'].numel()} ids for {len(sample)} characters: one id per "
-                   "character.")
+                   "character.", mistake="01.encode_not_per_character")
     first_seen = {ch: i for i, ch in enumerate(dict.fromkeys(text))}
     mistakes = {
-        "the ids follow the order in which characters first appear in the text: the vocabulary is sorted, "
-        "sorted(set(text)), so ids follow character order": torch.tensor([first_seen[ch] for ch in sample]),
-        "the ids start at 1: the first character of the vocabulary has id 0": expected["ids"] + 1,
+        Mistake("01.ids_first_seen_order",
+                "the ids follow the order in which characters first appear in the text: the vocabulary is sorted, "
+        "sorted(set(text)), so ids follow character order"): torch.tensor([first_seen[ch] for ch in sample]),
+        Mistake("01.ids_from_one",
+                "the ids start at 1: the first character of the vocabulary has id 0"): expected["ids"] + 1,
     }
     if _same_partition(got["ids"], expected["ids"]):  # one id per character, numbered in another order
-        mistakes["each character has an id of its own, but not its place among the sorted characters: the "
+        mistakes[Mistake("01.vocab_unsorted_set",
+                         "each character has an id of its own, but not its place among the sorted characters: the "
                  "vocabulary is sorted(set(text)). list(set(text)) has no fixed order (it changes from one Python "
-                 "process to the next, with PYTHONHASHSEED), so a saved model would decode nonsense"] = got["ids"]
+                 "process to the next, with PYTHONHASHSEED), so a saved model would decode nonsense")] = got["ids"]
     check_close(got["ids"], expected["ids"], f"encode({sample!r})", mistakes=mistakes)
     for name, call in (("decoded", f"decode({inputs['ids']})"), ("roundtrip", f"decode(encode({sample!r}))")):
         if got[name] != expected[name]:
             hint = (": join the characters with ''.join(...), not with a separator"
                     if got[name].replace(" ", "") == expected[name].replace(" ", "") else "")
-            raise fail(f"{call} returned {got[name]!r}, expected {expected[name]!r}{hint}.")
+            raise fail(f"{call} returned {got[name]!r}, expected {expected[name]!r}{hint}.",
+                       mistake="01.decode_separator" if hint else None)
     unknown, ch, error = inputs["unknown"], inputs["unknown_char"], got["unknown_error"]
     if not error:
         raise fail(f"encode({unknown!r}) returned {got['unknown_returned']} without an error, but {ch!r} is not in "
-                   "the vocabulary: raise a ValueError that names the character instead of inventing an id.")
+                   "the vocabulary: raise a ValueError that names the character instead of inventing an id.",
+                   mistake="01.unknown_char_no_error")
     if not error.startswith("ValueError"):
         raise fail(f"encode({unknown!r}) raised {error}; expected a ValueError whose message names the unknown "
-                   f"character {ch!r} (catch the KeyError and raise ValueError(...) from None).")
+                   f"character {ch!r} (catch the KeyError and raise ValueError(...) from None).",
+                   mistake="01.unknown_char_not_value_error")
     if ch not in error and repr(ch) not in error:
         raise fail(f"encode({unknown!r}) raised {error}, which does not name the unknown character {ch!r}: say which "
-                   "character is not in the vocabulary.")
+                   "character is not in the vocabulary.", mistake="01.unknown_char_unnamed")
 
 
 def _same_partition(ids: torch.Tensor, expected: torch.Tensor) -> bool:
@@ -143,11 +150,11 @@ def _one_hot_call(fn: Any, inputs: Inputs) -> Outputs:
             raise fail(f"one_hot_embed raised RuntimeError: {str(err)[:120]}. Here the largest id is {width - 1} and "
                        f"V = {v}: one_hot(ids) without num_classes makes max(ids) + 1 = {width} columns, not V, "
                        "whenever the top ids of the vocabulary are missing from a batch. Pass num_classes=V, "
-                       "one_hot(ids, table.size(0))") from None
+                       "one_hot(ids, table.size(0))", mistake="01.one_hot_no_num_classes") from None
         if "dtype" in str(err):
             raise fail(f"one_hot_embed raised RuntimeError: {str(err)[:120]}. The table is {dtype}: cast the one-hot "
                        "matrix to the table's dtype, one_hot(ids, V).to(table.dtype), not to a fixed one such as "
-                       ".float()") from None
+                       ".float()", mistake="01.one_hot_fixed_dtype") from None
         raise
     one_hot = any(shape[-1:] == (v,) and math.prod(shape) == b * t * v for shape in made.shapes)
     return outputs | {"one_hot_made": one_hot}
@@ -157,16 +164,19 @@ def _one_hot_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     """The embeddings are the table's rows of the ids, and they came from a one-hot matrix times the table."""
     label = "one_hot_embed output"
     check_shape(got["embedded"], "B T C", inputs["sizes"], label,
-                causes={("C", "V"): "the one-hot rows are not multiplied by the table (one_hot(ids, V) @ E)"})
+                causes={("C", "V"): Mistake("01.one_hot_not_multiplied",
+                                            "the one-hot rows are not multiplied by the table (one_hot(ids, V) @ E)")})
     ids, table = inputs["ids"], inputs["table"]
     check_close(got["embedded"], expected["embedded"], label, mistakes={
-        "row t of the table was taken for position t, not for the token id at position t":
+        Mistake("01.rows_by_position",
+                "row t of the table was taken for position t, not for the token id at position t"):
             table[torch.arange(ids.size(1))].expand(ids.size(0), -1, -1)})
     if not got["one_hot_made"]:
         b, t, v = *ids.shape, table.size(0)
         raise fail(f"the embeddings are right, but no ({b}, {t}, {v}) one-hot matrix was made: the rows were looked "
                    "up (table[ids], F.embedding or nn.Embedding), which this piece is here to show is a matrix "
-                   "product. Compute one_hot(ids, V) (B, T, V), as the table's dtype, @ table")
+                   "product. Compute one_hot(ids, V) (B, T, V), as the table's dtype, @ table",
+                   mistake="01.rows_looked_up")
 
 
 # ---- TokenAndPositionEmbedding: token vectors plus learned position vectors
@@ -199,13 +209,14 @@ def _embedding_call(cls: Any, inputs: Inputs) -> Outputs:
         causes = ([f"the token ids (up to {top}) used as positions"] if top >= t_max else []) + \
                  ([f"positions 1..T, whose last, {t}, is one past the table"] if t == t_max else [])
         raise fail(f"{describe_error(err)}. pos_emb has T_max = {t_max} rows, positions 0..{t_max - 1}: "
-                   f"{' or '.join(causes)}? Look up positions 0..T-1, torch.arange(T), whatever the tokens") from None
+                   f"{' or '.join(causes)}? Look up positions 0..T-1, torch.arange(T), whatever the tokens",
+                   mistake="01.positions_out_of_table") from None
     except RuntimeError as err:
         if t == t_max or "must match" not in str(err) or f"({t_max})" not in str(err):
             raise
         raise fail(f"{describe_error(err)}. The whole position table, {t_max} rows (context_length), was added to "
                    f"T = {t} tokens: add the positions of the sequence only, pos_emb(torch.arange(T)) with "
-                   "T = idx.size(1)") from None
+                   "T = idx.size(1)", mistake="01.whole_position_table") from None
 
 
 def _embedding_expected(inputs: Inputs) -> Outputs:
@@ -223,19 +234,24 @@ def _embedding_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     tok, pos, idx = inputs["weights"]["tok_emb.weight"], inputs["weights"]["pos_emb.weight"], inputs["idx"]
     (b, t), c = idx.shape, tok.size(1)
     mistakes = {
-        "the positions are missing: add pos_emb of positions 0..T-1 to the token embeddings": tok[idx],
-        "the token vectors are multiplied by sqrt(d_model) (the original Transformer's scaling, which GPT does "
-        "not have): add them unscaled, tok_emb(idx) + pos_emb(positions)": tok[idx] * math.sqrt(c) + pos[:t],
+        Mistake("01.no_positions",
+                "the positions are missing: add pos_emb of positions 0..T-1 to the token embeddings"): tok[idx],
+        Mistake("01.tokens_scaled",
+                "the token vectors are multiplied by sqrt(d_model) (the original Transformer's scaling, which GPT does "
+        "not have): add them unscaled, tok_emb(idx) + pos_emb(positions)"): tok[idx] * math.sqrt(c) + pos[:t],
     }
     if b <= pos.size(0) and b > 1:
-        mistakes["sequence b of the batch got position b's vector at every token: the positions run along the "
-                 "sequence, axis 1, 0..T-1 = torch.arange(idx.size(1)), the same for every sequence"] = \
+        mistakes[Mistake("01.positions_by_batch",
+                         "sequence b of the batch got position b's vector at every token: the positions run along the "
+                 "sequence, axis 1, 0..T-1 = torch.arange(idx.size(1)), the same for every sequence")] = \
             tok[idx] + pos[:b, None]
     if int(idx.max()) < pos.size(0):
-        mistakes["the position table was indexed by the token ids: positions are 0..T-1, whatever the tokens"] = \
+        mistakes[Mistake("01.positions_by_token_id",
+                      "the position table was indexed by the token ids: positions are 0..T-1, whatever the tokens")] = \
             tok[idx] + pos[idx]
     if t < pos.size(0):
-        mistakes["the positions start at 1: the first token is at position 0"] = tok[idx] + pos[1:t + 1]
+        mistakes[Mistake("01.positions_from_one",
+                         "the positions start at 1: the first token is at position 0")] = tok[idx] + pos[1:t + 1]
     return mistakes
 
 

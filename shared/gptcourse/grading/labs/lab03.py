@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ...checks import check_close, check_shape, fail
+from ...checks import Mistake, check_close, check_shape, fail
 from ...model.causal_attention import MultiHeadAttention
 from ...model.positions import RotaryEmbedding, apply_rope
 from ..attention_mistakes import NOT_CAUSAL, attend_by_hand, by_model_width
@@ -51,10 +51,12 @@ def split_heads_mistakes(x: torch.Tensor, n_heads: int) -> dict[str, torch.Tenso
     b, t, c = x.shape
     d = c // n_heads
     return {
-        "the heads are cut with view(B, H, T, D) straight from (B, T, C), which mixes positions into heads: "
-        "view as (B, T, H, D), then transpose(1, 2)": x.reshape(b, n_heads, t, d),
-        "each head took every H-th feature: head h owns the D consecutive features h*D ... (h+1)*D - 1, so "
-        "view as (B, T, H, D), not (B, T, D, H)": x.reshape(b, t, d, n_heads).permute(0, 3, 1, 2),
+        Mistake("03.split_view_bhtd",
+                "the heads are cut with view(B, H, T, D) straight from (B, T, C), which mixes positions into heads: "
+        "view as (B, T, H, D), then transpose(1, 2)"): x.reshape(b, n_heads, t, d),
+        Mistake("03.split_strided",
+                "each head took every H-th feature: head h owns the D consecutive features h*D ... (h+1)*D - 1, so "
+        "view as (B, T, H, D), not (B, T, D, H)"): x.reshape(b, t, d, n_heads).permute(0, 3, 1, 2),
     }
 
 
@@ -62,10 +64,12 @@ def merge_heads_mistakes(y: torch.Tensor) -> dict[str, torch.Tensor]:
     """Wrong ways to merge y (B, H, T, D) back into (B, T, C)."""
     b, h, t, d = y.shape
     return {
-        "the heads are reshaped to (B, T, C) without transpose(1, 2) first, which mixes positions and heads: "
-        "(B, H, T, D) -> transpose(1, 2) -> (B, T, H, D) -> reshape (B, T, C)": y.reshape(b, t, h * d),
-        "the heads' features are interleaved (the order (B, T, D, H)): head h's D features must stay together, "
-        "at h*D ... (h+1)*D - 1": y.permute(0, 2, 3, 1).reshape(b, t, h * d),
+        Mistake("03.merge_no_transpose",
+                "the heads are reshaped to (B, T, C) without transpose(1, 2) first, which mixes positions and heads: "
+        "(B, H, T, D) -> transpose(1, 2) -> (B, T, H, D) -> reshape (B, T, C)"): y.reshape(b, t, h * d),
+        Mistake("03.merge_interleaved",
+                "the heads' features are interleaved (the order (B, T, D, H)): head h's D features must stay together, "
+        "at h*D ... (h+1)*D - 1"): y.permute(0, 2, 3, 1).reshape(b, t, h * d),
     }
 
 
@@ -86,19 +90,25 @@ def rope_mistakes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # rotate_half(x)
     cos_0, sin_0 = RotaryEmbedding(d, t)(torch.arange(t))  # (T, D) each: the tables of positions 0..T-1
     return ({} if torch.equal(cos, cos_0) else {
-        "the cos and sin passed in were not used: x is turned by the angles of positions 0..T-1, the tables given "
+        Mistake("03.rope_tables_ignored",
+             "the cos and sin passed in were not used: x is turned by the angles of positions 0..T-1, the tables given "
         "are for later positions. Rotate by the tables apply_rope receives, which may be for any positions (a "
-        "cache's later tokens)": x * cos_0 + rotated * sin_0,
+        "cache's later tokens)"): x * cos_0 + rotated * sin_0,
     }) | {
-        "the pairs are interleaved, feature 2i with 2i+1 (the RoPE paper's and Meta's layout): this course "
+        Mistake("03.rope_interleaved",
+                "the pairs are interleaved, feature 2i with 2i+1 (the RoPE paper's and Meta's layout): this course "
         "uses the rotate-half layout of GPT-NeoX and Hugging Face Llama, feature i paired with i + D/2, "
-        "rotate_half(x) = cat(-x2, x1)": x * cos + _rotate_pairs(x) * sin,
-        "the pairs are interleaved, feature 2i with 2i+1, each turned by pair i's angle (the layout of Meta's "
+        "rotate_half(x) = cat(-x2, x1)"): x * cos + _rotate_pairs(x) * sin,
+        Mistake("03.rope_interleaved_pair_angle",
+                "the pairs are interleaved, feature 2i with 2i+1, each turned by pair i's angle (the layout of Meta's "
         "complex-number code): this course uses the rotate-half layout of GPT-NeoX and Hugging Face Llama, feature "
-        "i paired with i + D/2": _rotate_interleaved(x, cos[..., :half], sin[..., :half]),
-        "the rotation goes the wrong way: rotate_half(x) is cat(-x2, x1), not cat(x2, -x1)": x * cos - rotated * sin,
-        "cos and sin are swapped: x * cos + rotate_half(x) * sin": x * sin + rotated * cos,
-        "rotate_half is missing: the sin term multiplies rotate_half(x), not x": x * cos + x * sin,
+        "i paired with i + D/2"): _rotate_interleaved(x, cos[..., :half], sin[..., :half]),
+        Mistake("03.rope_wrong_direction",
+          "the rotation goes the wrong way: rotate_half(x) is cat(-x2, x1), not cat(x2, -x1)"): x * cos - rotated * sin,
+        Mistake("03.rope_cos_sin_swapped",
+                "cos and sin are swapped: x * cos + rotate_half(x) * sin"): x * sin + rotated * cos,
+        Mistake("03.rope_no_rotate_half",
+                "rotate_half is missing: the sin term multiplies rotate_half(x), not x"): x * cos + x * sin,
     }
 
 
@@ -111,17 +121,22 @@ def rope_table_mistakes(d_head: int, t: int, theta: float) -> dict[str, torch.Te
     base = inspect.signature(RotaryEmbedding).parameters["theta"].default  # 10000, RoPE's (a stub's has none)
     default = torch.outer(positions, base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head))
     return ({} if theta == base else {
-        f"the angles use theta = {base:g} whatever theta is passed (here {theta:g}): pair i turns at "
-        "theta^(-2i/D) with the theta argument (Llama 3's is 500000)": torch.cat([default, default], dim=-1),
+        Mistake("03.tables_default_theta",
+                f"the angles use theta = {base:g} whatever theta is passed (here {theta:g}): pair i turns at "
+        "theta^(-2i/D) with the theta argument (Llama 3's is 500000)"): torch.cat([default, default], dim=-1),
     }) | {
-        "the angles are in the interleaved layout (repeat_interleave): for rotate-half, the D/2 pair angles "
-        "appear twice in a row, cat([angles, angles], dim=-1)": angles.repeat_interleave(2, dim=-1),
-        "the frequencies use theta^(-i/D) for i = 0 .. D/2-1: pair i turns at theta^(-2i/D), "
-        "torch.arange(0, D, 2) / D": torch.cat([slow, slow], dim=-1),
-        "every feature has its own frequency theta^(-i/D), i = 0 .. D-1: features i and i + D/2 form a pair "
-        "and share one angle": torch.outer(positions, theta ** (-torch.arange(d_head, dtype=torch.float64)
+        Mistake("03.tables_interleaved",
+                "the angles are in the interleaved layout (repeat_interleave): for rotate-half, the D/2 pair angles "
+        "appear twice in a row, cat([angles, angles], dim=-1)"): angles.repeat_interleave(2, dim=-1),
+        Mistake("03.tables_slow_frequencies",
+                "the frequencies use theta^(-i/D) for i = 0 .. D/2-1: pair i turns at theta^(-2i/D), "
+        "torch.arange(0, D, 2) / D"): torch.cat([slow, slow], dim=-1),
+        Mistake("03.tables_per_feature_frequency",
+                "every feature has its own frequency theta^(-i/D), i = 0 .. D-1: features i and i + D/2 form a pair "
+        "and share one angle"): torch.outer(positions, theta ** (-torch.arange(d_head, dtype=torch.float64)
                                                                  / d_head)),
-        "the positions start at 1: the first token is at position 0 (angle 0, cos 1)":
+        Mistake("03.tables_positions_from_one",
+                "the positions start at 1: the first token is at position 0 (angle 0, cos 1)"):
             torch.cat([angles + pair_freq, angles + pair_freq], dim=-1),
     }
 
@@ -159,30 +174,38 @@ def multi_head_mistakes(
     wide = qkv(x).chunk(3, dim=-1)  # q, k, v (B, T, C): one head of width C
     right = attend(rotate(q), rotate(k), v)  # (B, H, T, D)
     mistakes = {
-        "the heads are merged without transpose(1, 2): (B, H, T, D) -> transpose(1, 2) -> reshape (B, T, C)":
+        Mistake("03.mha_merge_no_transpose",
+                "the heads are merged without transpose(1, 2): (B, H, T, D) -> transpose(1, 2) -> reshape (B, T, C)"):
             out(right.reshape(b, t, c)),
-        "the heads are split with view(B, H, T, D) straight from (B, T, C): view as (B, T, H, D), then "
-        "transpose(1, 2)": out(merge(attend(rotate(q_cut), rotate(k_cut), v_cut))),
-        "q and k are swapped: qkv's output holds q, then k, then v (rows W_q; W_k; W_v of its weight)":
+        Mistake("03.mha_split_view_bhtd",
+                "the heads are split with view(B, H, T, D) straight from (B, T, C): view as (B, T, H, D), then "
+        "transpose(1, 2)"): out(merge(attend(rotate(q_cut), rotate(k_cut), v_cut))),
+        Mistake("03.mha_q_k_swapped",
+                "q and k are swapped: qkv's output holds q, then k, then v (rows W_q; W_k; W_v of its weight)"):
             out(merge(attend(rotate(k), rotate(q), v))),
-        "the output projection `out` is not applied to the merged heads": merge(right),
+        Mistake("03.mha_no_out_projection",
+                "the output projection `out` is not applied to the merged heads"): merge(right),
         by_model_width(c, d): out(merge(attend(rotate(q), rotate(k), v, divide_by=math.sqrt(c)))),
         NOT_CAUSAL: out(merge(attend(rotate(q), rotate(k), v, causal=False))),
-        "qkv's output was read per head, as (B, T, H, 3, D) (GPT-NeoX's fused layout): here it holds all of q, "
+        Mistake("03.mha_neox_qkv_layout",
+                "qkv's output was read per head, as (B, T, H, 3, D) (GPT-NeoX's fused layout): here it holds all of q, "
         "then k, then v, each of width C (rows W_q; W_k; W_v), so chunk(3, dim=-1) first, then split each into "
-        "heads": out(merge(attend(rotate(q_nx), rotate(k_nx), v_nx))),
+        "heads"): out(merge(attend(rotate(q_nx), rotate(k_nx), v_nx))),
     }
     if n_heads > 1:
-        mistakes["q, k and v are never split into heads: one head of width C attends (scaled by 1/sqrt(C), "
+        mistakes[Mistake("03.mha_no_heads",
+                         "q, k and v are never split into heads: one head of width C attends (scaled by 1/sqrt(C), "
                  "without RoPE, whose tables are D wide); split each into H heads of width D = C/H (split_heads), "
-                 "attend in each, then merge_heads"] = out(attend(*wide))
+                 "attend in each, then merge_heads")] = out(attend(*wide))
     if rope is not None:
         mistakes |= {
-            "RoPE is applied to v as well: rotate only q and k (the rotation is there to make the scores depend "
-            "on relative position; v is what gets mixed)": out(merge(attend(rotate(q), rotate(k), rotate(v)))),
-            "RoPE is missing: rotate q and k with rope = (cos, sin) after split_heads":
+            Mistake("03.mha_rope_on_v",
+                   "RoPE is applied to v as well: rotate only q and k (the rotation is there to make the scores depend "
+            "on relative position; v is what gets mixed)"): out(merge(attend(rotate(q), rotate(k), rotate(v)))),
+            Mistake("03.mha_no_rope", "RoPE is missing: rotate q and k with rope = (cos, sin) after split_heads"):
                 out(merge(attend(q, k, v))),
-            "RoPE is applied to q only: rotate k too, so that the score depends on the distance between positions":
+            Mistake("03.mha_rope_q_only",
+                "RoPE is applied to q only: rotate k too, so that the score depends on the distance between positions"):
                 out(merge(attend(rotate(q), k, v))),
         }
     return mistakes
@@ -227,7 +250,8 @@ def _tables_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     wrong_angles = rope_table_mistakes(inputs["d_head"], inputs["t"], inputs["theta"])
     for name, fn in (("cos", torch.cos), ("sin", torch.sin)):
         check_shape(got[name], "T D", sizes, f"the {name} table", causes={
-            ("D", "D/2"): "one angle per pair gives D/2 columns: repeat them for both halves, cat([a, a], dim=-1)"})
+            ("D", "D/2"): Mistake("03.tables_one_angle_per_pair",
+                             "one angle per pair gives D/2 columns: repeat them for both halves, cat([a, a], dim=-1)")})
         check_close(got[name], expected[name], f"the {name} table",
                     mistakes={what: fn(angles) for what, angles in wrong_angles.items()})
 
@@ -273,7 +297,7 @@ def _mha_forward(module: Any, x: torch.Tensor, inputs: Inputs) -> torch.Tensor:
         if "cannot be multiplied" not in str(err) or f"x{d} and {c}x" not in str(err) or c == d:
             raise
         raise fail(f"{describe_error(err)}. A layer that expects width C = {c} got vectors of width D = {d}: "
-                   "merge the heads back to (B, T, C) before `out`") from None
+                   "merge the heads back to (B, T, C) before `out`", mistake="03.heads_not_merged_before_out") from None
     return as_tensor(y, what)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...checks import check_causal, check_parameter_count, check_shape, fail, perturbed_copies
+from ...checks import Mistake, check_causal, check_parameter_count, check_shape, fail, perturbed_copies
 from ...model.config import GPTConfig, preset
 from ...model.gpt import GPT
 from ...model.params import block_breakdown, parameter_breakdown
@@ -27,11 +27,13 @@ from ..student import as_tensor, module_class
 
 # what each call returns -> (its name in messages, its shape, the likely cause of a wrong size)
 _STATES = {
-    "logits": ("logits", "B T V", {("V", "C"): "the output projection is missing: forward returns "
-                                               "lm_head(forward_hidden(idx)), V scores per position"}),
-    "hidden": ("forward_hidden", "B T C", {("C", "V"): "forward_hidden must stop before the output projection: it "
+    "logits": ("logits", "B T V", {("V", "C"): Mistake("05.no_lm_head",
+                                                       "the output projection is missing: forward returns "
+                                               "lm_head(forward_hidden(idx)), V scores per position")}),
+    "hidden": ("forward_hidden", "B T C", {("C", "V"): Mistake("05.hidden_through_lm_head",
+                                                            "forward_hidden must stop before the output projection: it "
                                                        "returns the hidden states after the final norm, (B, T, C); "
-                                                       "forward applies lm_head to them"}),
+                                                       "forward applies lm_head to them")}),
 }
 
 
@@ -60,7 +62,8 @@ def _built(cls: Any, inputs: Inputs) -> nn.Module:
     model = module_class(cls, what)(config)
     if config.position == "none" and getattr(model, "pos_emb", None) is not None:
         raise fail(f"{what}: position='none' means no position information at all (NoPE): pos_emb is None and "
-                   "nothing is added to the token embeddings; only position='learned' has a table")
+                   "nothing is added to the token embeddings; only position='learned' has a table",
+                   mistake="05.nope_has_pos_emb")
     return load_gpt_weights(model, config, inputs["weights"], what)
 
 
@@ -99,11 +102,12 @@ def _check_positions(given: dict[str, Any], idx: torch.Tensor, config: GPTConfig
             continue
         if positions.shape == idx.shape and torch.equal(positions, idx) and not torch.equal(idx[0], torch.arange(t)):
             raise fail(f"self.{name} is given the token ids idx (B, T): it takes the positions 0..T-1, "
-                       f"torch.arange(T), one row per position (T_max = {config.context_length}), not per token id")
+                       f"torch.arange(T), one row per position (T_max = {config.context_length}), not per token id",
+                       mistake="05.positions_are_token_ids")
         if positions.dim() >= 1 and positions.shape[-1] != t:
             raise fail(f"self.{name} is given {positions.shape[-1]} positions for T = {t} tokens: it takes the "
                        "positions of this input, torch.arange(T), not the whole context "
-                       f"(context_length = {config.context_length})")
+                       f"(context_length = {config.context_length})", mistake="05.positions_whole_context")
 
 
 def _mistakes(inputs: Inputs, hidden: bool) -> dict[str, torch.Tensor]:
@@ -111,18 +115,22 @@ def _mistakes(inputs: Inputs, hidden: bool) -> dict[str, torch.Tensor]:
     reference with pieces replaced (final_norm=nn.Identity(): what a model missing it computes)."""
     config, idx = inputs["config"], inputs["idx"]
     variants = {
-        "the final norm is missing: forward_hidden applies final_norm after the last block":
+        Mistake("05.no_final_norm",
+                "the final norm is missing: forward_hidden applies final_norm after the last block"):
             {"final_norm": nn.Identity()},
-        "the blocks are not applied: x goes through every block in self.blocks, in order": {"blocks": nn.ModuleList()},
+        Mistake("05.blocks_not_applied",
+        "the blocks are not applied: x goes through every block in self.blocks, in order"): {"blocks": nn.ModuleList()},
     }
     if config.n_layers > 1:  # one block in every layer: loading the weights left the last layer's in it
         variants[SHARED_BLOCKS] = {"blocks": "shared"}
     if config.position == "learned":
-        variants["the positions are missing: add pos_emb of positions 0..T-1 to the token embeddings"] = \
+        variants[Mistake("05.no_positions",
+                         "the positions are missing: add pos_emb of positions 0..T-1 to the token embeddings")] = \
             {"pos_emb": None}
     if config.position == "rope":
-        variants["RoPE is not used: compute rope = self.rope(positions), the (cos, sin) of positions 0..T-1, "
-                 "and pass it to every block, block(x, rope=rope)"] = {"rope": None}
+        variants[Mistake("05.rope_not_used",
+                         "RoPE is not used: compute rope = self.rope(positions), the (cos, sin) of positions 0..T-1, "
+                 "and pass it to every block, block(x, rope=rope)")] = {"rope": None}
     wrong = {}
     for what, removed in variants.items():
         model = reference_gpt(config, inputs["weights"])
@@ -132,15 +140,17 @@ def _mistakes(inputs: Inputs, hidden: bool) -> dict[str, torch.Tensor]:
             wrong[what] = model.forward_hidden(idx) if hidden else model(idx)
     if not hidden:
         with torch.no_grad():
-            wrong["forward returns probabilities, a softmax over V: it returns the logits themselves, "
-                  "lm_head(forward_hidden(idx)) (the loss and sampling apply the softmax)"] = \
+            wrong[Mistake("05.returns_probabilities",
+                          "forward returns probabilities, a softmax over V: it returns the logits themselves, "
+                  "lm_head(forward_hidden(idx)) (the loss and sampling apply the softmax)")] = \
                 reference_gpt(config, inputs["weights"])(idx).softmax(-1)
     return wrong
 
 
-SHARED_BLOCKS = ("the N blocks are one block repeated ([DecoderBlock(config)] * N puts the same module in every "
+SHARED_BLOCKS = (Mistake("05.shared_blocks",
+                        "the N blocks are one block repeated ([DecoderBlock(config)] * N puts the same module in every "
                  "layer, sharing its weights): build each layer its own, nn.ModuleList(DecoderBlock(config) for _ in "
-                 "range(N))")
+                 "range(N))"))
 
 
 # ---- forward(idx) -> logits (B, T, V), and forward_hidden(idx) -> the (B, T, C) states lm_head reads
@@ -213,25 +223,27 @@ def _tying_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     if got["tied_copied"]:
         raise fail(f"{_describe(tied)}: lm_head.weight is a copy of tok_emb.weight, two (V, C) matrices that start "
                    "equal and drift apart in training (and are counted twice): share the one tensor, "
-                   "self.lm_head.weight = self.tok_emb.weight")
+                   "self.lm_head.weight = self.tok_emb.weight", mistake="05.head_copied")
     for kind, config in (("tied", tied), ("untied", untied)):
         missing = sum(parameter_breakdown(config).values()) - got[f"{kind}_count"]
         block = sum(block_breakdown(config).values())
         if config.n_layers > 1 and missing == (config.n_layers - 1) * block:
             raise fail(f"parameters of {_describe(config)}: {missing:,} too few, (N - 1) = {config.n_layers - 1} "
-                       f"blocks' worth: {SHARED_BLOCKS}")
+                       f"blocks' worth: {SHARED_BLOCKS}", mistake=SHARED_BLOCKS.key)
         if missing == config.n_layers * block:
             raise fail(f"parameters of {_describe(config)}: {missing:,} too few, all N = {config.n_layers} blocks' "
                        "worth: the blocks are not registered as submodules (a plain Python list hides them from "
-                       "parameters(), state_dict() and .to()): self.blocks = nn.ModuleList(...)")
+                       "parameters(), state_dict() and .to()): self.blocks = nn.ModuleList(...)",
+                       mistake="05.blocks_not_registered")
     check_parameter_count(got["tied_count"], tied, f"parameters of {_describe(tied)}")
     if not got["tied_shared"]:
         raise fail(f"{_describe(tied)}: lm_head.weight must be the very tensor tok_emb.weight (tie them with "
-                   "self.lm_head.weight = self.tok_emb.weight; a copy is two matrices that drift apart in training)")
+                   "self.lm_head.weight = self.tok_emb.weight; a copy is two matrices that drift apart in training)",
+                   mistake="05.not_tied")
     check_parameter_count(got["untied_count"], untied, f"parameters of {_describe(untied)}")
     if got["untied_shared"]:
         raise fail(f"{_describe(untied)}: with tie_weights=False, lm_head has its own (V, C) weight, not "
-                   "tok_emb.weight")
+                   "tok_emb.weight", mistake="05.tied_when_untied")
     if got["untied_count"] - got["tied_count"] != untied.vocab_size * untied.d_model:
         raise fail("untying should add exactly V x C parameters")
 

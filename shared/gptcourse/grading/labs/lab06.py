@@ -79,7 +79,8 @@ def _check_closed_form(made: int, config: GPTConfig, what: str) -> None:
     if made >= config.d_model:
         raise fail(f"{what} gave the right count, but made a tensor of {made:,} elements on the way: it built layers "
                    "(on the meta device or not) and counted their tensors. This lab is where you write the formula: "
-                   "compute each component from the config's fields (V x C for the token table, ...)")
+                   "compute each component from the config's fields (V x C for the token table, ...)",
+                   mistake="06.counted_built_tensors")
 
 
 def _breakdown_call(fn: Any, inputs: Inputs) -> Outputs:

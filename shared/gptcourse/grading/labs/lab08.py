@@ -21,7 +21,7 @@ from typing import Any
 import regex
 import torch
 
-from ...checks import fail
+from ...checks import Mistake, fail, mistake_key
 from ...text.bpe import GPT2_PATTERN, BPETokenizer, merge_pair, pretoken_counts
 from ...text.corpus import load_text
 from ..cases import Inputs, Outputs, given, sizes_rng
@@ -214,7 +214,7 @@ def _check_mistakes(got: list[Any], expected: list[Any], mistakes: Mapping[str, 
         return
     for why, wrong in mistakes.items():
         if all(w == g for w, g in zip_longest(wrong, got, fillvalue=_END)):
-            raise fail(f"{what}: {why}.")
+            raise fail(f"{what}: {why}.", mistake_key(why))
 
 
 def _judge_ids(piece: str, mistakes: Callable[[Inputs], Mapping[str, Sequence[int]]], got: Outputs,
@@ -261,15 +261,16 @@ def _count_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         return
     what, ids = _what("count_pairs", inputs), inputs["ids"]
     if set(g) == set(e) and all(n == 1 for n in g.values()):
-        raise fail(f"{what}: every pair is counted once: count how *often* each adjacent pair occurs.")
+        raise fail(f"{what}: every pair is counted once: count how *often* each adjacent pair occurs.",
+                   mistake="08.count_once_each")
     if g == Counter(zip(ids[::2], ids[1::2], strict=False)):
         raise fail(f"{what}: only the pairs that start at an even position were counted (a stride of 2, "
                    "zip(ids[::2], ids[1::2])): every adjacent pair counts, and pairs overlap: (ids[1], ids[2]) is one "
-                   "too, so zip(ids, ids[1:]).")
+                   "too, so zip(ids, ids[1:]).", mistake="08.count_stride_two")
     missing = sorted(set(e) - set(g))
     if missing == [(ids[-2], ids[-1])] and e[missing[0]] == 1:
         raise fail(f"{what}: the last pair {missing[0]} is missing: there are len(ids) - 1 adjacent pairs, and "
-                   "zip(ids, ids[1:]) gives them all.")
+                   "zip(ids, ids[1:]) gives them all.", mistake="08.count_last_pair_lost")
     if missing:
         raise fail(f"{what}: the pair {missing[0]} occurs {e[missing[0]]} time(s) (as ids[i], ids[i + 1]) but is "
                    "not in your result.")
@@ -278,7 +279,7 @@ def _count_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         raise fail(f"{what}: {extra[0]} is not an adjacent pair of the ids (each key is (ids[i], ids[i + 1])).")
     pair = next(p for p in sorted(e) if g[p] != e[p])
     raise fail(f"{what}: the pair {pair} is counted {g[pair]} times, expected {e[pair]} (overlapping occurrences "
-               "count: (1, 1, 1) holds the pair (1, 1) twice).")
+               "count: (1, 1, 1) holds the pair (1, 1) twice).", mistake="08.count_overlaps_once")
 
 
 # ---- merge_pair(ids, pair, new_id) -> ids with each occurrence of pair replaced, left to right
@@ -292,21 +293,26 @@ def _merge_call(fn: Any, inputs: Inputs) -> Outputs:
 def _merge_mistakes(inputs: Inputs) -> dict[str, Sequence[int]]:
     ids, (a, b), new = tuple(inputs["ids"]), inputs["pair"], inputs["new_id"]
     mistakes = {
-        f"the right half of a replaced pair is used again: after replacing ids[i], ids[i + 1] by {new}, continue "
-        "at i + 2 (so overlapping occurrences merge once: (97, 97, 97) with (97, 97) gives (256, 97))":
+        Mistake("08.merge_reuses_right_half",
+              f"the right half of a replaced pair is used again: after replacing ids[i], ids[i + 1] by {new}, continue "
+        "at i + 2 (so overlapping occurrences merge once: (97, 97, 97) with (97, 97) gives (256, 97))"):
             merged(ids, a, b, new, twice=True),
-        "the pair was merged the wrong way round: (a, b) means a followed by b": merged(ids, b, a, new),
-        "the last id is lost: a loop while i < len(ids) - 1 never keeps an id that follows the last pair; loop "
-        "while i < len(ids), and keep ids[i] unless ids[i], ids[i + 1] is the pair":
+        Mistake("08.merge_reversed_pair",
+                "the pair was merged the wrong way round: (a, b) means a followed by b"): merged(ids, b, a, new),
+        Mistake("08.merge_loses_last",
+                "the last id is lost: a loop while i < len(ids) - 1 never keeps an id that follows the last pair; loop "
+        "while i < len(ids), and keep ids[i] unless ids[i], ids[i + 1] is the pair"):
             merged(ids, a, b, new, losing_the_last=True),
-        f"the ids were merged as text (str.replace on the joined ids): '{a} {b}' also matches where two other "
+        Mistake("08.merge_as_text",
+                f"the ids were merged as text (str.replace on the joined ids): '{a} {b}' also matches where two other "
         "ids' digits run together ('15 9' holds '5 9'); compare ids, not strings: walk the list and replace each "
-        "ids[i], ids[i + 1] equal to the pair": [int(t) for t in " ".join(map(str, ids)).replace(
+        "ids[i], ids[i + 1] equal to the pair"): [int(t) for t in " ".join(map(str, ids)).replace(
             f"{a} {b}", str(new)).split()],
     }
     first = next((i for i in range(len(ids) - 1) if ids[i:i + 2] == (a, b)), None)
     if first is not None:
-        mistakes["only the first occurrence was replaced: replace every one, left to right"] = (
+        mistakes[Mistake("08.merge_first_only",
+                         "only the first occurrence was replaced: replace every one, left to right")] = (
             (*ids[:first], new, *ids[first + 2:]))
     return mistakes
 
@@ -332,23 +338,31 @@ def _train_mistakes(inputs: Inputs) -> dict[str, Iterator[Pair | None]]:
         return slow_merges(inputs["text"], inputs["vocab_size"], **mistake)
 
     return {
-        "ties are broken the other way: among equally frequent pairs take the lexicographically *greatest* pair of "
-        "byte strings, max(tied, key=lambda p: (vocab[p[0]], vocab[p[1]]))": train(tie="least"),
-        "ties are broken by which pair was counted first: among equally frequent pairs take the lexicographically "
-        "greatest pair of byte strings, (vocab[a], vocab[b])": train(tie="first"),
-        "ties are broken by the ids, not by the bytes: compare (vocab[a], vocab[b]), the byte strings (a merged "
-        "token's id says nothing about its bytes)": train(tie="ids"),
-        "the right half of a merged pair is used again (merge_pair must continue at i + 2 after a replacement), so "
-        "overlapping occurrences are merged twice": train(overlap=True),
-        "the text is not pre-tokenized: split it with regex.findall(GPT2_PATTERN, text) and count pairs only "
-        "inside each piece, so that no merge crosses a word boundary": train(pretokenize=False),
-        "each distinct pre-token is counted once: weight its pairs by how often the pre-token occurs":
+        Mistake("08.train_ties_least",
+            "ties are broken the other way: among equally frequent pairs take the lexicographically *greatest* pair of "
+        "byte strings, max(tied, key=lambda p: (vocab[p[0]], vocab[p[1]]))"): train(tie="least"),
+        Mistake("08.train_ties_first_counted",
+             "ties are broken by which pair was counted first: among equally frequent pairs take the lexicographically "
+        "greatest pair of byte strings, (vocab[a], vocab[b])"): train(tie="first"),
+        Mistake("08.train_ties_by_ids",
+               "ties are broken by the ids, not by the bytes: compare (vocab[a], vocab[b]), the byte strings (a merged "
+        "token's id says nothing about its bytes)"): train(tie="ids"),
+        Mistake("08.train_overlap_merged_twice",
+            "the right half of a merged pair is used again (merge_pair must continue at i + 2 after a replacement), so "
+        "overlapping occurrences are merged twice"): train(overlap=True),
+        Mistake("08.train_not_pretokenized",
+                "the text is not pre-tokenized: split it with regex.findall(GPT2_PATTERN, text) and count pairs only "
+        "inside each piece, so that no merge crosses a word boundary"): train(pretokenize=False),
+        Mistake("08.train_unweighted",
+                "each distinct pre-token is counted once: weight its pairs by how often the pre-token occurs"):
             train(weighted=False),
-        "ties are compared on the joined bytes vocab[a] + vocab[b]: compare the pair of byte strings "
+        Mistake("08.train_ties_joined",
+                "ties are compared on the joined bytes vocab[a] + vocab[b]: compare the pair of byte strings "
         "(vocab[a], vocab[b]), left token first (b'a' + b'bc' and b'ab' + b'c' join to the same bytes, and "
-        "b'ab' wins as the left token)": train(tie="joined"),
-        "overlapping occurrences were counted once (a run (97, 97, 97) as one (97, 97), as SentencePiece counts): "
-        "count every adjacent pair, zip(ids, ids[1:]), so (97, 97, 97) holds (97, 97) twice":
+        "b'ab' wins as the left token)"): train(tie="joined"),
+        Mistake("08.train_overlaps_once",
+             "overlapping occurrences were counted once (a run (97, 97, 97) as one (97, 97), as SentencePiece counts): "
+        "count every adjacent pair, zip(ids, ids[1:]), so (97, 97, 97) holds (97, 97) twice"):
             train(overlapping=False),
     }
 
@@ -379,9 +393,9 @@ def _train_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     if k is None:
         if len(g) < len(e):
             raise fail(f"{what}: {len(g)} merges, expected {len(e)}: keep merging until there are vocab_size tokens "
-                       "(256 bytes + one per merge).")
+                       "(256 bytes + one per merge).", mistake="08.train_too_few_merges")
         raise fail(f"{what}: {len(g)} merges, expected {len(e)}: stop at vocab_size - 256 merges, or earlier when no "
-                   "pair is left (every pre-token is a single token).")
+                   "pair is left (every pre-token is a single token).", mistake="08.train_too_many_merges")
     raise fail(f"{what}: merge {k} (making id {256 + k}) is {g[k]} = {_pair_bytes(g[k], vocab)}, expected {e[k]} = "
                f"{_pair_bytes(e[k], vocab)}: {_why_not(g[k], e[k], inputs['text'], e[:k])}. The {k} merges before "
                "it agree.")
@@ -408,22 +422,30 @@ def _encode_mistakes(inputs: Inputs) -> dict[str, list[int]]:
     merges, text = inputs["merges"], inputs["text"]
     longest, leftmost = longest_match(text, merges), leftmost_pair_first(text, merges)
     # on most text the two agree: one message names both
-    greedy = {f"each piece was cut into the longest tokens of the vocabulary, or merged its first mergeable pair from "
-              f"the left again and again: {NOT_BY_RANK}": longest} if longest == leftmost else {
-        "each piece was cut into the longest tokens of the vocabulary, left to right: that is not BPE; apply the "
-        "merges one after the other, in the order they were learned": longest,
-        f"each piece merged its first mergeable pair from the left, again and again: {NOT_BY_RANK}": leftmost}
+    greedy = {Mistake("08.encode_greedy",
+               f"each piece was cut into the longest tokens of the vocabulary, or merged its first mergeable pair from "
+              f"the left again and again: {NOT_BY_RANK}"): longest} if longest == leftmost else {
+        Mistake("08.encode_longest",
+              "each piece was cut into the longest tokens of the vocabulary, left to right: that is not BPE; apply the "
+        "merges one after the other, in the order they were learned"): longest,
+        Mistake("08.encode_leftmost",
+                f"each piece merged its first mergeable pair from the left, again and again: {NOT_BY_RANK}"): leftmost}
     return {
-        "the text is not pre-tokenized: split it with regex.findall(GPT2_PATTERN, text) and encode each piece on "
-        "its own, as training did": encode_with(text, merges, pretokenize=False),
-        "the merges are applied newest first: apply them in the order they were learned (merge 0 first), since a "
-        "later merge builds on earlier ones": encode_with(text, merges, newest_first=True),
-        "the ids are the raw bytes: apply the merges": list(text.encode("utf-8")),
+        Mistake("08.encode_not_pretokenized",
+              "the text is not pre-tokenized: split it with regex.findall(GPT2_PATTERN, text) and encode each piece on "
+        "its own, as training did"): encode_with(text, merges, pretokenize=False),
+        Mistake("08.encode_newest_first",
+              "the merges are applied newest first: apply them in the order they were learned (merge 0 first), since a "
+        "later merge builds on earlier ones"): encode_with(text, merges, newest_first=True),
+        Mistake("08.encode_raw_bytes", "the ids are the raw bytes: apply the merges"): list(text.encode("utf-8")),
         **greedy,
-        "overlapping occurrences of a pair are merged twice: merge_pair must continue at i + 2 after a "
-        "replacement, so (97, 97, 97) with the merge (97, 97) gives (256, 97)": encode_with(text, merges, overlap=True),
-        "the ids start as the characters' code points, ord(c): start from the UTF-8 bytes, "
-        "list(piece.encode('utf-8')) ('é' is the 2 bytes 195, 169; every id below 256 is a byte)":
+        Mistake("08.encode_overlap_merged_twice",
+                "overlapping occurrences of a pair are merged twice: merge_pair must continue at i + 2 after a "
+        "replacement, so (97, 97, 97) with the merge (97, 97) gives (256, 97)"):
+            encode_with(text, merges, overlap=True),
+        Mistake("08.encode_code_points",
+                "the ids start as the characters' code points, ord(c): start from the UTF-8 bytes, "
+        "list(piece.encode('utf-8')) ('é' is the 2 bytes 195, 169; every id below 256 is a byte)"):
             encode_with(text, merges, code_points=True),
     }
 
@@ -453,22 +475,25 @@ def _decode_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     what = _what("decode", inputs)
     if got["error"]:
         raise fail(f"{what} raised {got['error']}: {SPLIT_HINT}; errors='replace' turns bytes that are not UTF-8 "
-                   "into U+FFFD instead of raising.")
+                   "into U+FFFD instead of raising.", mistake="08.decode_raises")
     g, e = got["text"], expected["text"]
     if g == e:
         return
     vocab = vocab_of(inputs["merges"])
     if g == "".join(vocab[i].decode("utf-8", "replace") for i in inputs["ids"]):
-        raise fail(f"{what} returned {g!r:.60}, expected {e!r:.60}: each token was decoded on its own; {SPLIT_HINT}.")
+        raise fail(f"{what} returned {g!r:.60}, expected {e!r:.60}: each token was decoded on its own; {SPLIT_HINT}.",
+                   mistake="08.decode_per_token")
     data = b"".join(vocab[i] for i in inputs["ids"])
     for why, wrong in {
-        "the bytes that are not UTF-8 were dropped (errors='ignore'): decode with errors='replace', which shows "
-        "each as U+FFFD, as GPT tokenizers do": data.decode("utf-8", "ignore"),
-        "the bytes were decoded as Latin-1, one character per byte: they are UTF-8, where 'é' is 2 bytes and '😀' "
-        "4, .decode('utf-8', errors='replace')": data.decode("latin-1"),
+        Mistake("08.decode_ignore_errors",
+               "the bytes that are not UTF-8 were dropped (errors='ignore'): decode with errors='replace', which shows "
+        "each as U+FFFD, as GPT tokenizers do"): data.decode("utf-8", "ignore"),
+        Mistake("08.decode_latin1",
+            "the bytes were decoded as Latin-1, one character per byte: they are UTF-8, where 'é' is 2 bytes and '😀' "
+        "4, .decode('utf-8', errors='replace')"): data.decode("latin-1"),
     }.items():
         if g == wrong:
-            raise fail(f"{what} returned {g!r:.60}, expected {e!r:.60}: {why}.")
+            raise fail(f"{what} returned {g!r:.60}, expected {e!r:.60}: {why}.", mistake_key(why))
     k = next((k for k, (a, b) in enumerate(zip(g, e, strict=False)) if a != b), min(len(g), len(e)))
     raise fail(f"{what} returned {g!r:.80}, expected {e!r:.80}: they differ first at character {k}.")
 

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 from torch.nn import functional as F
 
-from ...checks import check_close, eps_in_log_mistakes, fail, fmt_shape
+from ...checks import Mistake, check_close, eps_in_log_mistakes, fail, fmt_shape
 from ...model.config import GPTConfig
 from ...text.corpus import get_batch
 from ...training.clipping import clip_grad_norm
@@ -68,13 +68,18 @@ def _ce_call(fn: Any, inputs: Inputs) -> Outputs:
 def _ce_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     z, t = inputs["logits"], inputs["targets"]
     return {
-        "the loss is summed over the N rows: average it (divide by N)": F.cross_entropy(z, t, reduction="sum"),
-        "the sign is flipped: the loss is -log p(target), a positive number": -F.cross_entropy(z, t),
-        "the log-sum-exp runs over the rows (dim 0): each row's V scores are normalised on their own, dim=-1":
+        Mistake("09.ce_summed",
+                "the loss is summed over the N rows: average it (divide by N)"): F.cross_entropy(z, t, reduction="sum"),
+        Mistake("09.ce_sign_flipped",
+                "the sign is flipped: the loss is -log p(target), a positive number"): -F.cross_entropy(z, t),
+        Mistake("09.ce_logsumexp_over_rows",
+                "the log-sum-exp runs over the rows (dim 0): each row's V scores are normalised on their own, dim=-1"):
             (torch.logsumexp(z, 0)[t] - z.gather(1, t[:, None]).squeeze(1)).mean(),
-        "the probability was averaged, not its log: the loss is -mean(log p), not -log(mean p) or 1 - p":
+        Mistake("09.ce_probability_averaged",
+                "the probability was averaged, not its log: the loss is -mean(log p), not -log(mean p) or 1 - p"):
             -(z.softmax(-1).gather(1, t[:, None])).mean(),
-        "log-sum-exp without its shift back: log(sum exp(z - m)) needs + m (the row's max) added back":
+        Mistake("09.ce_logsumexp_no_shift_back",
+                "log-sum-exp without its shift back: log(sum exp(z - m)) needs + m (the row's max) added back"):
             (torch.logsumexp(z, -1) - z.max(-1).values - z.gather(1, t[:, None]).squeeze(1)).mean(),
     } | eps_in_log_mistakes(z.softmax(-1).gather(1, t[:, None]), "p", "row", "a target far below its row's best "
                             "logit has p = 0 in float32. Compute log p without forming p: z[target] - log-sum-exp(z)")
@@ -88,16 +93,16 @@ def _ce_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         raise fail(f"the loss is inf for logits as large as {top}, even when every target is its row's largest "
                    "logit (where p is about 1): exp(z) itself overflows float32 past 88, so log(sum exp(z)) is inf. "
                    "Subtract each row's largest logit m before exp and add it back: log(sum exp(z)) = m + "
-                   "log(sum exp(z - m)) (log-sum-exp)")
+                   "log(sum exp(z - m)) (log-sum-exp)", mistake="09.ce_exp_overflow")
     if bool(torch.isposinf(loss)):  # no NaN, so no inf / inf: a probability rounded to 0 and its log is -inf
         raise fail(f"the loss is inf for logits as large as {top}: a target far below its row's best logit has "
                    "probability 0 in float32 (exp(z - m) underflows), and log(0) = -inf, so a stable softmax followed "
                    "by log is not enough. Compute log p without forming p: z[target] - m - log(sum exp(z - m)), m "
-                   "the row's largest logit (log-sum-exp)")
+                   "the row's largest logit (log-sum-exp)", mistake="09.ce_log_of_softmax")
     if not bool(torch.isfinite(loss)):
         raise fail(f"the loss is {float(loss)} for logits as large as {top}: exp() "
                    "overflows float32 past 88. Subtract each row's largest logit m before exp and add it back: "
-                   "log(sum exp(z)) = m + log(sum exp(z - m)) (log-sum-exp)")
+                   "log(sum exp(z)) = m + log(sum exp(z - m)) (log-sum-exp)", mistake="09.ce_exp_overflow_nan")
     check_close(loss, expected["loss"], "the loss", atol=1e-4, rtol=1e-5, mistakes=_ce_mistakes(inputs))
     check_differentiable("grad" in got, "compute it from the logits with torch operations (not .item() or a detached "
                          "copy), so that loss.backward() reaches the model")
@@ -293,18 +298,23 @@ def _clip_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     total = torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))
     per_tensor = [g * min(1.0, c / (torch.linalg.vector_norm(g).item() + 1e-6)) for g in grads]
     return {
-        "the gradients are unchanged: the scaled gradients were bound to a name (g = g * scale) and never reached "
-        ".grad. Scale each p.grad in place, p.grad.mul_(scale), since the optimizer reads .grad":
+        Mistake("09.clip_not_in_place",
+             "the gradients are unchanged: the scaled gradients were bound to a name (g = g * scale) and never reached "
+        ".grad. Scale each p.grad in place, p.grad.mul_(scale), since the optimizer reads .grad"):
             torch.cat([g.flatten() for g in grads]),
-        "each tensor was clipped on its own: the norm is one number over all gradients together, "
-        "sqrt(sum of every squared entry)": torch.cat([g.flatten() for g in per_tensor]),
-        "gradients below max_norm were scaled up: scale only when the norm exceeds max_norm "
-        "(by min(1, max_norm / (norm + 1e-6)))": torch.cat([g.flatten() * c / (total + 1e-6) for g in grads]),
-        "the norms of the tensors were added: the global norm is sqrt(sum of squares), not a sum of norms":
+        Mistake("09.clip_per_tensor",
+                "each tensor was clipped on its own: the norm is one number over all gradients together, "
+        "sqrt(sum of every squared entry)"): torch.cat([g.flatten() for g in per_tensor]),
+        Mistake("09.clip_scaled_up",
+                "gradients below max_norm were scaled up: scale only when the norm exceeds max_norm "
+        "(by min(1, max_norm / (norm + 1e-6)))"): torch.cat([g.flatten() * c / (total + 1e-6) for g in grads]),
+        Mistake("09.clip_norms_added",
+                "the norms of the tensors were added: the global norm is sqrt(sum of squares), not a sum of norms"):
             torch.cat([g.flatten() * min(1.0, c / (sum(torch.linalg.vector_norm(h) for h in grads).item() + 1e-6))
                        for g in grads]),
-        "each entry was clamped to [-max_norm, max_norm] (clipping by value): clipping by norm scales every "
-        "gradient by the one factor min(1, max_norm / (norm + 1e-6))":
+        Mistake("09.clip_by_value",
+                "each entry was clamped to [-max_norm, max_norm] (clipping by value): clipping by norm scales every "
+        "gradient by the one factor min(1, max_norm / (norm + 1e-6))"):
             torch.cat([g.flatten().clamp(-c, c) for g in grads]),
     }
 
@@ -314,8 +324,9 @@ def _clip_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 mistakes=_clip_mistakes(inputs))
     clipped = torch.linalg.vector_norm(expected["grads"]).double().reshape(1)
     check_close(got["norm"], expected["norm"], "the returned norm", atol=1e-5, rtol=1e-5, mistakes={
-        "the norm after clipping was returned: return the norm the gradients had before (it shows how large "
-        "the spikes were)": clipped})
+        Mistake("09.clip_norm_after",
+                "the norm after clipping was returned: return the norm the gradients had before (it shows how large "
+        "the spikes were)"): clipped})
 
 
 @sized
@@ -387,13 +398,15 @@ def _accumulate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close_lazily(got["grads"], expected["grads"], "the accumulated gradients",
                        lambda: mistaken(_accumulate_call, _wrong_accumulation, mistakes, inputs, "grads"))
     check_close(got["loss"], expected["loss"], "the returned loss", atol=1e-5, mistakes={
-        f"the returned loss is the sum over the {k} micro-batches: return their mean": expected["loss"] * k})
+        Mistake("09.accumulate_loss_summed",
+                f"the returned loss is the sum over the {k} micro-batches: return their mean"): expected["loss"] * k})
     rows = -(-inputs["tokens"].size(0) // k)  # the largest of tokens.chunk(k)
     if got["largest_forward"] > rows:
         raise fail(f"the gradients are right, but the model ran on {got['largest_forward']} rows at once, where each "
                    f"of the micro_batches={k} micro-batches has {rows}: the whole batch went through one forward, "
                    "which is the memory accumulation exists to save. Run the model on tokens.chunk(micro_batches) "
-                   "one at a time, each loss divided by micro_batches before its backward()")
+                   "one at a time, each loss divided by micro_batches before its backward()",
+                   mistake="09.accumulate_one_forward")
 
 
 @sized
@@ -481,13 +494,13 @@ def _resume(save: Any, restore: Any, inputs: Inputs) -> Outputs:
     missing = [key for key in STATE_KEYS if key not in state]
     if missing:
         raise fail(f"the state has no {missing} entries: a checkpoint needs {STATE_KEYS} (the model's and the "
-                   "optimizer's state_dict(), generator.get_state() and the step)")
+                   "optimizer's state_dict(), generator.get_state() and the step)", mistake="09.state_missing_entries")
     saved = state["generator"]
     if not (isinstance(saved, torch.Tensor) and torch.equal(saved, first.generator.get_state())):
         global_state = isinstance(saved, torch.Tensor) and torch.equal(saved, torch.get_rng_state())
         raise fail("state['generator'] is " + ("torch's global random state (torch.get_rng_state())" if global_state
                    else "not the data generator's state") + ": the batches come from `generator`, so save "
-                   "generator.get_state()")
+                   "generator.get_state()", mistake="09.state_wrong_generator")
     state = _through_a_file(state, f"the dict {what} returned")
     second = _Run(inputs)
     step = as_number(restore(state, second.model, second.optimizer, second.generator), "restore_training_state(...)",
@@ -521,7 +534,7 @@ def _resume_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                                         "parameters"), atol=1e-6)
     if got["step"] != inputs["steps"]:
         raise fail(f"the step restored is {got['step']}, expected {inputs['steps']}: save the step reached and "
-                   "return it from restore_training_state")
+                   "return it from restore_training_state", mistake="09.step_not_restored")
 
 
 _RESUME_HIDDEN = sized(lambda r, seed: _resume_inputs(

@@ -91,7 +91,7 @@ def _mask_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     if allowed.dim() == 3:
         raise fail(f"the mask has shape {fmt_shape(allowed.shape)}, expected (B, 1, T, T): keep a size-1 axis for "
                    "the heads, so that it broadcasts against scores (B, H, T, T), "
-                   "e.g. attention_mask[:, None, None, :]")
+                   "e.g. attention_mask[:, None, None, :]", mistake="10.mask_no_head_axis")
     check_shape(allowed, "B 1 T T", inputs["sizes"], "the mask")
     if torch.equal(allowed, want):
         return
@@ -218,7 +218,8 @@ def _bt_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     d = chosen - rejected
     if not bool(torch.isfinite(loss)):
         raise fail("the loss is inf or NaN: for a large negative difference sigmoid(d) rounds to 0 and log(0) is "
-                   "-inf. Use F.logsigmoid(d), which computes log sigmoid(d) without forming sigmoid(d)")
+                   "-inf. Use F.logsigmoid(d), which computes log sigmoid(d) without forming sigmoid(d)",
+                   mistake="10.bt_log_of_sigmoid")
     mistakes = {
         Mistake("10.bt_swapped", "chosen and rejected are swapped: the loss is small when the chosen answer's "
                                  "reward is the larger, -log sigmoid(chosen - rejected)"):
@@ -317,27 +318,33 @@ def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     base = [name for name in got["trainable"].split() if name.startswith("base.")]
     if base:
         raise fail(f"the base layer is trainable ({', '.join(base)}): freeze the whole layer "
-                   "(base.requires_grad_(False) freezes its weight and its bias), so that only A and B learn")
+                   "(base.requires_grad_(False) freezes its weight and its bias), so that only A and B learn",
+                   mistake="10.lora_base_trainable")
     if got["trainable"] != "A B":
         raise fail(f"the trainable parameters are [{got['trainable']}], expected [A B]")
     if got["a_is_zero"]:
         raise fail("A starts at zero: with A = B = 0 neither ever gets a gradient (each one's gradient is a product "
-                   "with the other). Start A random and only B at zero")
+                   "with the other). Start A random and only B at zero", mistake="10.lora_a_zero")
     if not torch.allclose(got["at_init"], expected["at_init"], atol=1e-5):
         raise fail("a fresh LoRALinear does not compute what the base layer computes: B must start at zero "
-                   "(torch.zeros(out_features, rank)), so that finetuning starts from the pretrained model exactly")
+                   "(torch.zeros(out_features, rank)), so that finetuning starts from the pretrained model exactly",
+                   mistake="10.lora_b_not_zero")
     r, alpha = inputs["rank"], inputs["alpha"]
     a, b = inputs["A"], inputs["B"]
     mistakes = {
-        f"the update is scaled by alpha = {alpha}: scale it by alpha / rank = {alpha / r:g}":
+        Mistake("10.lora_scaled_by_alpha",
+                f"the update is scaled by alpha = {alpha}: scale it by alpha / rank = {alpha / r:g}"):
             _lora_forward(inputs, alpha, a, b),
-        f"the update is not scaled: multiply it by alpha / rank = {alpha / r:g}": _lora_forward(inputs, 1.0, a, b),
-        f"the update is scaled by rank / alpha: the scale is alpha / rank = {alpha / r:g}":
+        Mistake("10.lora_unscaled",
+            f"the update is not scaled: multiply it by alpha / rank = {alpha / r:g}"): _lora_forward(inputs, 1.0, a, b),
+        Mistake("10.lora_rank_over_alpha",
+                f"the update is scaled by rank / alpha: the scale is alpha / rank = {alpha / r:g}"):
             _lora_forward(inputs, r / alpha, a, b),
-        f"the update is scaled by alpha / sqrt(rank) = {alpha / math.sqrt(r):g}, rank-stabilised LoRA's scale "
-        f"(PEFT's use_rslora): this layer is the original LoRA, scaled by alpha / rank = {alpha / r:g}":
+        Mistake("10.lora_rslora",
+                f"the update is scaled by alpha / sqrt(rank) = {alpha / math.sqrt(r):g}, rank-stabilised LoRA's scale "
+        f"(PEFT's use_rslora): this layer is the original LoRA, scaled by alpha / rank = {alpha / r:g}"):
             _lora_forward(inputs, alpha / math.sqrt(r), a, b),
-        "the base layer's output is missing: y = base(x) + (alpha / rank) x A^T B^T":
+        Mistake("10.lora_no_base", "the base layer's output is missing: y = base(x) + (alpha / rank) x A^T B^T"):
             _lora_forward(inputs, alpha / r, a, b) - _lora_forward(inputs, 0.0, a, b),
     }
     check_close(got["out"], expected["out"], "the output with A and B loaded", atol=1e-4, mistakes=mistakes)
@@ -348,7 +355,7 @@ def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         raise fail(f"the output and gradients are right, but forward built a full (out_features, in_features) = "
                    f"({d_out}, {d_in}) matrix (B @ A, or W + scale * B @ A): that is the matrix LoRA exists to avoid "
                    "(its memory and its gradient are the full layer's). Keep the update low-rank, "
-                   "base(x) + scale * (x @ A.T) @ B.T, whose middle is (..., rank)")
+                   "base(x) + scale * (x @ A.T) @ B.T, whose middle is (..., rank)", mistake="10.lora_full_matrix")
 
 
 PIECES = declare(

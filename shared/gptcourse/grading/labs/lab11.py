@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ...checks import CheckFailed, check_close, check_dtype, check_shape, fail, fmt_shape
+from ...checks import CheckFailed, Mistake, check_close, check_dtype, check_shape, fail, fmt_shape, mistake_key
 from ...inference.sampling import generate
 from ...model.causal_attention import MultiHeadAttention, attention, repeat_kv
 from ...model.config import GPTConfig
@@ -118,19 +118,23 @@ def _cached(steps: list[tuple[torch.Tensor, torch.Tensor]], *, only_new: bool = 
     return {"keys": keys, "values": values, "lengths": lengths}
 
 
-AT_ZERO = ("the cache is written at position 0 every step: write the new positions after the cached ones, "
-           "buffer[:, :, length : length + T] = k, then advance length by T")
+AT_ZERO = (Mistake("11.cache_at_zero",
+                   "the cache is written at position 0 every step: write the new positions after the cached ones, "
+           "buffer[:, :, length : length + T] = k, then advance length by T"))
 CACHE_MISTAKES = {
-    "append returns only the new keys and values: return every cached position, buffer[:, :, :length] after "
-    "writing, so attention sees the whole prefix": {"only_new": True},
-    "keys and values are swapped: return (keys, values) in that order": {"swapped": True},
+    Mistake("11.cache_only_new",
+            "append returns only the new keys and values: return every cached position, buffer[:, :, :length] after "
+    "writing, so attention sees the whole prefix"): {"only_new": True},
+    Mistake("11.cache_keys_values_swapped",
+            "keys and values are swapped: return (keys, values) in that order"): {"swapped": True},
 }
 
 
 def _cache_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     if not torch.equal(got["lengths"], expected["lengths"]):
         raise fail(f"cache.length after each append is {got['lengths'].tolist()}, expected "
-                   f"{expected['lengths'].tolist()}: it counts every position appended so far")
+                   f"{expected['lengths'].tolist()}: it counts every position appended so far",
+                   mistake="11.cache_length_wrong")
     one_buffer = got["one_buffer"]
     got = {part: _unpack(got, part) for part in ("keys", "values")}
     expected = _cached(inputs["steps"])
@@ -141,15 +145,17 @@ def _cache_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
             name = f"the {part} returned by append call {i + 1}"
             if got[part][i].dim() == 4 and got[part][i].size(2) == inputs["capacity"] != length:
                 raise fail(f"{name}: all {inputs['capacity']} positions of the buffer, expected the {length} written: "
-                           "return buffer[:, :, :length], or attention reads the empty slots as keys")
+                           "return buffer[:, :, :length], or attention reads the empty slots as keys",
+                           mistake="11.cache_whole_buffer")
             new = inputs["steps"][i][0 if part == "keys" else 1]  # (B, H, T, D), what this call appended
             t = new.size(2)
             if t != length and torch.equal(got[part][i], new):
                 raise fail(f"{name}: only the {t} position(s) just appended, expected all {length} cached so far: "
-                           + next(iter(CACHE_MISTAKES)))
+                           + next(iter(CACHE_MISTAKES)), mistake=next(iter(CACHE_MISTAKES)).key)
             check_shape(got[part][i], "B H T D", sizes | {"T": length}, name)
             if i and torch.equal(got[part][i][:, :, :t], new) and not torch.equal(expected[part][i][:, :, :t], new):
-                raise fail(f"{name}: its first {t} position(s) are the ones just appended. {AT_ZERO}")
+                raise fail(f"{name}: its first {t} position(s) are the ones just appended. {AT_ZERO}",
+                           mistake=AT_ZERO.key)
             check_close(got[part][i], expected[part][i], name, atol=0, rtol=0,
                         mistakes={what: v[part][i] for what, v in variants.items()
                                   if v[part][i].shape == expected[part][i].shape})
@@ -158,7 +164,7 @@ def _cache_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    f"{inputs['capacity']} positions per part: each append made new tensors (torch.cat, or a copy of "
                    "the cache), which copies every cached position at every token. Allocate k.new_zeros(B, H, "
                    "capacity, D) once, at the first append, write only the new positions into it and return "
-                   "buffer[:, :, :length]")
+                   "buffer[:, :, :length]", mistake="11.cache_not_one_buffer")
 
 
 @sized
@@ -198,18 +204,21 @@ def _new_token_by_hand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, onl
 
 _ONE_TOKEN_MISTAKES = {
     TOP_LEFT: {"top_left": True},
-    "the new token sees only itself: it attends over every cached key and its own, not just the newest":
+    Mistake("11.one_token_sees_itself",
+            "the new token sees only itself: it attends over every cached key and its own, not just the newest"):
         {"only_itself": True},
     **rows(NO_SCALE),
-    f"{SOFTMAX_OVER_QUERIES}: with one query every weight is then 1": ROWS[SOFTMAX_OVER_QUERIES],
+    Mistake(SOFTMAX_OVER_QUERIES.key, f"{SOFTMAX_OVER_QUERIES}: with one query every weight is then 1"):
+        ROWS[SOFTMAX_OVER_QUERIES],
 }
 
 
 def _one_token_overflow(inputs: Inputs) -> str:
     top = float((inputs["q"] @ inputs["k"].transpose(-2, -1)).abs().max()) / math.sqrt(inputs["q"].size(-1))
-    return (f"attend_new_token output has NaN or inf for scores as large as {top:.0f}: exp() overflows float32 past "
-            "88. Subtract each row's largest score before exp (the softmax is unchanged by a shift), as torch.softmax "
-            "does")
+    return Mistake("11.one_token_overflow",
+                   f"attend_new_token output has NaN or inf for scores as large as {top:.0f}: exp() overflows float32 "
+                   "past 88. Subtract each row's largest score before exp (the softmax is unchanged by a shift), as "
+                   "torch.softmax does")
 
 
 # ---- top_p_filter(logits (B, V), top_p) -> logits with -inf outside the nucleus
@@ -256,54 +265,65 @@ def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_shape(filtered, "B V", inputs["sizes"], "top_p_filter output")
     kept, want = ~torch.isneginf(filtered), ~torch.isneginf(expected["filtered"])
     mistakes = {
-        "top-p keeps the tokens *above* the threshold: the smallest set of the most likely tokens whose mass "
-        "reaches p; the token that crosses p stays (keep a token while the mass before it is < p)":
+        Mistake("11.top_p_above_threshold",
+                "top-p keeps the tokens *above* the threshold: the smallest set of the most likely tokens whose mass "
+        "reaches p; the token that crosses p stays (keep a token while the mass before it is < p)"):
             _nucleus(logits, p, before=False),
-        "top-p keeps the tokens *above* the threshold (keeping the most likely token anyway does not make up for "
+        Mistake("11.top_p_above_threshold_first_kept",
+              "top-p keeps the tokens *above* the threshold (keeping the most likely token anyway does not make up for "
         "it): the smallest set of the most likely tokens whose mass reaches p; the token that crosses p stays (keep "
-        "a token while the mass before it is < p)": _nucleus(logits, p, before=False, first=True),
-        "the tokens are sorted least likely first: sort by descending probability, the nucleus is the head":
+        "a token while the mass before it is < p)"): _nucleus(logits, p, before=False, first=True),
+        Mistake("11.top_p_ascending",
+                "the tokens are sorted least likely first: sort by descending probability, the nucleus is the head"):
             _nucleus(logits, p, ascending=True),
-        "the tokens are sorted least likely first and kept while their mass is <= p, so the least likely tokens "
+        Mistake("11.top_p_ascending_kept_le_p",
+               "the tokens are sorted least likely first and kept while their mass is <= p, so the least likely tokens "
         "are kept: sort by descending probability and keep the head, or (Hugging Face's order, ascending) mask the "
-        "tokens whose cumulative mass is <= 1 - top_p": _nucleus(logits, p, ascending=True, before=False),
-        "the cumulative sum runs over the logits: take it over the probabilities, softmax(sorted logits)":
+        "tokens whose cumulative mass is <= 1 - top_p"): _nucleus(logits, p, ascending=True, before=False),
+        Mistake("11.top_p_cumsum_of_logits",
+                "the cumulative sum runs over the logits: take it over the probabilities, softmax(sorted logits)"):
             _nucleus(logits, p, of_logits=True),
-        "the probabilities were added up in vocabulary order, unsorted: the nucleus is the most likely tokens, so "
+        Mistake("11.top_p_unsorted",
+             "the probabilities were added up in vocabulary order, unsorted: the nucleus is the most likely tokens, so "
         "sort them by descending probability first (logits.sort(dim=-1, descending=True)), add up, and scatter "
-        "the decision back to vocabulary order": _nucleus(logits, p, sort=False),
-        "the tokens kept are in sorted order: the decision was made on the sorted logits and never scattered "
+        "the decision back to vocabulary order"): _nucleus(logits, p, sort=False),
+        Mistake("11.top_p_not_scattered_back",
+                "the tokens kept are in sorted order: the decision was made on the sorted logits and never scattered "
         "back, so token i is no longer at index i. Put it back in vocabulary order, keep.scatter(-1, order, keep) "
-        "(or scatter the sorted logits back with the sort's indices)": _nucleus(logits, p, scatter=False),
-        "each token's own probability was compared with p: top-p adds the probabilities up, most likely first":
+        "(or scatter the sorted logits back with the sort's indices)"): _nucleus(logits, p, scatter=False),
+        Mistake("11.top_p_own_probability",
+                "each token's own probability was compared with p: top-p adds the probabilities up, most likely first"):
             logits.softmax(dim=-1) >= p,
-        "the threshold is 1 - top_p: the nucleus is the most likely tokens whose mass reaches top_p itself "
-        f"(top_p={p} keeps {p:.0%} of the probability), so keep a token while the mass before it is < top_p":
+        Mistake("11.top_p_threshold_one_minus_p",
+                "the threshold is 1 - top_p: the nucleus is the most likely tokens whose mass reaches top_p itself "
+        f"(top_p={p} keeps {p:.0%} of the probability), so keep a token while the mass before it is < top_p"):
             _nucleus(logits, 1 - p),
     }
     if bool(want.logical_not().any()) and bool(kept.all()):
         known = next((what for what, m in mistakes.items() if torch.equal(m, kept)), None)
         if known and torch.equal(filtered, logits):  # -inf used right, but every token kept
             raise fail(f"top_p_filter kept every token, {kept.numel()} of them, where the nucleus leaves out "
-                       f"{int(want.logical_not().sum())}: {known}")
+                       f"{int(want.logical_not().sum())}: {known}", mistake=mistake_key(known))
         raise fail("top_p_filter set no logit to -inf: the tokens outside the nucleus must become -inf (not 0, "
-                   "which exp() turns into probability), so that the softmax gives them nothing")
+                   "which exp() turns into probability), so that the softmax gives them nothing",
+                   mistake="11.top_p_no_neg_inf")
     wrong = (kept != want).any(dim=-1)  # (B,): the rows with a token decided the other way
     whole = kept.all(dim=-1) | ~kept.any(dim=-1)  # (B,): the rows kept or masked entirely
     if bool(wrong.any()) and bool((~wrong | (torch.isinf(logits.exp()).any(dim=-1) & whole)).all()):
         raise fail(f"top_p_filter {'kept' if bool(kept[wrong].all()) else 'masked'} every token of the rows with "
                    f"logits as large as {float(logits[wrong].max()):.0f}, and is right on the others: exp() overflows "
                    "float32 past 88, so exp(logits) / exp(logits).sum() is inf / inf = NaN there. Subtract each "
-                   "row's largest logit before exp (the softmax is unchanged by a shift), or use torch.softmax")
+                   "row's largest logit before exp (the softmax is unchanged by a shift), or use torch.softmax",
+                   mistake="11.top_p_overflow")
     if not bool(kept.any(dim=-1).all()):
         known = next((what for what, m in mistakes.items() if torch.equal(m, kept)), None)
         raise fail("top_p_filter masked every token of a row: the most likely token always stays (its mass alone "
-                   "may already reach top_p)" + (f". {known}" if known else ""))
+                   "may already reach top_p)" + (f". {known}" if known else ""), mistake=mistake_key(known))
     check_close(kept.float(), want.float(), "which tokens are kept (1) and masked to -inf (0)", atol=0, rtol=0,
                 mistakes={what: m.float() for what, m in mistakes.items()})
     if not torch.equal(filtered[kept], logits[kept]):
         raise fail("the kept logits changed: top_p_filter only masks the others with -inf and returns logits, not "
-                   "probabilities (the sampler applies the softmax)")
+                   "probabilities (the sampler applies the softmax)", mistake="11.top_p_logits_changed")
 
 
 # ---- repeat_kv(x (B, H_kv, T, D), n_rep) -> (B, H_kv * n_rep, T, D)
@@ -413,18 +433,21 @@ def _gqa_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     cached = inputs["chunks"] is not None
     mistakes = {NOT_CAUSAL: partial(_gqa_variant, inputs, causal=False),
                 NO_SCALE: partial(_gqa_variant, inputs, scale=False),
-                "the heads were split by a view straight to (B, H, T, D): a (B, T, C) projection is (B, T, H, D) in "
+                Mistake("11.gqa_split_view",
+                   "the heads were split by a view straight to (B, H, T, D): a (B, T, C) projection is (B, T, H, D) in "
                 "memory, so each such head mixes positions. Split with .view(B, T, H, D).transpose(1, 2), and merge "
-                "back with .transpose(1, 2).reshape(B, T, C)": partial(_gqa_variant, inputs, transpose=False)}
+                "back with .transpose(1, 2).reshape(B, T, C)"): partial(_gqa_variant, inputs, transpose=False)}
     if h_kv < h:
-        mistakes[f"{TILED_KV_HEADS} (here G = {h // h_kv})"] = partial(_gqa_variant, inputs, tiled=True)
+        tiled = Mistake(TILED_KV_HEADS.key, f"{TILED_KV_HEADS} (here G = {h // h_kv})")
+        mistakes[tiled] = partial(_gqa_variant, inputs, tiled=True)
     if cached:
         mistakes[TOP_LEFT] = partial(_gqa_variant, inputs, top_left=True)
     name = "GroupedQueryAttention output" + (" (a prefill, then one token at a time with the cache)" if cached else "")
     check_close(got["y"], expected["y"], name, mistakes=mistakes)
     if cached and got["cached_heads"] != h_kv:
         raise fail(f"the cache holds {got['cached_heads']} heads, expected H_kv = {h_kv}: append k and v *before* "
-                   "repeat_kv, so the cache stores only the kv heads (that is what GQA saves)")
+                   "repeat_kv, so the cache stores only the kv heads (that is what GQA saves)",
+                   mistake="11.gqa_cache_after_repeat")
 
 
 @sized
@@ -457,20 +480,24 @@ def _gpt_positions(past: int, t: int) -> torch.Tensor:
     return seen[0]  # (T,)
 
 
-POSITIONS_FROM_ZERO = ("the positions start at 0 in every call: the new tokens come after the `past` cached ones, "
-                       "so they are at torch.arange(past, past + t)")
-POSITIONS_PAST_PLUS_ONE = ("the positions start at past + 1: positions count from 0, so the cache holds 0 ... past - 1 "
-                           "and the first new token is at position past")
-PROMPT_COUNTED_TWICE = ("the prompt was counted twice: the prefill already moved the offset to P, and adding the "
+POSITIONS_FROM_ZERO = (Mistake("11.positions_from_zero",
+                            "the positions start at 0 in every call: the new tokens come after the `past` cached ones, "
+                       "so they are at torch.arange(past, past + t)"))
+POSITIONS_PAST_PLUS_ONE = (Mistake("11.positions_past_plus_one",
+                           "the positions start at past + 1: positions count from 0, so the cache holds 0 ... past - 1 "
+                           "and the first new token is at position past"))
+PROMPT_COUNTED_TWICE = (Mistake("11.prompt_counted_twice",
+                              "the prompt was counted twice: the prefill already moved the offset to P, and adding the "
                         "prompt's length again puts the first new token at 2P; after the prefill each call advances "
-                        "it by the tokens it fed")
+                        "it by the tokens it fed"))
 
 
 def _positions_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     past, t, positions = inputs["past"], inputs["t"], got["positions"]
     if past and tuple(positions.shape) == (past + t,):
         raise fail(f"new_positions(past={past}, t={t}) returned {past + t} positions, those of the whole sequence: "
-                   "return only the t new tokens', torch.arange(past, past + t) (the cached ones already have theirs)")
+                   "return only the t new tokens', torch.arange(past, past + t) (the cached ones already have theirs)",
+                   mistake="11.positions_whole_sequence")
     check_shape(positions, "T", inputs["sizes"], "the positions")
     check_dtype(positions, torch.int64, "the positions", "they index the position table and the RoPE angles: "
                 "torch.long, as torch.arange(past, past + t) gives")
@@ -478,7 +505,8 @@ def _positions_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(positions, expected["positions"], f"the positions of {t} new token(s) after {past} cached", atol=0,
                 rtol=0, mistakes={
                     POSITIONS_FROM_ZERO: offset, POSITIONS_PAST_PLUS_ONE: offset + past + 1,
-                    "every new token got position past: the t new tokens are at past, past + 1, ..., past + t - 1":
+                    Mistake("11.positions_all_past",
+                        "every new token got position past: the t new tokens are at past, past + 1, ..., past + t - 1"):
                         torch.full((t,), past)})
 
 
@@ -583,34 +611,39 @@ def _generate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_shape(tokens, "B T", {"B": b, "T": p + n}, "the returned tokens (the prompt and the new tokens)")
     check_dtype(tokens, torch.int64, "the returned tokens", "token ids are torch.long")
     if not torch.equal(tokens[:, :p], prompt):
-        raise fail("the returned tokens do not begin with the prompt: return torch.cat([prompt, new tokens], dim=1)")
+        raise fail("the returned tokens do not begin with the prompt: return torch.cat([prompt, new tokens], dim=1)",
+                   mistake="11.generate_no_prompt")
     if not fed or fed[0] != p:
         raise fail(f"the first call fed {fed[0] if fed else 'nothing'} token(s), expected the whole prompt, P = {p}: "
-                   "the prefill caches the prompt's keys and values, and its last logits give the first new token")
+                   "the prefill caches the prompt's keys and values, and its last logits give the first new token",
+                   mistake="11.generate_no_prefill")
     if any(t != 1 for t in fed[1:]):
         i = next(i for i, t in enumerate(fed) if i and t != 1)
         whole = fed[i] == sum(fed[:i]) + 1
         raise fail(f"call {i + 1} fed {fed[i]} tokens" + (", the whole sequence again" if whole else "") + ": after "
                    "the prefill feed only the newest token, tokens[:, -1:]; the cache already holds the others, and "
-                   "feeding them again appends their keys and values a second time")
+                   "feeding them again appends their keys and values a second time",
+                   mistake="11.generate_refeeds_sequence")
     starts = [sum(fed[:i]) for i in range(len(fed))]  # each call's first position: the cache's length
     stream = got["fed_tokens"]  # (B, total): every token fed, in order
     if not torch.equal(stream, tokens[:, : stream.size(1)]):
         refed = torch.cat([prompt, prompt[:, -1:], tokens[:, p:]], dim=1)[:, : stream.size(1)]
         if torch.equal(stream, refed):
             raise fail("the last prompt token was fed again after the prefill, so the cache holds it twice: the "
-                       "prefill's logits[:, -1] already predict the first new token; feed that one next")
+                       "prefill's logits[:, -1] already predict the first new token; feed that one next",
+                       mistake="11.generate_last_prompt_token_refed")
         i = next(i for i, (s, t) in enumerate(zip(starts, fed, strict=True))
                  if not torch.equal(stream[:, s : s + t], tokens[:, s : s + t]))
         raise fail(f"call {i + 1} fed a token that is not the sequence's next one: feed each new token once, the one "
-                   "just chosen (a token fed twice is appended to the cache twice)")
+                   "just chosen (a token fed twice is appended to the cache twice)",
+                   mistake="11.generate_token_fed_twice")
     for i, (start, positions) in enumerate(zip(starts, got["positions"].split(fed), strict=True)):
         right = torch.arange(start, start + fed[i])  # (T,)
         if not torch.equal(positions, right):
             if torch.equal(positions, right - start):
-                which = f"{POSITIONS_FROM_ZERO}; " + (
+                which = Mistake(POSITIONS_FROM_ZERO.key, f"{POSITIONS_FROM_ZERO}; " + (
                     "with RoPE its query and key are rotated as if it were first, so its angle to every cached key "
-                    "is wrong" if config.position == "rope" else "it gets row 0 of the learned position table")
+                    "is wrong" if config.position == "rope" else "it gets row 0 of the learned position table"))
             elif torch.equal(positions, right + 1):
                 which = POSITIONS_PAST_PLUS_ONE
             elif i and torch.equal(positions, right + p):
@@ -619,7 +652,7 @@ def _generate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 which = "each token's position is its index in the sequence"
             raise fail(f"call {i + 1}, with {start} cached, gave its token(s) the positions {positions.tolist()}, "
                        f"expected {right.tolist()}: {which}. Pass new_positions(cache.length, T), the cache's length "
-                       "before the call")
+                       "before the call", mistake=mistake_key(which))
     check_shape(logits, "B N V", {"B": b, "N": n, "V": config.vocab_size},
                 "the returned logits (each new token's, the row its argmax came from)")
     with torch.no_grad():  # the prefill's logits[:, 0]: the prediction after the first prompt token
@@ -627,7 +660,7 @@ def _generate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     if p > 1 and torch.allclose(logits[:, 0], after_first, atol=1e-4):
         raise fail("the first new token's logits are the prefill's logits[:, 0], the prediction after the first "
                    "prompt token: the prefill returns one row per prompt position, and the one that predicts the "
-                   "next token is the last, logits[:, -1]")
+                   "next token is the last, logits[:, -1]", mistake="11.generate_prefill_first_logits")
     try:
         check_close(logits, expected["logits"], "the logits of each new token (cached vs recomputed)", atol=1e-4)
     except CheckFailed as wrong:
@@ -635,7 +668,7 @@ def _generate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "does the cache (your LayerCache) return every key and value appended so far?") from None
     if not torch.equal(tokens, expected["tokens"]):
         raise fail("the new tokens are not the argmax of their logits: greedy decoding takes "
-                   "logits[:, -1].argmax(dim=-1, keepdim=True) at every step")
+                   "logits[:, -1].argmax(dim=-1, keepdim=True) at every step", mistake="11.generate_not_argmax")
 
 
 @sized

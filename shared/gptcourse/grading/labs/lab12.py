@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ...checks import check_close, check_shape, fail, fmt_shape
+from ...checks import Mistake, check_close, check_shape, fail, fmt_shape
 from ...model.causal_attention import causal_mask
 from ...model.tiled_attention import computed_tiles, flash_attention, flash_backward, flash_forward, online_softmax
 from ..attention_mistakes import NO_SCALE, SCALED_BY_D, TILED_KV_HEADS, kv_heads_by_hand
@@ -117,7 +117,7 @@ def _check_memory(got: Outputs, inputs: Inputs, what: str) -> None:
     if square and got["square_is_mask"]:
         raise fail(f"{what} made a mask of shape {fmt_shape(square)}: a mask over the whole (T, T) score matrix "
                    "holds T^2 entries too. Build each straddling tile's mask from its positions, "
-                   "torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None]")
+                   "torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None]", mistake="12.forward_square_mask")
     if square or int(got["largest_made"]) >= b * h * t * t:
         made = f"a tensor of shape {fmt_shape(square)}" if square else \
             f"a tensor of {int(got['largest_made'])} numbers, B H T T = {b * h * t * t}"
@@ -125,7 +125,7 @@ def _check_memory(got: Outputs, inputs: Inputs, what: str) -> None:
                    "never holds. Compute each tile's scores from its own slices, q[:, :, q0:q1] @ k[:, :, "
                    "k0:k1].transpose(-2, -1), not all of them at once and then slices of that: the largest tensor "
                    f"may be one (block_q, block_k) tile, or (T, D), per head ({b * h * max(block_q * block_k, t * d)}"
-                   " numbers here)")
+                   " numbers here)", mistake="12.forward_whole_scores")
 
 
 def _check_tile_products(got: Outputs, inputs: Inputs, what: str) -> None:
@@ -137,7 +137,7 @@ def _check_tile_products(got: Outputs, inputs: Inputs, what: str) -> None:
         raise fail(f"{what}: a matrix product returned a ({rows}, {columns}) block, more than one tile of scores "
                    f"({block_q}, {block_k}) at a time: a block of queries against every key it sees, with an "
                    "ordinary softmax? Tile the keys too, one (block_q, block_k) tile of scores at a time, and fold "
-                   "each into the running (m, denom, o) with online_softmax")
+                   "each into the running (m, denom, o) with online_softmax", mistake="12.forward_untiled_keys")
 
 
 def _check_work(got: Outputs, inputs: Inputs, what: str, products: int, names: str,
@@ -155,10 +155,12 @@ def _check_work(got: Outputs, inputs: Inputs, what: str, products: int, names: s
     if causal and done == per_pair * _tile_area(inputs, reach=t):
         raise fail(f"{header}: it computed every tile, also those wholly above the diagonal, and masked them. "
                    "Skip them: stop the key loop once k0 > q1 - 1, the block's last query (q1 = min(q0 + block_q, "
-                   "T)); only the tiles that straddle the diagonal need a mask")
+                   "T)); only the tiles that straddle the diagonal need a mask",
+                   mistake="12.forward_masked_future_tiles")
     if causal and done == per_pair * _tile_area(inputs, reach=1):
         raise fail(f"{header}: the key loop stops one tile late, at k0 > q1: the tile that starts at k0 = q1 is "
-                   "wholly in the future (q1 - 1 is the block's last query). Stop once k0 > q1 - 1")
+                   "wholly in the future (q1 - 1 is the block's last query). Stop once k0 > q1 - 1",
+                   mistake="12.forward_key_loop_one_late")
     raise fail(f"{header}: it computes tiles or products it does not need ({hint})" + (
         "; with causal=True skip the tiles whose first key comes after the block's last query" if causal else ""))
 
@@ -187,19 +189,25 @@ def _merge_call(fn: Any, inputs: Inputs) -> Outputs:
     return dict(zip(("m", "denom", "o"), out, strict=True))
 
 
-RESCALE_O = ("the running output o was not rescaled when the maximum moved: multiply the old o by exp(m_old - m_new) "
-             "before adding this block's exp(s - m_new) @ v, or the earlier keys keep weights relative to the old max")
-RESCALE_DENOM = ("the denominator was not rescaled when the maximum moved: denom_new = exp(m_old - m_new) * denom + "
-                 "exp(scores - m_new).sum(-1)")
-KEEP_DENOM = ("the denominator was not updated: add this block's exp(scores - m_new).sum(-1) to the rescaled old "
-              "one")
-DIVIDE_EARLY = ("o was divided by the denominator inside the merge: keep o unnormalised (a sum of exp(s - m) v) and "
-                "divide by the denominator once, after the last block")
+RESCALE_O = (Mistake("12.rescale_o",
+               "the running output o was not rescaled when the maximum moved: multiply the old o by exp(m_old - m_new) "
+             "before adding this block's exp(s - m_new) @ v, or the earlier keys keep weights relative to the old max"))
+RESCALE_DENOM = (Mistake("12.rescale_denom",
+                    "the denominator was not rescaled when the maximum moved: denom_new = exp(m_old - m_new) * denom + "
+                 "exp(scores - m_new).sum(-1)"))
+KEEP_DENOM = (Mistake("12.keep_denom",
+                    "the denominator was not updated: add this block's exp(scores - m_new).sum(-1) to the rescaled old "
+              "one"))
+DIVIDE_EARLY = (Mistake("12.divide_early",
+                   "o was divided by the denominator inside the merge: keep o unnormalised (a sum of exp(s - m) v) and "
+                "divide by the denominator once, after the last block"))
 
-INVERTED = ("the rescale is upside down: the old sums are multiplied by exp(m - m_new), at most 1, since m_new >= m; "
-            "exp(m_new - m) inflates them instead")
-OWN_MAX = ("this block's exponentials were shifted by the block's own max, not by the new running max m_new: the "
-           "old sums are relative to m_new after the rescale, so p = exp(scores - m_new[..., None])")
+INVERTED = (Mistake("12.rescale_inverted",
+              "the rescale is upside down: the old sums are multiplied by exp(m - m_new), at most 1, since m_new >= m; "
+            "exp(m_new - m) inflates them instead"))
+OWN_MAX = (Mistake("12.own_max",
+                 "this block's exponentials were shifted by the block's own max, not by the new running max m_new: the "
+           "old sums are relative to m_new after the rescale, so p = exp(scores - m_new[..., None])"))
 
 
 def _merge_parts(inputs: Inputs) -> dict[str, torch.Tensor]:
@@ -218,19 +226,20 @@ def _merge_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     for key, shape in (("m", "B T_q"), ("denom", "B T_q"), ("o", "B T_q D")):
         check_shape(got[key], shape, sizes, f"the returned {key}")
     check_close(got["m"], expected["m"], "the running max m", atol=1e-6, mistakes={
-        "m is this block's maximum only: the running max is torch.maximum(m, scores.amax(dim=-1))":
+        Mistake("12.merge_max_block_only",
+                "m is this block's maximum only: the running max is torch.maximum(m, scores.amax(dim=-1))"):
             inputs["scores"].amax(dim=-1)})
     p, pv = parts["p"], parts["pv"]
     for key in ("denom", "o"):
         if not bool(torch.isfinite(got[key]).all()) and not bool(torch.isfinite(parts[f"inverted_{key}"]).all()):
             raise fail(f"the returned {key} holds inf or NaN: {INVERTED} (" + (
                 "on the first block m = -inf, and exp(m_new - m) is inf)" if bool(torch.isinf(inputs["m"]).any())
-                else "it overflows when the maximum jumps)"))
+                else "it overflows when the maximum jumps)"), mistake=INVERTED.key)
         if not bool(torch.isfinite(got[key]).all()) and float(inputs["scores"].max()) > 88:
             raise fail(f"the returned {key} holds inf or NaN where it should not: exp() overflowed. This block's "
                        f"scores reach {float(inputs['scores'].max()):.0f}, and exp of anything past 88 is inf in "
                        "float32: exponentiate only differences that are at most 0, exp(scores - m_new) and "
-                       "exp(m - m_new), never a score or a max alone")
+                       "exp(m - m_new), never a score or a max alone", mistake="12.merge_overflow")
     check_close(got["denom"], expected["denom"], "the denominator", mistakes={
         RESCALE_DENOM: parts["denom"] + p.sum(dim=-1), KEEP_DENOM: parts["denom"], OWN_MAX: parts["own_denom"],
         INVERTED: parts["inverted_denom"]})
@@ -311,19 +320,23 @@ def _slow_forward(inputs: Inputs, *, rescale: bool = True, divide_each: bool = F
     return out, lse
 
 
-TAIL_DROPPED = ("the last, shorter block was left out: range(0, T - block + 1, block) visits whole blocks only. "
+TAIL_DROPPED = (Mistake("12.tail_dropped",
+                       "the last, shorter block was left out: range(0, T - block + 1, block) visits whole blocks only. "
                 "When T is not a multiple of the block, loop over range(0, T, block) and end each block at "
-                "min(start + block, T)")
-NO_RESCALE = ("the running output and denominator were not rescaled by exp(m_old - m_new) when a later tile raised "
-              "the maximum: the earlier tiles keep weights relative to the old maximum")
-OFF_BY_ONE = ("the key tiles stop at k0 <= q0, the block's *first* query: with block_k smaller than block_q that "
+                "min(start + block, T)"))
+NO_RESCALE = (Mistake("12.no_rescale",
+                  "the running output and denominator were not rescaled by exp(m_old - m_new) when a later tile raised "
+              "the maximum: the earlier tiles keep weights relative to the old maximum"))
+OFF_BY_ONE = (Mistake("12.keys_through_q0",
+                    "the key tiles stop at k0 <= q0, the block's *first* query: with block_k smaller than block_q that "
               "skips tiles that straddle the diagonal, whose keys the later queries of the block see. A key tile is "
               "needed while k0 <= q1 - 1, the "
-              "block's last query (q1 = min(q0 + block_q, T))")
+              "block's last query (q1 = min(q0 + block_q, T))"))
 
 
-DIVIDED_EACH = ("the output was divided by the denominator after every tile: keep o unnormalised inside the loop and "
-                "divide once, after the last key tile (dividing early and carrying on weights the tiles wrongly)")
+DIVIDED_EACH = (Mistake("12.divided_each",
+                  "the output was divided by the denominator after every tile: keep o unnormalised inside the loop and "
+                "divide once, after the last key tile (dividing early and carrying on weights the tiles wrongly)"))
 # why -> the switches of `_slow_forward` that make that mistake
 _FORWARD_MISTAKES: dict[str, dict[str, Any]] = {
     NO_RESCALE: {"rescale": False},
@@ -332,8 +345,9 @@ _FORWARD_MISTAKES: dict[str, dict[str, Any]] = {
     NO_SCALE: {"scale": 1.0},
     OFF_BY_ONE: {"keys_through_q0": True},
     TILED_KV_HEADS: {"tiled_heads": True},
-    "only the tile with k0 == q0 was masked: with block_q != block_k other tiles straddle the diagonal too. Mask "
-    "every tile that holds a key after the block's first query (k1 - 1 > q0), -inf where key j > query i":
+    Mistake("12.mask_only_k0_q0",
+          "only the tile with k0 == q0 was masked: with block_q != block_k other tiles straddle the diagonal too. Mask "
+    "every tile that holds a key after the block's first query (k1 - 1 > q0), -inf where key j > query i"):
         {"mask_only_k0_q0": True},
     TAIL_DROPPED: {"whole_blocks": True},
 }
@@ -362,9 +376,11 @@ def _forward_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     running_max = _running_max(inputs)
     check_close(got["lse"], expected["lse"], "L, the log-sum-exp of each query's scores", mistakes={
         **mistakes["lse"],
-        "L is the running max m alone: return m + log(denom), the log of the softmax's full denominator":
+        Mistake("12.lse_max_only",
+                "L is the running max m alone: return m + log(denom), the log of the softmax's full denominator"):
             running_max,
-        "L is log(denom) alone: add the running max, L = m + log(denom)": expected["lse"] - running_max})
+        Mistake("12.lse_no_max",
+                "L is log(denom) alone: add the running max, L = m + log(denom)"): expected["lse"] - running_max})
     _check_memory(got, inputs, f"flash_forward({_describe(inputs)})")
     _check_tile_products(got, inputs, f"flash_forward({_describe(inputs)})")
     _check_work(got, inputs, f"flash_forward({_describe(inputs)})", 2, "q k^T and p v")
@@ -417,20 +433,23 @@ def _check_reported_tiles(got: Outputs, expected: Outputs, inputs: Inputs) -> No
     what = f"flash_forward({_describe(inputs)}) computed {len(got_tiles)} tiles, expected {len(want)}"
     if not got_tiles:
         raise fail(f"{what}: on_tile was never called. Call on_tile(q0, k0) once for each (block_q, block_k) tile "
-                   "of scores you compute, q0 and k0 its first query and first key")
+                   "of scores you compute, q0 and k0 its first query and first key", mistake="12.tiles_not_reported")
     if len(set(got_tiles)) != len(got_tiles):
-        raise fail(f"{what}: some tiles were reported twice; call on_tile(q0, k0) once per tile computed")
+        raise fail(f"{what}: some tiles were reported twice; call on_tile(q0, k0) once per tile computed",
+                   mistake="12.tiles_reported_twice")
     extra, missing = sorted(set(got_tiles) - set(want)), sorted(set(want) - set(got_tiles))
     if extra and all(k0 > min(q0 + block_q, t) - 1 for q0, k0 in extra):
         raise fail(f"{what}: the tiles {extra[:4]} lie wholly above the diagonal (every key after every query of the "
                    "block). Skip them, do not compute and mask them: stop the key loop once k0 > q1 - 1, the last "
                    "query of the block" + (", not q1 (an off-by-one)" if all(k0 <= min(q0 + block_q, t)
-                                                                          for q0, k0 in extra) else ""))
+                                                                          for q0, k0 in extra) else ""),
+                   mistake="12.tiles_above_diagonal")
     if missing and all(q0 + block_q > t or k0 + inputs["block_k"] > t for q0, k0 in missing):
-        raise fail(f"{what}: the tiles {missing[:4]} (q0, k0) were skipped: {TAIL_DROPPED}")
+        raise fail(f"{what}: the tiles {missing[:4]} (q0, k0) were skipped: {TAIL_DROPPED}", mistake=TAIL_DROPPED.key)
     if missing:
         raise fail(f"{what}: the tiles {missing[:4]} (q0, k0) hold keys the queries may see, and were skipped; with "
-                   f"causal={inputs['causal']} a tile is needed when k0 <= q1 - 1 (q1 = min(q0 + block_q, T))")
+                   f"causal={inputs['causal']} a tile is needed when k0 <= q1 - 1 (q1 = min(q0 + block_q, T))",
+                   mistake="12.tiles_needed_skipped")
     raise fail(f"{what}: it reported tiles {extra[:4]} that are not (q0, k0) tile starts: q0 in range(0, T, block_q), "
                "k0 in range(0, T, block_k)")
 
@@ -485,23 +504,30 @@ def _explicit_grads(inputs: Inputs, *, delta: bool = True, scale_grads: bool = T
 
 # why -> the switches of `_explicit_grads` that make that mistake
 _BACKWARD_MISTAKES: dict[str, dict[str, Any]] = {
-    "the softmax's backward lacks its row term: dS = P * (dP - delta), delta = (dO * O).sum(-1) for each query "
-    "row (delta_i = sum_j P_ij dP_ij)": {"delta": False},
-    "dq and dk lack the scale: the scores were q k^T / sqrt(D), so dq = dS k / sqrt(D) and dk = dS^T q / "
-    "sqrt(D)": {"scale_grads": False},
-    "the scores recomputed in the backward lack the forward's 1/sqrt(D): P = exp(q k^T / sqrt(D) - L), the "
-    "scores L was computed from": {"scale_scores": False},
-    "the recomputed probabilities were not masked inside the tiles that straddle the diagonal: P = exp(S - L) "
-    "must be 0 where key j > query i, as the forward masked it, or the future keys get gradient":
+    Mistake("12.backward_no_delta",
+            "the softmax's backward lacks its row term: dS = P * (dP - delta), delta = (dO * O).sum(-1) for each query "
+    "row (delta_i = sum_j P_ij dP_ij)"): {"delta": False},
+    Mistake("12.backward_grads_unscaled",
+            "dq and dk lack the scale: the scores were q k^T / sqrt(D), so dq = dS k / sqrt(D) and dk = dS^T q / "
+    "sqrt(D)"): {"scale_grads": False},
+    Mistake("12.backward_scores_unscaled",
+            "the scores recomputed in the backward lack the forward's 1/sqrt(D): P = exp(q k^T / sqrt(D) - L), the "
+    "scores L was computed from"): {"scale_scores": False},
+    Mistake("12.backward_not_masked",
+            "the recomputed probabilities were not masked inside the tiles that straddle the diagonal: P = exp(S - L) "
+    "must be 0 where key j > query i, as the forward masked it, or the future keys get gradient"):
         {"mask_inside": False},
-    TILED_KV_HEADS + ", and dk, dv sum the G query heads of each kv head, .view(B, H_kv, G, T, D).sum(2)":
+    Mistake(TILED_KV_HEADS.key,
+            TILED_KV_HEADS + ", and dk, dv sum the G query heads of each kv head, .view(B, H_kv, G, T, D).sum(2)"):
         {"expand": "tile", "reduce": "tile"},
-    "dk and dv were summed over the wrong query heads: after repeat_interleave kv head j serves query heads "
-    "j G .. j G + G - 1, so .view(B, H_kv, G, T, D).sum(2); .view(B, G, H_kv, T, D).sum(1) is repeat's layout":
+    Mistake("12.backward_wrong_groups",
+            "dk and dv were summed over the wrong query heads: after repeat_interleave kv head j serves query heads "
+    "j G .. j G + G - 1, so .view(B, H_kv, G, T, D).sum(2); .view(B, G, H_kv, T, D).sum(1) is repeat's layout"):
         {"reduce": "tile"},
-    "the kv heads were expanded with repeat (tiled) and their gradients summed as repeat_interleave's groups, "
+    Mistake("12.backward_tiled_expand",
+            "the kv heads were expanded with repeat (tiled) and their gradients summed as repeat_interleave's groups, "
     ".view(B, H_kv, G, T, D).sum(2): expand with k.repeat_interleave(G, dim=1) as well, so that query head i "
-    "uses kv head i // G in both": {"expand": "tile"},
+    "uses kv head i // G in both"): {"expand": "tile"},
 }
 
 
@@ -549,14 +575,16 @@ def _function_call(cls: Any, inputs: Inputs) -> Outputs:
     saved: list[torch.Tensor] = []
     apply = getattr(cls, "apply", None)
     if apply is None:
-        raise fail("FlashAttention has no apply: subclass torch.autograd.Function, with static forward and backward")
+        raise fail("FlashAttention has no apply: subclass torch.autograd.Function, with static forward and backward",
+                   mistake="12.function_no_apply")
     with _measured(cls, _Reference, q.size(2)) as work:
         with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
             result = apply(q, k, v, inputs["causal"], inputs["block_q"], inputs["block_k"])
         out = as_tensor(result, f"FlashAttention.apply({_describe(inputs)})")  # detached, for the payload
         if not result.requires_grad:
             raise fail("FlashAttention.apply returned an output without a gradient: call it through apply, and "
-                       "return the output of flash_forward from forward (not a detached copy made outside autograd)")
+                       "return the output of flash_forward from forward (not a detached copy made outside autograd)",
+                       mistake="12.function_detached")
         on_ctx = [x for value in vars(result.grad_fn).values() for x in _ctx_tensors(value)]
         grads = torch.autograd.grad(result, (q, k, v), inputs["grad_out"])
     kept = {(x.data_ptr(), tuple(x.shape), tuple(x.stride())): x.numel() for x in saved + on_ctx}  # each once
@@ -585,12 +613,13 @@ def _function_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         raise fail(f"forward kept a tensor of {largest} numbers for the backward ({where}), B H T T = "
                    f"{b * h * t * t}: the (T, T) probabilities (the softmax) or scores. Keep only L (B, H, T), the "
                    "log-sum-exp that flash_forward returns, and let the backward recompute each tile's "
-                   "probabilities, exp(s - L): that is what keeps memory linear in T")
+                   "probabilities, exp(s - L): that is what keeps memory linear in T",
+                   mistake="12.backward_keeps_scores")
     if kept > allowed:
         raise fail(f"forward keeps {kept} numbers for the backward (saved, and on ctx: {on_ctx} in its largest "
                    f"attribute tensor), more than q, k, v, the output and L hold together, {allowed}: save exactly "
                    "those five with ctx.save_for_backward(q, k, v, out, lse), k and v as given (B, H_kv, T, D), and "
-                   "let the backward recompute everything else tile by tile")
+                   "let the backward recompute everything else tile by tile", mistake="12.backward_keeps_too_much")
     what = f"FlashAttention.apply({_describe(inputs)}) and its backward"
     _check_memory(got, inputs, what)
     _check_work(got, inputs, what, 7, "2 in flash_forward, 5 in flash_backward", "does backward differentiate "

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ...checks import check_close, check_known_mistakes, fail, fmt_shape
+from ...checks import Mistake, check_close, check_known_mistakes, fail, fmt_shape
 from ...evaluation.contamination import ngram_overlap, words
 from ...evaluation.continuations import loglikelihood
 from ...evaluation.error_bars import paired_bootstrap
@@ -60,7 +60,7 @@ class _Bigram:
                      else f"a {type(ids).__name__}")
             raise fail(f"the model was called with {given}: like a GPT (B, T = ids.shape in its forward) it takes "
                        "integer token ids with a batch dimension, (1, T) for one request, torch.tensor([context + "
-                       "continuation[:-1]]), and gives logits (1, T, V)")
+                       "continuation[:-1]]), and gives logits (1, T, V)", mistake="14.model_called_without_batch")
         return self.table[ids]  # (B, T, V)
 
 
@@ -153,25 +153,34 @@ def _greedy(table: torch.Tensor, context: list[int], continuation: list[int], *,
 
 
 LL_MISTAKES = {
-    "the context's tokens are counted too: only the continuation's tokens are scored, log p(continuation | "
-    "context)": {"with_context": True},
-    "each token was scored with the logits at its own position: the logits at position t predict the token at "
+    Mistake("14.ll_context_counted",
+            "the context's tokens are counted too: only the continuation's tokens are scored, log p(continuation | "
+    "context)"): {"with_context": True},
+    Mistake("14.ll_no_shift",
+            "each token was scored with the logits at its own position: the logits at position t predict the token at "
     "t + 1, so feed context + continuation[:-1] and read the continuation's tokens from the positions just before "
-    "them": {"shift": 0},
-    "each token was scored with the logits two positions before it, one position early (logits[-m - 1:-1]): with "
+    "them"): {"shift": 0},
+    Mistake("14.ll_shift_two",
+          "each token was scored with the logits two positions before it, one position early (logits[-m - 1:-1]): with "
     "context + continuation[:-1] fed, the rows that predict the continuation are its last len(continuation), "
-    "logits[-len(continuation):]": {"shift": 2},
-    "the log-probabilities are averaged: a continuation's log-probability is the sum of its tokens' (the mean is a "
-    "normalisation, done later, per choice)": {"mean": True},
-    "the probabilities are summed, not their logs: use log_softmax": {"normalised": "probabilities"},
-    "the continuation's first token is not scored: it is predicted by the logits at the context's last position, "
-    "len(context) - 1, and every token of the continuation counts": {"drop_first": True},
-    "the raw logits were summed, not log-probabilities: normalise them with log_softmax first (a log-probability "
-    "is at most 0)": {"normalised": "logits"},
-    "log_softmax ran over the positions (dim=1 of the logits (1, T, V)), not over the vocabulary: each position's "
-    "logits are normalised on their own, F.log_softmax(logits, dim=-1)": {"normalised": "over positions"},
-    "log(softmax(logits)) is -inf where a token's probability underflows to 0 in float32 (exp(-200) does): "
-    "F.log_softmax computes logits - logsumexp(logits), which stays finite": {"normalised": "log of softmax"},
+    "logits[-len(continuation):]"): {"shift": 2},
+    Mistake("14.ll_mean",
+        "the log-probabilities are averaged: a continuation's log-probability is the sum of its tokens' (the mean is a "
+    "normalisation, done later, per choice)"): {"mean": True},
+    Mistake("14.ll_probabilities_summed",
+            "the probabilities are summed, not their logs: use log_softmax"): {"normalised": "probabilities"},
+    Mistake("14.ll_first_not_scored",
+          "the continuation's first token is not scored: it is predicted by the logits at the context's last position, "
+    "len(context) - 1, and every token of the continuation counts"): {"drop_first": True},
+    Mistake("14.ll_raw_logits",
+          "the raw logits were summed, not log-probabilities: normalise them with log_softmax first (a log-probability "
+    "is at most 0)"): {"normalised": "logits"},
+    Mistake("14.ll_softmax_over_positions",
+         "log_softmax ran over the positions (dim=1 of the logits (1, T, V)), not over the vocabulary: each position's "
+    "logits are normalised on their own, F.log_softmax(logits, dim=-1)"): {"normalised": "over positions"},
+    Mistake("14.ll_log_of_softmax",
+            "log(softmax(logits)) is -inf where a token's probability underflows to 0 in float32 (exp(-200) does): "
+    "F.log_softmax computes logits - logsumexp(logits), which stays finite"): {"normalised": "log of softmax"},
 }
 
 
@@ -185,7 +194,8 @@ def _ll_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     if 1e-4 * (1 + abs(float(want))) < error < 1e-2 * max(1.0, abs(float(want))):
         raise fail(f"{label}: off by {error:.2g} (got {float(logprob):.5g}, expected {float(want):.5g}), as small as "
                    "the rounding of a 16-bit float: were the logits cast to float16 or bfloat16 (about 3 and 2 "
-                   "significant digits; float32 keeps 7)? Compute log_softmax in float32, the model's dtype")
+                   "significant digits; float32 keeps 7)? Compute log_softmax in float32, the model's dtype",
+                   mistake="14.ll_half_precision")
     check_close(logprob, want, label, atol=1e-4, rtol=1e-4, mistakes=variants)
     if bool(got["greedy"]) != bool(expected["greedy"]):
         raise fail(_greedy_mistake(table, context, continuation, bool(got["greedy"])))
@@ -267,7 +277,7 @@ def _choice_call(fn: Any, inputs: Inputs) -> Outputs:
         was, now = ([round(x, 3) for x in t.tolist()] for t in (inputs["logprobs"], logprobs))
         raise fail(f"{what} changed the caller's logprobs in place, from {was} to {now}: the caller's "
                    "log-likelihoods are lost (a second normalisation would divide them twice); divide into a new "
-                   "tensor, logprobs / lengths, not logprobs /= lengths")
+                   "tensor, logprobs / lengths, not logprobs /= lengths", mistake="14.choice_in_place")
     return {"scores": got.double()}
 
 
@@ -280,32 +290,41 @@ def _choice_expected(inputs: Inputs) -> Outputs:
 def _choice_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     logprobs, choices, normalize = inputs["logprobs"], inputs["choices"], inputs["normalize"]
     mistakes = {
-        "the delimiter is counted in the length: divide by the choice's own length, len(choice), as the harness "
-        "does (the space before it is part of the continuation, not of the answer)":
+        Mistake("14.choice_delimiter_counted",
+               "the delimiter is counted in the length: divide by the choice's own length, len(choice), as the harness "
+        "does (the space before it is part of the continuation, not of the answer)"):
             _scores(logprobs, choices, normalize, delimiter=" "),
-        "the bytes were counted as characters: len(choice) counts characters; a choice's UTF-8 bytes are "
-        "len(choice.encode('utf-8')), more than its characters when it holds non-ASCII letters":
+        Mistake("14.choice_bytes_as_chars",
+                "the bytes were counted as characters: len(choice) counts characters; a choice's UTF-8 bytes are "
+        "len(choice.encode('utf-8')), more than its characters when it holds non-ASCII letters"):
             _scores(logprobs, choices, normalize, unit="chars"),
-        "the lengths are the number of words, len(choice.split()): acc_norm divides by the characters, "
-        "len(choice), and acc_bytes by the UTF-8 bytes": _scores(logprobs, choices, normalize, unit="words"),
-        "the characters were counted as bytes: acc_norm divides by len(choice), the characters; "
-        "len(choice.encode('utf-8')) is more than that when a choice holds non-ASCII letters":
+        Mistake("14.choice_words",
+                "the lengths are the number of words, len(choice.split()): acc_norm divides by the characters, "
+        "len(choice), and acc_bytes by the UTF-8 bytes"): _scores(logprobs, choices, normalize, unit="words"),
+        Mistake("14.choice_chars_as_bytes",
+                "the characters were counted as bytes: acc_norm divides by len(choice), the characters; "
+        "len(choice.encode('utf-8')) is more than that when a choice holds non-ASCII letters"):
             _scores(logprobs, choices, normalize, unit="bytes"),
-        "the bytes were counted as 1 per ASCII character and 2 per other one: UTF-8 takes 2 bytes up to U+07FF "
-        "(accents, Greek), 3 beyond it ('東' is 3) and 4 past U+FFFF (emoji); count them, len(choice.encode('utf-8'))":
+        Mistake("14.choice_two_bytes_at_most",
+                "the bytes were counted as 1 per ASCII character and 2 per other one: UTF-8 takes 2 bytes up to U+07FF "
+        "(accents, Greek), 3 beyond it ('東' is 3) and 4 past U+FFFF (emoji); count them, len(choice.encode('utf-8'))"):
             _scores(logprobs, choices, normalize, unit="two bytes at most"),
-        "the scores went through a softmax over the choices (they are probabilities, summing to 1): a choice's "
-        "score is its log-likelihood divided by its length, and the harness takes the argmax of those":
+        Mistake("14.choice_softmax",
+                "the scores went through a softmax over the choices (they are probabilities, summing to 1): a choice's "
+        "score is its log-likelihood divided by its length, and the harness takes the argmax of those"):
             torch.softmax(_scores(logprobs, choices, normalize), dim=0),
     }
     for form, change in UNICODE_FORMS.items():
-        mistakes[f"the characters were counted after unicodedata.normalize({form!r}), which {change}: count the "
-                 "choice's characters as they are given, len(choice)"] = \
+        mistakes[Mistake("14.choice_unicode_normalized",
+                        f"the characters were counted after unicodedata.normalize({form!r}), which {change}: count the "
+                 "choice's characters as they are given, len(choice)")] = \
             _scores(logprobs, choices, normalize, form=form)
     if normalize is not None:
-        mistakes["the scores were multiplied by the lengths: divide the log-likelihood by the length"] = \
+        mistakes[Mistake("14.choice_multiplied",
+                         "the scores were multiplied by the lengths: divide the log-likelihood by the length")] = \
             logprobs * torch.tensor([_length(c, normalize) for c in choices], dtype=logprobs.dtype)
-        mistakes[f"normalize={normalize!r} was ignored: the log-likelihoods came back as they were"] = logprobs
+        mistakes[Mistake("14.choice_normalize_ignored",
+                         f"normalize={normalize!r} was ignored: the log-likelihoods came back as they were")] = logprobs
     return mistakes
 
 
@@ -356,22 +375,29 @@ def _pass_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         return torch.tensor([f(n, c, k) for n, c, k in table], dtype=torch.float64)
 
     return {
-        "this is 1 - (1 - c/n)^k, k draws *with* replacement: it is biased low; pass@k draws k of the n samples "
-        "without replacement, 1 - C(n - c, k) / C(n, k)": each(lambda n, c, k: 1 - (1 - c / n) ** k),
-        "this is c / n, pass@1, whatever k: with k tries a problem is solved if any of them is right":
+        Mistake("14.pass_with_replacement",
+               "this is 1 - (1 - c/n)^k, k draws *with* replacement: it is biased low; pass@k draws k of the n samples "
+        "without replacement, 1 - C(n - c, k) / C(n, k)"): each(lambda n, c, k: 1 - (1 - c / n) ** k),
+        Mistake("14.pass_at_one",
+                "this is c / n, pass@1, whatever k: with k tries a problem is solved if any of them is right"):
             each(lambda n, c, k: c / n),
-        "this is C(n - c, k) / C(n, k), the chance that *no* sample of k is correct: pass@k is 1 minus it":
+        Mistake("14.pass_none_correct",
+                "this is C(n - c, k) / C(n, k), the chance that *no* sample of k is correct: pass@k is 1 minus it"):
             each(lambda n, c, k: math.comb(n - c, k) / math.comb(n, k)),
-        "the product runs from i = n - c, one factor too many: 1 - C(n - c, k) / C(n, k) is 1 - prod(1 - k / i) "
-        "for i in range(n - c + 1, n + 1)":
+        Mistake("14.pass_product_off_by_one",
+               "the product runs from i = n - c, one factor too many: 1 - C(n - c, k) / C(n, k) is 1 - prod(1 - k / i) "
+        "for i in range(n - c + 1, n + 1)"):
             each(lambda n, c, k: 1.0 if n - c < k else 1 - math.prod(1 - k / i for i in range(n - c, n + 1))),
-        "this is min(1, k * c / n), the k tries' chances added up (a union bound, too high once k > 1): pass@k is "
-        "1 - C(n - c, k) / C(n, k)": each(lambda n, c, k: min(1.0, k * c / n)),
-        "the binomials were divided with //, floor division: C(n - c, k) // C(n, k) is 0 unless c = 0, so pass@k "
-        "came out 1; divide with /, which gives their exact ratio as a float":
+        Mistake("14.pass_union_bound",
+             "this is min(1, k * c / n), the k tries' chances added up (a union bound, too high once k > 1): pass@k is "
+        "1 - C(n - c, k) / C(n, k)"): each(lambda n, c, k: min(1.0, k * c / n)),
+        Mistake("14.pass_floor_division",
+              "the binomials were divided with //, floor division: C(n - c, k) // C(n, k) is 0 unless c = 0, so pass@k "
+        "came out 1; divide with /, which gives their exact ratio as a float"):
             each(lambda n, c, k: 1 - math.comb(n - c, k) // math.comb(n, k)),
-    } | {f"pass@k was rounded to {digits} decimals: return it as computed (a table rounds for print; the grader "
-         f"compares to {PASS_TOLERANCE:g})": each(lambda n, c, k, d=digits: round(pass_at_k(n, c, k), d))
+    } | {Mistake("14.pass_rounded",
+                f"pass@k was rounded to {digits} decimals: return it as computed (a table rounds for print; the grader "
+         f"compares to {PASS_TOLERANCE:g})"): each(lambda n, c, k, d=digits: round(pass_at_k(n, c, k), d))
          for digits in (2, 3, 4)}
 
 
@@ -384,7 +410,7 @@ def _pass_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         n, c, k = inputs["table"][int(error.argmax())]
         raise fail(f"pass@k: off by up to {float(error.max()):.2g} (at n={n}, c={c}, k={k}), unevenly, as an estimate "
                    "is: the fraction of random draws of k samples that hold a correct one (a Monte Carlo estimate) "
-                   "is noisy; pass@k is exact, 1 - C(n - c, k) / C(n, k): compute it")
+                   "is noisy; pass@k is exact, 1 - C(n - c, k) / C(n, k): compute it", mistake="14.pass_monte_carlo")
     check_close(values, want, "pass@k", atol=PASS_TOLERANCE, rtol=PASS_TOLERANCE, mistakes=mistakes)
 
 
@@ -460,30 +486,39 @@ def _boot_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     se = float((a - b).std(correction=1)) / math.sqrt(n)
     # named only where its interval is not a tie's, which other draws (scipy's) often give as well
     transposed_draws = {
-        "the indices were drawn (N, resamples) and averaged over dim 0: a bootstrap too, but not the lab's draws; "
-        "draw rows = torch.randint(N, (resamples, N), generator=...), a resample a row, and average over dim=1":
+        Mistake("14.boot_transposed_draws",
+             "the indices were drawn (N, resamples) and averaged over dim 0: a bootstrap too, but not the lab's draws; "
+        "draw rows = torch.randint(N, (resamples, N), generator=...), a resample a row, and average over dim=1"):
             bounds(swapped)} if _between_distinct(swapped, (0.025, 0.975)) else {}
     return transposed_draws | {
-        "a and b were resampled apart (two draws of items): the bootstrap is paired, one draw of item indices "
-        "rows for both, a[rows] - b[rows]": bounds(unpaired),
-        "torch.randint(N - 1, ...) never draws the last item: randint's upper bound is exclusive (it draws 0 to "
-        "high - 1), so torch.randint(N, (resamples, N)) draws every item's index":
+        Mistake("14.boot_unpaired",
+                "a and b were resampled apart (two draws of items): the bootstrap is paired, one draw of item indices "
+        "rows for both, a[rows] - b[rows]"): bounds(unpaired),
+        Mistake("14.boot_randint_short",
+               "torch.randint(N - 1, ...) never draws the last item: randint's upper bound is exclusive (it draws 0 to "
+        "high - 1), so torch.randint(N, (resamples, N)) draws every item's index"):
             bounds((a[short] - b[short]).mean(1)),
-        "the quantiles are of the items' own differences a - b (each -1, 0 or 1), not of the resampled means: a "
+        Mistake("14.boot_item_differences",
+               "the quantiles are of the items' own differences a - b (each -1, 0 or 1), not of the resampled means: a "
         "resample's difference is the mean over its items, (a[rows] - b[rows]).mean(dim=1), and the interval is on "
-        "those means": bounds(a - b),
-        "the interval is the 5% and 95% quantiles, a 90% interval: a 95% one leaves 2.5% out at each end":
+        "those means"): bounds(a - b),
+        Mistake("14.boot_90_percent",
+                "the interval is the 5% and 95% quantiles, a 90% interval: a 95% one leaves 2.5% out at each end"):
             bounds(paired, 0.05, 0.95),
-        "the interval is the 0% and 95% quantiles: leave 2.5% out at each end, torch.quantile(differences, "
-        "[0.025, 0.975])": bounds(paired, 0.0, 0.95),
-        "the quantiles are the sorted differences at index int(0.025 * resamples) and int(0.975 * resamples): "
-        "torch.quantile interpolates linearly between the two sorted values around position q * (resamples - 1)":
+        Mistake("14.boot_0_to_95",
+                "the interval is the 0% and 95% quantiles: leave 2.5% out at each end, torch.quantile(differences, "
+        "[0.025, 0.975])"): bounds(paired, 0.0, 0.95),
+        Mistake("14.boot_index_not_interpolated",
+                "the quantiles are the sorted differences at index int(0.025 * resamples) and int(0.975 * resamples): "
+        "torch.quantile interpolates linearly between the two sorted values around position q * (resamples - 1)"):
             torch.tensor([gap, float(ranked[int(0.025 * resamples)]),
                           float(ranked[min(int(0.975 * resamples), resamples - 1)])], dtype=torch.float64),
-        "this is the normal interval, difference +- 1.96 standard errors: the lab asks for the bootstrap's "
-        "quantiles": torch.tensor([gap, gap - 1.96 * se, gap + 1.96 * se], dtype=torch.float64),
-        "every resample holds each item once (a permutation, sampling without replacement), so every "
-        "difference is the same: draw indices with replacement, torch.randint(N, (resamples, N))":
+        Mistake("14.boot_normal_interval",
+                "this is the normal interval, difference +- 1.96 standard errors: the lab asks for the bootstrap's "
+        "quantiles"): torch.tensor([gap, gap - 1.96 * se, gap + 1.96 * se], dtype=torch.float64),
+        Mistake("14.boot_permutation",
+                "every resample holds each item once (a permutation, sampling without replacement), so every "
+        "difference is the same: draw indices with replacement, torch.randint(N, (resamples, N))"):
             torch.tensor([gap, gap, gap], dtype=torch.float64),
     }
 
@@ -499,7 +534,8 @@ def _boot_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         raise fail(f"{label}: the interval [{low:.5g}, {high:.5g}] is a bootstrap's, but not the one the lab's draws "
                    f"give, [{float(want[1]):.5g}, {float(want[2]):.5g}]: the tests compare with exactly these draws, "
                    "rows = torch.randint(N, (resamples, N), generator=torch.Generator().manual_seed(seed)); other "
-                   "draws (another shape, generator or library, scipy.stats.bootstrap) give another interval")
+                   "draws (another shape, generator or library, scipy.stats.bootstrap) give another interval",
+                   mistake="14.boot_other_draws")
     check_close(got_b, want, label, atol=FLOAT32_ROUNDING, rtol=0, mistakes=mistakes)
 
 
@@ -568,40 +604,54 @@ def _overlap(train: str, items: list[str], n: int, split: Any = words, *, split_
 def _overlap_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     train, items, n = inputs["train"], inputs["items"], inputs["n"]
     return {
-        "the text was split on spaces only, so 'times,' is another word than 'times': compare words "
-        "lowercased, without punctuation, re.findall(r'\\w+', text.lower())":
+        Mistake("14.overlap_split_spaces_lowercased",
+                "the text was split on spaces only, so 'times,' is another word than 'times': compare words "
+        "lowercased, without punctuation, re.findall(r'\\w+', text.lower())"):
             _overlap(train, items, n, lambda text: text.lower().split()),
-        "the text was split on spaces, its capitals and punctuation kept ('Times,' is another word than 'times'): "
-        "compare words lowercased, without punctuation, re.findall(r'\\w+', text.lower())":
+        Mistake("14.overlap_split_spaces",
+             "the text was split on spaces, its capitals and punctuation kept ('Times,' is another word than 'times'): "
+        "compare words lowercased, without punctuation, re.findall(r'\\w+', text.lower())"):
             _overlap(train, items, n, str.split),
-        "the words were not lowercased: GPT-3's rule compares them lowercased, so a copy with other capitals is "
-        "still found": _overlap(train, items, n, _cased_words),
-        "the training text's words were not lowercased (the items' were), so 'The' in it is another word than "
-        "'the' in an item: lowercase both, re.findall(r'\\w+', text.lower())":
+        Mistake("14.overlap_not_lowercased",
+               "the words were not lowercased: GPT-3's rule compares them lowercased, so a copy with other capitals is "
+        "still found"): _overlap(train, items, n, _cased_words),
+        Mistake("14.overlap_train_not_lowercased",
+                "the training text's words were not lowercased (the items' were), so 'The' in it is another word than "
+        "'the' in an item: lowercase both, re.findall(r'\\w+', text.lower())"):
             _overlap(train, items, n, split_train=_cased_words),
-        "the training text's n-grams were taken line by line, so a run of words across a line break is missed: "
+        Mistake("14.overlap_per_line",
+                "the training text's n-grams were taken line by line, so a run of words across a line break is missed: "
         "the words of the whole text are one list, re.findall(r'\\w+', train_text.lower()), and its n-grams run "
-        "across its line breaks": _overlap(train, items, n, per_line=True),
-        "the words are runs of the letters a-z only ([a-z]+), so digits and accented letters are dropped or split "
-        "('mañana' becomes 'ma', 'ana'): \\w+ keeps them, re.findall(r'\\w+', text.lower())":
+        "across its line breaks"): _overlap(train, items, n, per_line=True),
+        Mistake("14.overlap_ascii_words",
+             "the words are runs of the letters a-z only ([a-z]+), so digits and accented letters are dropped or split "
+        "('mañana' becomes 'ma', 'ana'): \\w+ keeps them, re.findall(r'\\w+', text.lower())"):
             _overlap(train, items, n, lambda text: re.findall(r"[a-z]+", text.lower())),
-        "the items' words were looked up one at a time (unigrams), whatever n: an n-gram is a run of n words in a "
-        "row, found only where the training text holds them in that order": _overlap(train, items, 1),
-        "the n-grams found were divided by the item's number of words: an item of L words has L - n + 1 n-grams, "
-        "and its overlap is the fraction of those found": _overlap(train, items, n, per_word=True),
-        "an item shorter than n words was looked up whole (its words in a row in the training text): it has no "
-        "n-grams, so its overlap is 0.0 (GPT-3 searched its short arithmetic problems whole, a rule of its own)":
+        Mistake("14.overlap_unigrams",
+             "the items' words were looked up one at a time (unigrams), whatever n: an n-gram is a run of n words in a "
+        "row, found only where the training text holds them in that order"): _overlap(train, items, 1),
+        Mistake("14.overlap_per_word",
+              "the n-grams found were divided by the item's number of words: an item of L words has L - n + 1 n-grams, "
+        "and its overlap is the fraction of those found"): _overlap(train, items, n, per_word=True),
+        Mistake("14.overlap_short_whole",
+                "an item shorter than n words was looked up whole (its words in a row in the training text): it has no "
+        "n-grams, so its overlap is 0.0 (GPT-3 searched its short arithmetic problems whole, a rule of its own)"):
             _overlap(train, items, n, short_whole=True),
-        "the n-grams are of characters: they are runs of n *words*, re.findall(r'\\w+', text.lower())":
+        Mistake("14.overlap_characters",
+                "the n-grams are of characters: they are runs of n *words*, re.findall(r'\\w+', text.lower())"):
             _overlap(train, items, n, lambda text: list(text.lower())),
-        "each item's n-grams were counted once each (a set): count every n-gram of the item, repeats included, "
-        "so the fraction is of its n-grams": _overlap(train, items, n, unique=True),
-        "the item's last n-gram is missing: a list of L words has L - n + 1 n-grams, range(len(words) - n + 1)":
+        Mistake("14.overlap_unique",
+                "each item's n-grams were counted once each (a set): count every n-gram of the item, repeats included, "
+        "so the fraction is of its n-grams"): _overlap(train, items, n, unique=True),
+        Mistake("14.overlap_last_missing",
+               "the item's last n-gram is missing: a list of L words has L - n + 1 n-grams, range(len(words) - n + 1)"):
             _overlap(train, items, n, drop_last=True),
-        "the n-grams were looked for as substrings of the joined training text, so 'he age of wisdom' is found "
-        "inside 'the age of wisdom': compare tuples of whole words, a set of the training text's n-grams":
+        Mistake("14.overlap_substrings",
+                "the n-grams were looked for as substrings of the joined training text, so 'he age of wisdom' is found "
+        "inside 'the age of wisdom': compare tuples of whole words, a set of the training text's n-grams"):
             _overlap(train, items, n, substring=True),
-        "each item got 1 or 0, whether any n-gram is found: the fraction of its n-grams found is asked":
+        Mistake("14.overlap_any_found",
+                "each item got 1 or 0, whether any n-gram is found: the fraction of its n-grams found is asked"):
             (_overlap(train, items, n) > 0).double(),
     }
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ...checks import check_close, check_known_mistakes, fail, fmt_shape
+from ...checks import Mistake, check_close, check_known_mistakes, fail, fmt_shape, mistake_key
 from ...model.config import GPTConfig, MoESpec
 from ...model.gpt import GPT
 from ...model.load_balancing import load_balancing_loss
@@ -70,7 +70,7 @@ def _route_call(fn: Any, inputs: Inputs) -> Outputs:
     if k > 1 and bool((experts.sort(-1).values.diff(dim=-1) == 0).any()):
         row = int((experts.sort(-1).values.diff(dim=-1) == 0).any(-1).nonzero()[0])
         raise fail(f"{what}: token {row} is sent to the same expert twice, {experts[row].tolist()}: its top_k experts "
-                   "are k different ones, logits.topk(k, dim=-1).indices")
+                   "are k different ones, logits.topk(k, dim=-1).indices", mistake="16.route_same_expert_twice")
     return {"weights": _dense(weights, experts.long(), e)}
 
 
@@ -98,28 +98,37 @@ def _routing(logits: torch.Tensor, k: int, *, scores: str = "softmax", weights: 
 def _route_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     logits, k = inputs["logits"], inputs["top_k"]
     return {
-        "the weights are the top-k probabilities as they are, not renormalised: they sum to less than 1, so the "
-        "output shrinks; divide them by their sum (Mixtral's renormalisation)": _routing(logits, k, weights="raw"),
-        "a second softmax ran over the top-k probabilities: softmax-then-top-k keeps the probabilities and divides "
-        "them by their sum; a softmax of probabilities flattens them toward 1/k": _routing(logits, k,
+        Mistake("16.route_not_renormalised",
+               "the weights are the top-k probabilities as they are, not renormalised: they sum to less than 1, so the "
+        "output shrinks; divide them by their sum (Mixtral's renormalisation)"): _routing(logits, k, weights="raw"),
+        Mistake("16.route_softmax_twice",
+            "a second softmax ran over the top-k probabilities: softmax-then-top-k keeps the probabilities and divides "
+        "them by their sum; a softmax of probabilities flattens them toward 1/k"): _routing(logits, k,
                                                                                           weights="softmax again"),
-        "the weights are the chosen logits, without a softmax: take the softmax over the E experts, then the top "
-        "k, then renormalise": _routing(logits, k, scores="logits", weights="raw"),
-        "the weights are the chosen logits divided by their sum, without a softmax: a logit can be negative, so "
+        Mistake("16.route_raw_logits",
+              "the weights are the chosen logits, without a softmax: take the softmax over the E experts, then the top "
+        "k, then renormalise"): _routing(logits, k, scores="logits", weights="raw"),
+        Mistake("16.route_logits_normalised",
+               "the weights are the chosen logits divided by their sum, without a softmax: a logit can be negative, so "
         "a weight can be negative or blow up where the logits nearly cancel; take the softmax over the E experts "
-        "first, then the top k, then renormalise the probabilities": _routing(logits, k, scores="logits"),
-        "the experts were scored by a sigmoid of each logit (DeepSeek-V3's gates), not a softmax over the E "
+        "first, then the top k, then renormalise the probabilities"): _routing(logits, k, scores="logits"),
+        Mistake("16.route_sigmoid",
+                "the experts were scored by a sigmoid of each logit (DeepSeek-V3's gates), not a softmax over the E "
         "experts: the lab's router takes the softmax over each token's E logits, then the top k, then "
-        "renormalises": _routing(logits, k, scores="sigmoid"),
-        "the weights are the top-k log-probabilities (log_softmax) divided by their sum: log-probabilities are "
+        "renormalises"): _routing(logits, k, scores="sigmoid"),
+        Mistake("16.route_log_softmax",
+                "the weights are the top-k log-probabilities (log_softmax) divided by their sum: log-probabilities are "
         "negative, so the most likely expert gets the smallest weight; take the softmax over the E experts, then "
-        "the top k, then divide the probabilities by their sum": _routing(logits, k, scores="log_softmax"),
-        "the softmax ran over the tokens (dim=0): each token's router probabilities are a softmax over its own E "
-        "logits, dim=-1": _routing(logits, k, axis=0),
-        "the k *smallest* logits were chosen: topk(k, dim=-1) takes the largest (largest=True)":
+        "the top k, then divide the probabilities by their sum"): _routing(logits, k, scores="log_softmax"),
+        Mistake("16.route_softmax_over_tokens",
+              "the softmax ran over the tokens (dim=0): each token's router probabilities are a softmax over its own E "
+        "logits, dim=-1"): _routing(logits, k, axis=0),
+        Mistake("16.route_smallest",
+                "the k *smallest* logits were chosen: topk(k, dim=-1) takes the largest (largest=True)"):
             _routing(logits, k, largest=False),
-        "the tokens were routed by their position (token n to expert n mod E): a router routes each token by its "
-        "own logits, the top k of its row": _routing(logits, k, by_position=True),
+        Mistake("16.route_by_position",
+              "the tokens were routed by their position (token n to expert n mod E): a router routes each token by its "
+        "own logits, the top k of its row"): _routing(logits, k, by_position=True),
     }
 
 
@@ -156,7 +165,7 @@ class _Expert:
         if not isinstance(h, torch.Tensor) or h.dim() != 2 or h.shape[1] != c:
             given = fmt_shape(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__
             raise fail(f"expert_fns[{self.index}] was called with {given}: an expert takes the rows of its tokens, "
-                       f"a (tokens, C) = (n, {c}) tensor, x[token_ids]")
+                       f"a (tokens, C) = (n, {c}) tensor, x[token_ids]", mistake="16.expert_called_with_wrong_rows")
         self.rows += h.shape[0]
         self.calls += 1
         gate, value = (h @ self.w_in).chunk(2, dim=-1)  # each (n, F)
@@ -212,17 +221,22 @@ def _combined(inputs: Inputs, *, weighted: str = "own", overwrite: bool = False)
 
 def _dispatch_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     return {
-        "the experts' outputs were added without their routing weights: multiply each by its token's weight for "
-        "that expert, weights[token_ids, slot]": _combined(inputs, weighted="none"),
-        "every expert's output was weighted by the token's first weight, weights[:, 0]: each slot has its own "
-        "weight, weights[token_ids, slot]": _combined(inputs, weighted="first"),
-        "only each token's first expert was added: all k experts a token is routed to contribute, weighted":
+        Mistake("16.dispatch_unweighted",
+               "the experts' outputs were added without their routing weights: multiply each by its token's weight for "
+        "that expert, weights[token_ids, slot]"): _combined(inputs, weighted="none"),
+        Mistake("16.dispatch_first_weight",
+                "every expert's output was weighted by the token's first weight, weights[:, 0]: each slot has its own "
+        "weight, weights[token_ids, slot]"): _combined(inputs, weighted="first"),
+        Mistake("16.dispatch_first_only",
+                "only each token's first expert was added: all k experts a token is routed to contribute, weighted"):
             _combined(inputs, weighted="first only"),
-        "expert e's outputs were weighted by column e (mod k) of weights, weights[token_ids, e]: weights is "
+        Mistake("16.dispatch_weight_by_expert_index",
+                "expert e's outputs were weighted by column e (mod k) of weights, weights[token_ids, e]: weights is "
         "(N, top_k), its columns are a token's slots, not the experts; take the weight of the slot that chose e, "
-        "weights[token_ids, slot]": _combined(inputs, weighted="expert index"),
-        "the outputs were written into the rows (y[token_ids] = ...), so a token's later expert overwrites the "
-        "earlier one: add them, y.index_add_(0, token_ids, out)": _combined(inputs, overwrite=True),
+        "weights[token_ids, slot]"): _combined(inputs, weighted="expert index"),
+        Mistake("16.dispatch_overwrite",
+                "the outputs were written into the rows (y[token_ids] = ...), so a token's later expert overwrites the "
+        "earlier one: add them, y.index_add_(0, token_ids, out)"): _combined(inputs, overwrite=True),
     }
 
 
@@ -234,7 +248,7 @@ def _dispatch_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
             raise fail(f"expert(s) {everyone} ran on all {n} tokens, but only {routed[everyone].tolist()} were routed "
                        "to them: this is the dense computation, every expert on every token, then masked (E / k "
                        "times the work). Give each expert only its tokens: token_ids, slot = (experts == e)"
-                       ".nonzero(as_tuple=True), expert_fns[e](x[token_ids])")
+                       ".nonzero(as_tuple=True), expert_fns[e](x[token_ids])", mistake="16.dispatch_dense")
         zero = routed.new_zeros(1)
         for shifted, fn in ((torch.cat([routed[1:], zero]), "expert_fns[e - 1]"),
                             (torch.cat([zero, routed[:-1]]), "expert_fns[e + 1]")):  # (E,): each expert's neighbour's
@@ -242,14 +256,16 @@ def _dispatch_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 raise fail(f"the experts saw {rows.tolist()} token rows, but {routed.tolist()} were routed to them: "
                            f"each expert ran the tokens of its neighbour, {fn} on the tokens routed to e: the "
                            "expert indices are off by one. topk's indices count from 0, so expert e's tokens are "
-                           "(experts == e) and its function expert_fns[e] (enumerate(expert_fns), no start=1)")
+                           "(experts == e) and its function expert_fns[e] (enumerate(expert_fns), no start=1)",
+                           mistake="16.dispatch_off_by_one")
         idle = [e for e in range(len(rows)) if int(routed[e]) == 0 and int(rows[e]) > 0]
         used = routed[routed > 0]  # the routed counts of the experts that got a token, in index order
         if idle and torch.equal(rows[: len(used)], used):
             raise fail(f"expert {idle[0]} was routed no token, yet ran on {int(rows[idle[0]])} rows, and the experts "
                        f"saw {rows.tolist()} rows where {routed.tolist()} were routed: the expert functions were "
                        "taken by their position among the experts that got a token (experts.unique()), so each "
-                       "expert after an empty one ran another's tokens; call expert_fns[e] for expert e itself")
+                       "expert after an empty one ran another's tokens; call expert_fns[e] for expert e itself",
+                       mistake="16.dispatch_by_unique_position")
         raise fail(f"the experts saw {rows.tolist()} token rows, but {routed.tolist()} were routed to them (one row "
                    "per token and slot that chose the expert): call each expert once on exactly its tokens")
     calls = got["calls"]
@@ -258,7 +274,7 @@ def _dispatch_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         raise fail(f"expert {e} was called {int(calls[e])} times for its {int(routed[e])} tokens (the experts were "
                    f"called {calls.tolist()} times): call each expert once, on all of its tokens in one batch, "
                    "expert_fns[e](x[token_ids]); a call per token runs N k small matrix products instead of E large "
-                   "ones")
+                   "ones", mistake="16.dispatch_called_per_token")
     check_close_lazily(got["y"], expected["y"], "the combined output", lambda: _dispatch_mistakes(inputs))
 
 
@@ -336,41 +352,55 @@ def _balance(logits: torch.Tensor, k: int, mask: torch.Tensor | None, *, probs_o
 def _lb_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     logits, k, mask = inputs["logits"], inputs["top_k"], inputs["mask"]
     mistakes = {
-        "P_e was averaged over the top-k probabilities only (0 for the experts not chosen): P_e is the mean of the "
-        "router's full softmax over all E experts, which is what gives every expert a gradient":
+        Mistake("16.balance_p_top_k",
+            "P_e was averaged over the top-k probabilities only (0 for the experts not chosen): P_e is the mean of the "
+        "router's full softmax over all E experts, which is what gives every expert a gradient"):
             _balance(logits, k, mask, probs_of="top-k"),
-        "P_e was averaged over the renormalised top-k weights: P_e is the mean of the router's full softmax over "
-        "all E experts, before top-k": _balance(logits, k, mask, probs_of="renormalised"),
-        "P_e was averaged over the logits: take the softmax first, P_e is a mean probability":
+        Mistake("16.balance_p_renormalised",
+              "P_e was averaged over the renormalised top-k weights: P_e is the mean of the router's full softmax over "
+        "all E experts, before top-k"): _balance(logits, k, mask, probs_of="renormalised"),
+        Mistake("16.balance_p_logits",
+                "P_e was averaged over the logits: take the softmax first, P_e is a mean probability"):
             _balance(logits, k, mask, probs_of="logits"),
-        "f_e counts only each token's first choice: a token is routed to all of its k experts, and f_e counts "
-        "each of them (the shares sum to k)": _balance(logits, k, mask, counts="first"),
-        "f_e counts each token's first choice (argmax) k times: a token is routed to its top k experts, and f_e "
-        "counts each of them once (the shares sum to k)": _balance(logits, k, mask, counts="first k times"),
-        "f_e was divided by k (shares that sum to 1): transformers' and Mixtral's f_e count a token once for each "
-        "of its k experts, so the shares sum to k": _balance(logits, k, mask, counts="per slot"),
-        "f_e is k P_e, the probabilities standing in for the counts: f_e is the share of the tokens routed to "
-        "expert e by top-k, counted (it has no gradient; P_e carries it)": _balance(logits, k, mask, counts="soft"),
-        "f_e is one number for every expert, all the routed slots over the tokens (k): count each expert's own "
+        Mistake("16.balance_f_first",
+                "f_e counts only each token's first choice: a token is routed to all of its k experts, and f_e counts "
+        "each of them (the shares sum to k)"): _balance(logits, k, mask, counts="first"),
+        Mistake("16.balance_f_first_k_times",
+               "f_e counts each token's first choice (argmax) k times: a token is routed to its top k experts, and f_e "
+        "counts each of them once (the shares sum to k)"): _balance(logits, k, mask, counts="first k times"),
+        Mistake("16.balance_f_per_slot",
+             "f_e was divided by k (shares that sum to 1): transformers' and Mixtral's f_e count a token once for each "
+        "of its k experts, so the shares sum to k"): _balance(logits, k, mask, counts="per slot"),
+        Mistake("16.balance_f_soft",
+                "f_e is k P_e, the probabilities standing in for the counts: f_e is the share of the tokens routed to "
+        "expert e by top-k, counted (it has no gradient; P_e carries it)"): _balance(logits, k, mask, counts="soft"),
+        Mistake("16.balance_f_one_share",
+                "f_e is one number for every expert, all the routed slots over the tokens (k): count each expert's own "
         "share, f_e = (tokens routed to e) / tokens, a vector of E shares (counts.sum(0), not counts.sum()); with "
-        "one share for all, the loss is E k sum_e P_e = E k whatever the router does":
+        "one share for all, the loss is E k sum_e P_e = E k whatever the router does"):
             _balance(logits, k, mask, counts="one share"),
-        "the factor E is missing: the loss is E * sum_e f_e P_e (1 at perfect balance with k = 1)":
+        Mistake("16.balance_no_e",
+                "the factor E is missing: the loss is E * sum_e f_e P_e (1 at perfect balance with k = 1)"):
             _balance(logits, k, mask, times_e=False),
     }
     if mask is not None:
         mistakes |= {
-            "the padding tokens were counted: f_e and P_e are means over the real tokens only, where "
-            "attention_mask is 1": _balance(logits, k, mask, masked="none"),
-            "the mask was applied to f_e only, P_e averaged the padding too: both are means over the real tokens, "
-            "where attention_mask is 1": _balance(logits, k, mask, masked="counts only"),
-            "the mask was applied to P_e only, f_e counted the padding too: both are means over the real tokens, "
-            "where attention_mask is 1": _balance(logits, k, mask, masked="probs only"),
-            "the padding was masked out of both sums, but they were divided by every position, pads included (B T): "
-            "divide by the number of real tokens, attention_mask.sum()": _balance(logits, k, mask,
+            Mistake("16.balance_padding_counted",
+                    "the padding tokens were counted: f_e and P_e are means over the real tokens only, where "
+            "attention_mask is 1"): _balance(logits, k, mask, masked="none"),
+            Mistake("16.balance_mask_f_only",
+                 "the mask was applied to f_e only, P_e averaged the padding too: both are means over the real tokens, "
+            "where attention_mask is 1"): _balance(logits, k, mask, masked="counts only"),
+            Mistake("16.balance_mask_p_only",
+                  "the mask was applied to P_e only, f_e counted the padding too: both are means over the real tokens, "
+            "where attention_mask is 1"): _balance(logits, k, mask, masked="probs only"),
+            Mistake("16.balance_divided_by_all_positions",
+               "the padding was masked out of both sums, but they were divided by every position, pads included (B T): "
+            "divide by the number of real tokens, attention_mask.sum()"): _balance(logits, k, mask,
                                                                                   masked="all positions"),
-            "the (B, T) mask was flattened column by column (attention_mask.T), so it no longer lines up with the "
-            "tokens, which are B T row by row: attention_mask.reshape(-1)": _balance(logits, k, mask,
+            Mistake("16.balance_mask_transposed",
+                 "the (B, T) mask was flattened column by column (attention_mask.T), so it no longer lines up with the "
+            "tokens, which are B T row by row: attention_mask.reshape(-1)"): _balance(logits, k, mask,
                                                                                       masked="transposed"),
         }
     return mistakes
@@ -472,36 +502,51 @@ def _counts(config: GPTConfig, *, shared_as_routed: bool = False, no_shared_acti
 
 
 COUNT_MISTAKES = {
-    "the active count holds every expert: a token runs through only top_k of the n_experts, so the active "
-    "count has top_k experts per sparse block (the total has all of them)": {"all_active": True},
-    "the shared expert was left out of the active count: every token goes through it, so it is active":
+    Mistake("16.count_all_active",
+            "the active count holds every expert: a token runs through only top_k of the n_experts, so the active "
+    "count has top_k experts per sparse block (the total has all of them)"): {"all_active": True},
+    Mistake("16.count_no_shared_active",
+            "the shared expert was left out of the active count: every token goes through it, so it is active"):
         {"no_shared_active": True},
-    "the shared expert was counted as a routed expert, of the routed experts' width: it has a width of its own, "
-    "moe.shared_d_ff, 3 C shared_d_ff parameters": {"shared_as_routed": True},
-    "the router was left out: each sparse block has one, a C x E matrix (no bias), and every token uses it":
+    Mistake("16.count_shared_as_routed",
+           "the shared expert was counted as a routed expert, of the routed experts' width: it has a width of its own, "
+    "moe.shared_d_ff, 3 C shared_d_ff parameters"): {"shared_as_routed": True},
+    Mistake("16.count_no_router",
+            "the router was left out: each sparse block has one, a C x E matrix (no bias), and every token uses it"):
         {"no_router": True},
-    "every block was counted as sparse: the first moe.dense_layers blocks keep a dense SwiGLU of d_ff":
+    Mistake("16.count_all_sparse",
+            "every block was counted as sparse: the first moe.dense_layers blocks keep a dense SwiGLU of d_ff"):
         {"all_sparse": True},
-    "the experts were counted with two matrices: a SwiGLU expert has three, gate and value C x F and output F x C":
+    Mistake("16.count_two_matrices",
+        "the experts were counted with two matrices: a SwiGLU expert has three, gate and value C x F and output F x C"):
         {"two_matrices": True},
-    "the embeddings and the output projection were left out of the active count: the published active counts "
-    "(Mixtral's 12.9B) count them, as every token uses the table and the head": {"no_embeddings_active": True},
-    "the output projection was counted though tie_weights=True: a tied model's head is its token table, V x C "
-    "counted once": {"untied": True},
-    "the attention was counted with as many key and value heads as query heads (4 C^2): with grouped-query "
-    "attention the key and value projections are C x n_kv_heads d_head each": {"all_heads_kv": True},
-    "the MLP width for d_ff=None was taken as 4 C: the width is config.hidden_width, d_ff or the MLP's default "
-    "(2 C for SwiGLU), and an expert's is moe.d_ff or that same hidden_width": {"width_4c": True},
-    "the router was counted with a bias, C x E + E: the model has no biases, the router is a C x E matrix":
+    Mistake("16.count_no_embeddings_active",
+            "the embeddings and the output projection were left out of the active count: the published active counts "
+    "(Mixtral's 12.9B) count them, as every token uses the table and the head"): {"no_embeddings_active": True},
+    Mistake("16.count_untied",
+            "the output projection was counted though tie_weights=True: a tied model's head is its token table, V x C "
+    "counted once"): {"untied": True},
+    Mistake("16.count_all_heads_kv",
+            "the attention was counted with as many key and value heads as query heads (4 C^2): with grouped-query "
+    "attention the key and value projections are C x n_kv_heads d_head each"): {"all_heads_kv": True},
+    Mistake("16.count_width_4c",
+            "the MLP width for d_ff=None was taken as 4 C: the width is config.hidden_width, d_ff or the MLP's default "
+    "(2 C for SwiGLU), and an expert's is moe.d_ff or that same hidden_width"): {"width_4c": True},
+    Mistake("16.count_router_bias",
+            "the router was counted with a bias, C x E + E: the model has no biases, the router is a C x E matrix"):
         {"router_bias": True},
-    "the key and value projections were counted as C x n_kv_heads each, without the head width: each is "
-    "C x (n_kv_heads d_head)": {"kv_without_d_head": True},
-    "the active count has only the router's k columns of the chosen experts (C k): the router scores all E "
-    "experts for every token, so all of it, C x E, is active": {"router_active_k": True},
-    "the dense blocks' SwiGLU was given the experts' width moe.d_ff: the first moe.dense_layers blocks keep the "
-    "dense MLP of config.hidden_width": {"dense_expert_width": True},
-    "one RMSNorm was counted per block: a pre-norm block has two, before the attention and before the MLP, "
-    "2 C per block": {"one_norm": True},
+    Mistake("16.count_kv_without_d_head",
+            "the key and value projections were counted as C x n_kv_heads each, without the head width: each is "
+    "C x (n_kv_heads d_head)"): {"kv_without_d_head": True},
+    Mistake("16.count_router_active_k",
+            "the active count has only the router's k columns of the chosen experts (C k): the router scores all E "
+    "experts for every token, so all of it, C x E, is active"): {"router_active_k": True},
+    Mistake("16.count_dense_expert_width",
+           "the dense blocks' SwiGLU was given the experts' width moe.d_ff: the first moe.dense_layers blocks keep the "
+    "dense MLP of config.hidden_width"): {"dense_expert_width": True},
+    Mistake("16.count_one_norm",
+            "one RMSNorm was counted per block: a pre-norm block has two, before the attention and before the MLP, "
+    "2 C per block"): {"one_norm": True},
 }
 
 
@@ -543,7 +588,7 @@ def _count_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 wrong = _counts(config, **switch)
                 if pair == wrong and wrong != want:
                     raise fail(f"{what}: {pair[0]:,} total and {pair[1]:,} active, expected {want[0]:,} and "
-                               f"{want[1]:,}: {why}")
+                               f"{want[1]:,}: {why}", mistake_key(why))
             missing = _missing_term(pair, want, config)
             said = f": {missing}" if missing else ""
             raise fail(f"{what}: {pair[0]:,} total and {pair[1]:,} active, expected {want[0]:,} and {want[1]:,} "
@@ -551,7 +596,7 @@ def _count_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         if int(got[f"{i}.made"]) >= config.d_model:
             raise fail(f"{what} gave the right counts, but made a tensor of {int(got[f'{i}.made']):,} elements on "
                        "the way: it built layers (on the meta device or not) and counted their tensors; write the "
-                       "formula from the config's fields")
+                       "formula from the config's fields", mistake="16.count_built_tensors")
 
 
 @sized
