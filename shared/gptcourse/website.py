@@ -138,6 +138,22 @@ def readme_section(readme: str, title: str) -> str:
     return f"# {title}\n\n{promote_headings(body, level - 1)}\n"
 
 
+_MARKDOWN_IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")  # ![alt](path)
+_IMAGE_SUFFIXES = (".png", ".svg", ".jpg", ".jpeg")
+
+
+def page_images(repo: Path, page: str) -> list[str]:
+    """The images a README page shows from the repo (`![alt](docs/x.png)`): relative paths of image files inside
+    it, which the site copies beside the page; links elsewhere (http, ..) are left to the page's own check."""
+    found = []
+    for link in _MARKDOWN_IMAGE.findall(page):
+        path = (repo / link).resolve()
+        if (link.lower().endswith(_IMAGE_SUFFIXES) and path.is_relative_to(repo.resolve()) and path.is_file()
+                and ":" not in link):
+            found.append(link)
+    return found
+
+
 def readme_intro(readme: str) -> str:
     """The README's text between its title and its first section."""
     lines = readme.splitlines()
@@ -326,8 +342,12 @@ def stage_sources(repo: Path, source: Path) -> list[Notebook]:
         (source / "labs" / f"{lab.name}.md").write_text(lab_page(lab, lesson_by_number.get(lab.number)), "utf-8")
     (source / "favicon.svg").write_text(FAVICON, encoding="utf-8")
     (source / "index.md").write_text(landing_page(readme, lessons, labs), encoding="utf-8")
-    (source / "instructor-guide.md").write_text(readme_section(readme, INSTRUCTOR_GUIDE), encoding="utf-8")
-    (source / "seed-defects.md").write_text(readme_section(readme, SEED_DEFECTS), encoding="utf-8")
+    for name, title in (("instructor-guide", INSTRUCTOR_GUIDE), ("seed-defects", SEED_DEFECTS)):
+        page = readme_section(readme, title)
+        (source / f"{name}.md").write_text(page, encoding="utf-8")
+        for image in page_images(repo, page):
+            (source / image).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(repo / image, source / image)
     return lessons
 
 

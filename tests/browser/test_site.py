@@ -222,6 +222,19 @@ def test_readme_pages_keep_code_comments_out_of_the_headings(built: Built) -> No
     assert not re.search(r"<h\d[^>]*>\s*1\. After editing", guide)
 
 
+def test_readme_images_are_copied_beside_their_page_and_only_the_repos(built: Built, tmp_path: Path) -> None:
+    """The instructor guide's screenshot (README: `![...](docs/class_report.png)`) is in the site; an image path
+    outside the repo, a URL or a missing file is not copied."""
+    assert 'src="_images/class_report.png"' in (built.site / "instructor-guide.html").read_text()
+    copied = built.site / "_images" / "class_report.png"
+    assert copied.read_bytes() == (ROOT / "docs" / "class_report.png").read_bytes()
+    (tmp_path / "repo" / "docs").mkdir(parents=True)
+    (tmp_path / "repo" / "docs" / "a.png").write_bytes(b"png")
+    (tmp_path / "outside.png").write_bytes(b"png")
+    page = "![a](docs/a.png) ![b](../outside.png) ![c](https://example.org/c.png) ![d](docs/missing.png)"
+    assert website.page_images(tmp_path / "repo", page) == ["docs/a.png"]
+
+
 # --- in the browser -----------------------------------------------------------------------------------------
 
 
