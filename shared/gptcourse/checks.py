@@ -415,8 +415,8 @@ def _count_causes(config: GPTConfig) -> list[tuple[str | None, int, str, str]]:
         causes.append(("mlp", -n * c * f, "N x d x F", "SwiGLU has three matrices (gate, value, output), not two"))
         causes.append(("mlp", n * c * f, "N x d x F", "SwiGLU has three d x F matrices, not four"))
         if config.mlp_bias:
-            causes.append(("mlp", -n * f, "N x F", "SwiGLU's biases counted as a GELU MLP's, F + d: its fused gate-and-"
-                           "value matrix d -> 2F has 2F biases, so 2F + d per block"))
+            causes.append(("mlp", -n * f, "N x F", "SwiGLU's biases counted as a GELU MLP's, F + d: its fused "
+                                                   "gate-and-value matrix d -> 2F has 2F biases, so 2F + d per block"))
         if config.d_ff is None:  # F = 4d, the ReLU/GELU default, where SwiGLU's is 2d
             wide = 4 * c - f
             causes.append(("mlp", n * (3 * c * wide + (2 * wide if config.mlp_bias else 0)), "F = 4d",

@@ -74,7 +74,7 @@ def _tokenizer_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     mistakes = {
         Mistake("01.ids_first_seen_order",
                 "the ids follow the order in which characters first appear in the text: the vocabulary is sorted, "
-        "sorted(set(text)), so ids follow character order"): torch.tensor([first_seen[ch] for ch in sample]),
+                "sorted(set(text)), so ids follow character order"): torch.tensor([first_seen[ch] for ch in sample]),
         Mistake("01.ids_from_one",
                 "the ids start at 1: the first character of the vocabulary has id 0"): expected["ids"] + 1,
     }
@@ -194,7 +194,7 @@ def _embedding_inputs(b: int, t: int, v: int, t_max: int, c: int, seed: int) -> 
 
 
 _embedding_returns = module_returns("x", lambda i: "TokenAndPositionEmbedding({vocab_size}, {context_length}, "
-                                    "{d_model})".format(**i["init"]), arg="idx")
+                                                   "{d_model})".format(**i["init"]), arg="idx")
 
 
 def _embedding_call(cls: Any, inputs: Inputs) -> Outputs:
@@ -238,12 +238,12 @@ def _embedding_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
                 "the positions are missing: add pos_emb of positions 0..T-1 to the token embeddings"): tok[idx],
         Mistake("01.tokens_scaled",
                 "the token vectors are multiplied by sqrt(d_model) (the original Transformer's scaling, which GPT does "
-        "not have): add them unscaled, tok_emb(idx) + pos_emb(positions)"): tok[idx] * math.sqrt(c) + pos[:t],
+                "not have): add them unscaled, tok_emb(idx) + pos_emb(positions)"): tok[idx] * math.sqrt(c) + pos[:t],
     }
     if b <= pos.size(0) and b > 1:
         mistakes[Mistake("01.positions_by_batch",
                          "sequence b of the batch got position b's vector at every token: the positions run along the "
-                 "sequence, axis 1, 0..T-1 = torch.arange(idx.size(1)), the same for every sequence")] = \
+                         "sequence, axis 1, 0..T-1 = torch.arange(idx.size(1)), the same for every sequence")] = \
             tok[idx] + pos[:b, None]
     if int(idx.max()) < pos.size(0):
         mistakes[Mistake("01.positions_by_token_id",

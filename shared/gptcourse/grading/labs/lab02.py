@@ -149,7 +149,7 @@ def _head_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     w, x = inputs["weights"], inputs["x"]
     check_shape(got["output"], "B T D", inputs["sizes"], "head output", causes={
         ("D", "C"): Mistake("02.no_value_projection", "the value projection is missing: the output is a mix of v = "
-                            "value(x), of width D")})
+                                                      "value(x), of width D")})
     q, k, v = (x @ w[f"{n}.weight"].T + w[f"{n}.bias"] for n in ("query", "key", "value"))  # each (B, T, D)
     _judge_attention_outputs(got, expected, q, k, v, inputs["sizes"], "B")
 

@@ -53,7 +53,7 @@ def split_heads_mistakes(x: torch.Tensor, n_heads: int) -> dict[str, torch.Tenso
     return {
         Mistake("03.split_view_bhtd",
                 "the heads are cut with view(B, H, T, D) straight from (B, T, C), which mixes positions into heads: "
-        "view as (B, T, H, D), then transpose(1, 2)"): x.reshape(b, n_heads, t, d),
+                "view as (B, T, H, D), then transpose(1, 2)"): x.reshape(b, n_heads, t, d),
         Mistake("03.split_strided",
                 "each head took every H-th feature: head h owns the D consecutive features h*D ... (h+1)*D - 1, so "
         "view as (B, T, H, D), not (B, T, D, H)"): x.reshape(b, t, d, n_heads).permute(0, 3, 1, 2),
@@ -66,10 +66,10 @@ def merge_heads_mistakes(y: torch.Tensor) -> dict[str, torch.Tensor]:
     return {
         Mistake("03.merge_no_transpose",
                 "the heads are reshaped to (B, T, C) without transpose(1, 2) first, which mixes positions and heads: "
-        "(B, H, T, D) -> transpose(1, 2) -> (B, T, H, D) -> reshape (B, T, C)"): y.reshape(b, t, h * d),
+                "(B, H, T, D) -> transpose(1, 2) -> (B, T, H, D) -> reshape (B, T, C)"): y.reshape(b, t, h * d),
         Mistake("03.merge_interleaved",
                 "the heads' features are interleaved (the order (B, T, D, H)): head h's D features must stay together, "
-        "at h*D ... (h+1)*D - 1"): y.permute(0, 2, 3, 1).reshape(b, t, h * d),
+                "at h*D ... (h+1)*D - 1"): y.permute(0, 2, 3, 1).reshape(b, t, h * d),
     }
 
 
@@ -92,8 +92,8 @@ def rope_mistakes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict
     return ({} if torch.equal(cos, cos_0) else {
         Mistake("03.rope_tables_ignored",
              "the cos and sin passed in were not used: x is turned by the angles of positions 0..T-1, the tables given "
-        "are for later positions. Rotate by the tables apply_rope receives, which may be for any positions (a "
-        "cache's later tokens)"): x * cos_0 + rotated * sin_0,
+             "are for later positions. Rotate by the tables apply_rope receives, which may be for any positions (a "
+             "cache's later tokens)"): x * cos_0 + rotated * sin_0,
     }) | {
         Mistake("03.rope_interleaved",
                 "the pairs are interleaved, feature 2i with 2i+1 (the RoPE paper's and Meta's layout): this course "
@@ -101,8 +101,8 @@ def rope_mistakes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict
         "rotate_half(x) = cat(-x2, x1)"): x * cos + _rotate_pairs(x) * sin,
         Mistake("03.rope_interleaved_pair_angle",
                 "the pairs are interleaved, feature 2i with 2i+1, each turned by pair i's angle (the layout of Meta's "
-        "complex-number code): this course uses the rotate-half layout of GPT-NeoX and Hugging Face Llama, feature "
-        "i paired with i + D/2"): _rotate_interleaved(x, cos[..., :half], sin[..., :half]),
+                "complex-number code): this course uses the rotate-half layout of GPT-NeoX and Hugging Face Llama, "
+                "feature i paired with i + D/2"): _rotate_interleaved(x, cos[..., :half], sin[..., :half]),
         Mistake("03.rope_wrong_direction",
           "the rotation goes the wrong way: rotate_half(x) is cat(-x2, x1), not cat(x2, -x1)"): x * cos - rotated * sin,
         Mistake("03.rope_cos_sin_swapped",
@@ -127,7 +127,7 @@ def rope_table_mistakes(d_head: int, t: int, theta: float) -> dict[str, torch.Te
     }) | {
         Mistake("03.tables_interleaved",
                 "the angles are in the interleaved layout (repeat_interleave): for rotate-half, the D/2 pair angles "
-        "appear twice in a row, cat([angles, angles], dim=-1)"): angles.repeat_interleave(2, dim=-1),
+                "appear twice in a row, cat([angles, angles], dim=-1)"): angles.repeat_interleave(2, dim=-1),
         Mistake("03.tables_slow_frequencies",
                 "the frequencies use theta^(-i/D) for i = 0 .. D/2-1: pair i turns at theta^(-2i/D), "
         "torch.arange(0, D, 2) / D"): torch.cat([slow, slow], dim=-1),
@@ -179,7 +179,7 @@ def multi_head_mistakes(
             out(right.reshape(b, t, c)),
         Mistake("03.mha_split_view_bhtd",
                 "the heads are split with view(B, H, T, D) straight from (B, T, C): view as (B, T, H, D), then "
-        "transpose(1, 2)"): out(merge(attend(rotate(q_cut), rotate(k_cut), v_cut))),
+                "transpose(1, 2)"): out(merge(attend(rotate(q_cut), rotate(k_cut), v_cut))),
         Mistake("03.mha_q_k_swapped",
                 "q and k are swapped: qkv's output holds q, then k, then v (rows W_q; W_k; W_v of its weight)"):
             out(merge(attend(rotate(k), rotate(q), v))),
@@ -189,19 +189,19 @@ def multi_head_mistakes(
         NOT_CAUSAL: out(merge(attend(rotate(q), rotate(k), v, causal=False))),
         Mistake("03.mha_neox_qkv_layout",
                 "qkv's output was read per head, as (B, T, H, 3, D) (GPT-NeoX's fused layout): here it holds all of q, "
-        "then k, then v, each of width C (rows W_q; W_k; W_v), so chunk(3, dim=-1) first, then split each into "
-        "heads"): out(merge(attend(rotate(q_nx), rotate(k_nx), v_nx))),
+                "then k, then v, each of width C (rows W_q; W_k; W_v), so chunk(3, dim=-1) first, then split each into "
+                "heads"): out(merge(attend(rotate(q_nx), rotate(k_nx), v_nx))),
     }
     if n_heads > 1:
         mistakes[Mistake("03.mha_no_heads",
                          "q, k and v are never split into heads: one head of width C attends (scaled by 1/sqrt(C), "
-                 "without RoPE, whose tables are D wide); split each into H heads of width D = C/H (split_heads), "
-                 "attend in each, then merge_heads")] = out(attend(*wide))
+                         "without RoPE, whose tables are D wide); split each into H heads of width D = C/H "
+                         "(split_heads), attend in each, then merge_heads")] = out(attend(*wide))
     if rope is not None:
         mistakes |= {
             Mistake("03.mha_rope_on_v",
                    "RoPE is applied to v as well: rotate only q and k (the rotation is there to make the scores depend "
-            "on relative position; v is what gets mixed)"): out(merge(attend(rotate(q), rotate(k), rotate(v)))),
+                   "on relative position; v is what gets mixed)"): out(merge(attend(rotate(q), rotate(k), rotate(v)))),
             Mistake("03.mha_no_rope", "RoPE is missing: rotate q and k with rope = (cos, sin) after split_heads"):
                 out(merge(attend(q, k, v))),
             Mistake("03.mha_rope_q_only",

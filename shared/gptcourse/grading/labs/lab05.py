@@ -29,7 +29,7 @@ from ..student import as_tensor, module_class
 _STATES = {
     "logits": ("logits", "B T V", {("V", "C"): Mistake("05.no_lm_head",
                                                        "the output projection is missing: forward returns "
-                                               "lm_head(forward_hidden(idx)), V scores per position")}),
+                                                       "lm_head(forward_hidden(idx)), V scores per position")}),
     "hidden": ("forward_hidden", "B T C", {("C", "V"): Mistake("05.hidden_through_lm_head",
                                                             "forward_hidden must stop before the output projection: it "
                                                        "returns the hidden states after the final norm, (B, T, C); "
@@ -130,7 +130,7 @@ def _mistakes(inputs: Inputs, hidden: bool) -> dict[str, torch.Tensor]:
     if config.position == "rope":
         variants[Mistake("05.rope_not_used",
                          "RoPE is not used: compute rope = self.rope(positions), the (cos, sin) of positions 0..T-1, "
-                 "and pass it to every block, block(x, rope=rope)")] = {"rope": None}
+                         "and pass it to every block, block(x, rope=rope)")] = {"rope": None}
     wrong = {}
     for what, removed in variants.items():
         model = reference_gpt(config, inputs["weights"])
@@ -142,15 +142,15 @@ def _mistakes(inputs: Inputs, hidden: bool) -> dict[str, torch.Tensor]:
         with torch.no_grad():
             wrong[Mistake("05.returns_probabilities",
                           "forward returns probabilities, a softmax over V: it returns the logits themselves, "
-                  "lm_head(forward_hidden(idx)) (the loss and sampling apply the softmax)")] = \
+                          "lm_head(forward_hidden(idx)) (the loss and sampling apply the softmax)")] = \
                 reference_gpt(config, inputs["weights"])(idx).softmax(-1)
     return wrong
 
 
 SHARED_BLOCKS = (Mistake("05.shared_blocks",
                         "the N blocks are one block repeated ([DecoderBlock(config)] * N puts the same module in every "
-                 "layer, sharing its weights): build each layer its own, nn.ModuleList(DecoderBlock(config) for _ in "
-                 "range(N))"))
+                        "layer, sharing its weights): build each layer its own, nn.ModuleList(DecoderBlock(config) for "
+                        "_ in range(N))"))
 
 
 # ---- forward(idx) -> logits (B, T, V), and forward_hidden(idx) -> the (B, T, C) states lm_head reads

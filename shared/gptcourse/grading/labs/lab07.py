@@ -99,7 +99,7 @@ def _loss_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
 
 def _loss_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_scalar_loss(got["loss"], "average over all B x T positions, as F.cross_entropy(logits.flatten(0, 1), "
-                      "y.flatten()) does")
+                                   "y.flatten()) does")
     check_close_lazily(got["loss"], expected["loss"], "the loss", lambda: _loss_mistakes(inputs))
     check_differentiable(got["differentiable"], "return the tensor computed from the model's logits (not loss.item() "
                          "or a detached copy), so that loss.backward() reaches the parameters")
@@ -404,8 +404,8 @@ PIECES = declare(
                     lambda seed: _sample_inputs(SAMPLER, 6, 4, 0.8, 5, seed))],
           hidden=[("hidden_single", "sample_next_token on a single token (B=1, T=1), temperature 1.3",
                    lambda seed: _sample_inputs(SAMPLER, 1, 1, 1.3, None, seed)),
-                  ("hidden_long", "sample_next_token on idx longer than the context (crop to the last "
-                   "context_length tokens)", lambda seed: _sample_inputs(SAMPLER, 4, 11, 1.0, 10, seed)),
+                  ("hidden_long", "sample_next_token on idx longer than the context (crop to the last context_length "
+                                  "tokens)", lambda seed: _sample_inputs(SAMPLER, 4, 11, 1.0, 10, seed)),
                   # One draw per row can agree with the right one by chance, whatever the probabilities: 64 rows
                   # at a high temperature make a wrong temperature show in every student's draws, not only some.
                   ("hidden_many", "sample_next_token on 64 sequences at temperature 1.5",

@@ -301,7 +301,7 @@ def _merge_mistakes(inputs: Inputs) -> dict[str, Sequence[int]]:
                 "the pair was merged the wrong way round: (a, b) means a followed by b"): merged(ids, b, a, new),
         Mistake("08.merge_loses_last",
                 "the last id is lost: a loop while i < len(ids) - 1 never keeps an id that follows the last pair; loop "
-        "while i < len(ids), and keep ids[i] unless ids[i], ids[i + 1] is the pair"):
+                "while i < len(ids), and keep ids[i] unless ids[i], ids[i + 1] is the pair"):
             merged(ids, a, b, new, losing_the_last=True),
         Mistake("08.merge_as_text",
                 f"the ids were merged as text (str.replace on the joined ids): '{a} {b}' also matches where two other "
@@ -340,19 +340,19 @@ def _train_mistakes(inputs: Inputs) -> dict[str, Iterator[Pair | None]]:
     return {
         Mistake("08.train_ties_least",
             "ties are broken the other way: among equally frequent pairs take the lexicographically *greatest* pair of "
-        "byte strings, max(tied, key=lambda p: (vocab[p[0]], vocab[p[1]]))"): train(tie="least"),
+            "byte strings, max(tied, key=lambda p: (vocab[p[0]], vocab[p[1]]))"): train(tie="least"),
         Mistake("08.train_ties_first_counted",
              "ties are broken by which pair was counted first: among equally frequent pairs take the lexicographically "
-        "greatest pair of byte strings, (vocab[a], vocab[b])"): train(tie="first"),
+             "greatest pair of byte strings, (vocab[a], vocab[b])"): train(tie="first"),
         Mistake("08.train_ties_by_ids",
                "ties are broken by the ids, not by the bytes: compare (vocab[a], vocab[b]), the byte strings (a merged "
-        "token's id says nothing about its bytes)"): train(tie="ids"),
+               "token's id says nothing about its bytes)"): train(tie="ids"),
         Mistake("08.train_overlap_merged_twice",
             "the right half of a merged pair is used again (merge_pair must continue at i + 2 after a replacement), so "
-        "overlapping occurrences are merged twice"): train(overlap=True),
+            "overlapping occurrences are merged twice"): train(overlap=True),
         Mistake("08.train_not_pretokenized",
                 "the text is not pre-tokenized: split it with regex.findall(GPT2_PATTERN, text) and count pairs only "
-        "inside each piece, so that no merge crosses a word boundary"): train(pretokenize=False),
+                "inside each piece, so that no merge crosses a word boundary"): train(pretokenize=False),
         Mistake("08.train_unweighted",
                 "each distinct pre-token is counted once: weight its pairs by how often the pre-token occurs"):
             train(weighted=False),
@@ -362,7 +362,7 @@ def _train_mistakes(inputs: Inputs) -> dict[str, Iterator[Pair | None]]:
         "b'ab' wins as the left token)"): train(tie="joined"),
         Mistake("08.train_overlaps_once",
              "overlapping occurrences were counted once (a run (97, 97, 97) as one (97, 97), as SentencePiece counts): "
-        "count every adjacent pair, zip(ids, ids[1:]), so (97, 97, 97) holds (97, 97) twice"):
+             "count every adjacent pair, zip(ids, ids[1:]), so (97, 97, 97) holds (97, 97) twice"):
             train(overlapping=False),
     }
 
@@ -427,25 +427,25 @@ def _encode_mistakes(inputs: Inputs) -> dict[str, list[int]]:
               f"the left again and again: {NOT_BY_RANK}"): longest} if longest == leftmost else {
         Mistake("08.encode_longest",
               "each piece was cut into the longest tokens of the vocabulary, left to right: that is not BPE; apply the "
-        "merges one after the other, in the order they were learned"): longest,
+              "merges one after the other, in the order they were learned"): longest,
         Mistake("08.encode_leftmost",
                 f"each piece merged its first mergeable pair from the left, again and again: {NOT_BY_RANK}"): leftmost}
     return {
         Mistake("08.encode_not_pretokenized",
               "the text is not pre-tokenized: split it with regex.findall(GPT2_PATTERN, text) and encode each piece on "
-        "its own, as training did"): encode_with(text, merges, pretokenize=False),
+              "its own, as training did"): encode_with(text, merges, pretokenize=False),
         Mistake("08.encode_newest_first",
               "the merges are applied newest first: apply them in the order they were learned (merge 0 first), since a "
-        "later merge builds on earlier ones"): encode_with(text, merges, newest_first=True),
+              "later merge builds on earlier ones"): encode_with(text, merges, newest_first=True),
         Mistake("08.encode_raw_bytes", "the ids are the raw bytes: apply the merges"): list(text.encode("utf-8")),
         **greedy,
         Mistake("08.encode_overlap_merged_twice",
                 "overlapping occurrences of a pair are merged twice: merge_pair must continue at i + 2 after a "
-        "replacement, so (97, 97, 97) with the merge (97, 97) gives (256, 97)"):
+                "replacement, so (97, 97, 97) with the merge (97, 97) gives (256, 97)"):
             encode_with(text, merges, overlap=True),
         Mistake("08.encode_code_points",
                 "the ids start as the characters' code points, ord(c): start from the UTF-8 bytes, "
-        "list(piece.encode('utf-8')) ('é' is the 2 bytes 195, 169; every id below 256 is a byte)"):
+                "list(piece.encode('utf-8')) ('é' is the 2 bytes 195, 169; every id below 256 is a byte)"):
             encode_with(text, merges, code_points=True),
     }
 
@@ -487,7 +487,7 @@ def _decode_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     for why, wrong in {
         Mistake("08.decode_ignore_errors",
                "the bytes that are not UTF-8 were dropped (errors='ignore'): decode with errors='replace', which shows "
-        "each as U+FFFD, as GPT tokenizers do"): data.decode("utf-8", "ignore"),
+               "each as U+FFFD, as GPT tokenizers do"): data.decode("utf-8", "ignore"),
         Mistake("08.decode_latin1",
             "the bytes were decoded as Latin-1, one character per byte: they are UTF-8, where 'é' is 2 bytes and '😀' "
         "4, .decode('utf-8', errors='replace')"): data.decode("latin-1"),
@@ -548,14 +548,14 @@ PIECES = declare(
     Piece("08", "decode", lambda ids, merges: tokenizer(merges).decode(ids), _decode_call, judge=_decode_judge,
           forbidden=_FORBIDDEN,
           visible=[("visible", "decode the ids of 'def café(a, b):' with the merges of 08.train_bpe.visible (no merge "
-                    "joins the two bytes of 'é': two tokens)",
+                               "joins the two bytes of 'é': two tokens)",
                     lambda seed: _decode_inputs(trained_merges(VISIBLE_TEXT, 276), "def café(a, b):")),
-                   ("split", "decode ids whose tokens split characters: 'é' and '😀' as single bytes, then a "
-                    "stray continuation byte (not UTF-8: U+FFFD)",
+                   ("split", "decode ids whose tokens split characters: 'é' and '😀' as single bytes, then a stray "
+                             "continuation byte (not UTF-8: U+FFFD)",
                     lambda seed: {"merges": trained_merges(VISIBLE_TEXT, 276),
                                   "ids": [*b"caf", *"é".encode(), 32, *"😀".encode(), 0x80]})],
-          hidden=[("hidden_invalid", "decode ids holding bytes that are not UTF-8 (half an emoji, a stray "
-                   "continuation byte): each becomes U+FFFD",
+          hidden=[("hidden_invalid", "decode ids holding bytes that are not UTF-8 (half an emoji, a stray continuation "
+                                     "byte): each becomes U+FFFD",
                    lambda seed: {"merges": trained_merges(VISIBLE_TEXT, 276), "ids": [97, 0xF0, 0x9F, 32, 0x80, 98]}),
                   ("hidden_corpus", "decode 1,000 characters of the corpus",
                    lambda seed: _decode_inputs(trained_merges(_corpus_slice(seed, 3000), 330),

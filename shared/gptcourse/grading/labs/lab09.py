@@ -81,8 +81,10 @@ def _ce_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         Mistake("09.ce_logsumexp_no_shift_back",
                 "log-sum-exp without its shift back: log(sum exp(z - m)) needs + m (the row's max) added back"):
             (torch.logsumexp(z, -1) - z.max(-1).values - z.gather(1, t[:, None]).squeeze(1)).mean(),
-    } | eps_in_log_mistakes(z.softmax(-1).gather(1, t[:, None]), "p", "row", "a target far below its row's best "
-                            "logit has p = 0 in float32. Compute log p without forming p: z[target] - log-sum-exp(z)")
+    } | eps_in_log_mistakes(z.softmax(-1).gather(1, t[:, None]), "p", "row", "a target far below its row's best logit "
+                                                                             "has p = 0 in float32. Compute log p "
+                                                                             "without forming p: z[target] - "
+                                                                             "log-sum-exp(z)")
 
 
 def _ce_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -105,7 +107,7 @@ def _ce_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "log(sum exp(z)) = m + log(sum exp(z - m)) (log-sum-exp)", mistake="09.ce_exp_overflow_nan")
     check_close(loss, expected["loss"], "the loss", atol=1e-4, rtol=1e-5, mistakes=_ce_mistakes(inputs))
     check_differentiable("grad" in got, "compute it from the logits with torch operations (not .item() or a detached "
-                         "copy), so that loss.backward() reaches the model")
+                                        "copy), so that loss.backward() reaches the model")
     check_close(got["grad"], expected["grad"], "the loss's gradient with respect to the logits", atol=1e-6)
 
 
@@ -300,11 +302,11 @@ def _clip_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     return {
         Mistake("09.clip_not_in_place",
              "the gradients are unchanged: the scaled gradients were bound to a name (g = g * scale) and never reached "
-        ".grad. Scale each p.grad in place, p.grad.mul_(scale), since the optimizer reads .grad"):
+             ".grad. Scale each p.grad in place, p.grad.mul_(scale), since the optimizer reads .grad"):
             torch.cat([g.flatten() for g in grads]),
         Mistake("09.clip_per_tensor",
-                "each tensor was clipped on its own: the norm is one number over all gradients together, "
-        "sqrt(sum of every squared entry)"): torch.cat([g.flatten() for g in per_tensor]),
+                "each tensor was clipped on its own: the norm is one number over all gradients together, sqrt(sum of "
+                "every squared entry)"): torch.cat([g.flatten() for g in per_tensor]),
         Mistake("09.clip_scaled_up",
                 "gradients below max_norm were scaled up: scale only when the norm exceeds max_norm "
         "(by min(1, max_norm / (norm + 1e-6)))"): torch.cat([g.flatten() * c / (total + 1e-6) for g in grads]),
@@ -314,7 +316,7 @@ def _clip_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
                        for g in grads]),
         Mistake("09.clip_by_value",
                 "each entry was clamped to [-max_norm, max_norm] (clipping by value): clipping by norm scales every "
-        "gradient by the one factor min(1, max_norm / (norm + 1e-6))"):
+                "gradient by the one factor min(1, max_norm / (norm + 1e-6))"):
             torch.cat([g.flatten().clamp(-c, c) for g in grads]),
     }
 
@@ -500,7 +502,7 @@ def _resume(save: Any, restore: Any, inputs: Inputs) -> Outputs:
         global_state = isinstance(saved, torch.Tensor) and torch.equal(saved, torch.get_rng_state())
         raise fail("state['generator'] is " + ("torch's global random state (torch.get_rng_state())" if global_state
                    else "not the data generator's state") + ": the batches come from `generator`, so save "
-                   "generator.get_state()", mistake="09.state_wrong_generator")
+                                                            "generator.get_state()", mistake="09.state_wrong_generator")
     state = _through_a_file(state, f"the dict {what} returned")
     second = _Run(inputs)
     step = as_number(restore(state, second.model, second.optimizer, second.generator), "restore_training_state(...)",

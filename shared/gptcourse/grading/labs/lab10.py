@@ -87,7 +87,7 @@ def _mask_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
 def _mask_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     allowed, want, mask = got["allowed"], expected["allowed"], inputs["mask"]
     check_dtype(allowed, torch.bool, "the mask", "True where query i may attend to key j, the convention of "
-                "F.scaled_dot_product_attention's boolean attn_mask")
+                                                 "F.scaled_dot_product_attention's boolean attn_mask")
     if allowed.dim() == 3:
         raise fail(f"the mask has shape {fmt_shape(allowed.shape)}, expected (B, 1, T, T): keep a size-1 axis for "
                    "the heads, so that it broadcasts against scores (B, H, T, T), "
@@ -396,8 +396,8 @@ PIECES = declare(
     Piece("10", "bradley_terry_loss", bradley_terry_loss, _bt_call, judge=_bt_judge,
           forbidden=("gptcourse.bradley_terry_loss", "gptcourse.finetuning.losses"),
           visible=[("visible", "bradley_terry_loss of 6 pairs of rewards", lambda seed: _bt_inputs(6, 1.5, seed)),
-                   ("large", "bradley_terry_loss with rewards of size 100, one pair far the wrong way round "
-                    "(sigmoid rounds to 0: log-sigmoid needed)", lambda seed: _bt_inputs(5, 100.0, seed))],
+                   ("large", "bradley_terry_loss with rewards of size 100, one pair far the wrong way round (sigmoid "
+                             "rounds to 0: log-sigmoid needed)", lambda seed: _bt_inputs(5, 100.0, seed))],
           hidden=[("hidden_large", "bradley_terry_loss with rewards of size 100 (sigmoid rounds to 0 or 1)",
                    lambda seed: _bt_inputs(5, 100.0, seed)),
                   ("hidden_sizes", "bradley_terry_loss with other sizes, a single pair among them",

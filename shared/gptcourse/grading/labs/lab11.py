@@ -120,11 +120,11 @@ def _cached(steps: list[tuple[torch.Tensor, torch.Tensor]], *, only_new: bool = 
 
 AT_ZERO = (Mistake("11.cache_at_zero",
                    "the cache is written at position 0 every step: write the new positions after the cached ones, "
-           "buffer[:, :, length : length + T] = k, then advance length by T"))
+                   "buffer[:, :, length : length + T] = k, then advance length by T"))
 CACHE_MISTAKES = {
     Mistake("11.cache_only_new",
             "append returns only the new keys and values: return every cached position, buffer[:, :, :length] after "
-    "writing, so attention sees the whole prefix"): {"only_new": True},
+            "writing, so attention sees the whole prefix"): {"only_new": True},
     Mistake("11.cache_keys_values_swapped",
             "keys and values are swapped: return (keys, values) in that order"): {"swapped": True},
 }
@@ -267,19 +267,19 @@ def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     mistakes = {
         Mistake("11.top_p_above_threshold",
                 "top-p keeps the tokens *above* the threshold: the smallest set of the most likely tokens whose mass "
-        "reaches p; the token that crosses p stays (keep a token while the mass before it is < p)"):
+                "reaches p; the token that crosses p stays (keep a token while the mass before it is < p)"):
             _nucleus(logits, p, before=False),
         Mistake("11.top_p_above_threshold_first_kept",
               "top-p keeps the tokens *above* the threshold (keeping the most likely token anyway does not make up for "
-        "it): the smallest set of the most likely tokens whose mass reaches p; the token that crosses p stays (keep "
-        "a token while the mass before it is < p)"): _nucleus(logits, p, before=False, first=True),
+              "it): the smallest set of the most likely tokens whose mass reaches p; the token that crosses p stays "
+              "(keep a token while the mass before it is < p)"): _nucleus(logits, p, before=False, first=True),
         Mistake("11.top_p_ascending",
                 "the tokens are sorted least likely first: sort by descending probability, the nucleus is the head"):
             _nucleus(logits, p, ascending=True),
         Mistake("11.top_p_ascending_kept_le_p",
                "the tokens are sorted least likely first and kept while their mass is <= p, so the least likely tokens "
-        "are kept: sort by descending probability and keep the head, or (Hugging Face's order, ascending) mask the "
-        "tokens whose cumulative mass is <= 1 - top_p"): _nucleus(logits, p, ascending=True, before=False),
+               "are kept: sort by descending probability and keep the head, or (Hugging Face's order, ascending) mask "
+               "the tokens whose cumulative mass is <= 1 - top_p"): _nucleus(logits, p, ascending=True, before=False),
         Mistake("11.top_p_cumsum_of_logits",
                 "the cumulative sum runs over the logits: take it over the probabilities, softmax(sorted logits)"):
             _nucleus(logits, p, of_logits=True),
@@ -435,8 +435,8 @@ def _gqa_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 NO_SCALE: partial(_gqa_variant, inputs, scale=False),
                 Mistake("11.gqa_split_view",
                    "the heads were split by a view straight to (B, H, T, D): a (B, T, C) projection is (B, T, H, D) in "
-                "memory, so each such head mixes positions. Split with .view(B, T, H, D).transpose(1, 2), and merge "
-                "back with .transpose(1, 2).reshape(B, T, C)"): partial(_gqa_variant, inputs, transpose=False)}
+                   "memory, so each such head mixes positions. Split with .view(B, T, H, D).transpose(1, 2), and merge "
+                   "back with .transpose(1, 2).reshape(B, T, C)"): partial(_gqa_variant, inputs, transpose=False)}
     if h_kv < h:
         tiled = Mistake(TILED_KV_HEADS.key, f"{TILED_KV_HEADS} (here G = {h // h_kv})")
         mistakes[tiled] = partial(_gqa_variant, inputs, tiled=True)
@@ -482,14 +482,14 @@ def _gpt_positions(past: int, t: int) -> torch.Tensor:
 
 POSITIONS_FROM_ZERO = (Mistake("11.positions_from_zero",
                             "the positions start at 0 in every call: the new tokens come after the `past` cached ones, "
-                       "so they are at torch.arange(past, past + t)"))
+                            "so they are at torch.arange(past, past + t)"))
 POSITIONS_PAST_PLUS_ONE = (Mistake("11.positions_past_plus_one",
                            "the positions start at past + 1: positions count from 0, so the cache holds 0 ... past - 1 "
                            "and the first new token is at position past"))
 PROMPT_COUNTED_TWICE = (Mistake("11.prompt_counted_twice",
                               "the prompt was counted twice: the prefill already moved the offset to P, and adding the "
-                        "prompt's length again puts the first new token at 2P; after the prefill each call advances "
-                        "it by the tokens it fed"))
+                              "prompt's length again puts the first new token at 2P; after the prefill each call "
+                              "advances it by the tokens it fed"))
 
 
 def _positions_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -500,7 +500,7 @@ def _positions_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    mistake="11.positions_whole_sequence")
     check_shape(positions, "T", inputs["sizes"], "the positions")
     check_dtype(positions, torch.int64, "the positions", "they index the position table and the RoPE angles: "
-                "torch.long, as torch.arange(past, past + t) gives")
+                                                         "torch.long, as torch.arange(past, past + t) gives")
     offset = torch.arange(t)  # (T,)
     check_close(positions, expected["positions"], f"the positions of {t} new token(s) after {past} cached", atol=0,
                 rtol=0, mistakes={
@@ -739,7 +739,7 @@ PIECES = declare(
           visible=[("visible", "GroupedQueryAttention(24, n_heads=6, n_kv_heads=2) on x (2, 7, 24)",
                     lambda seed: _gqa_inputs(2, 7, 6, 2, 4, seed)),
                    ("cached", "GroupedQueryAttention(16, n_heads=4, n_kv_heads=2): a prefill of 3 positions, then 4 "
-                    "tokens one at a time with the cache", lambda seed: _gqa_inputs(2, 7, 4, 2, 4, seed,
+                              "tokens one at a time with the cache", lambda seed: _gqa_inputs(2, 7, 4, 2, 4, seed,
                                                                                     chunks=[3, 1, 1, 1, 1]))],
           hidden=[("hidden_mqa", "multi-query attention (n_kv_heads=1), cached one token at a time",
                    lambda seed: _gqa_inputs(1, 5, 4, 1, 2, seed, chunks=[1] * 5)),
@@ -759,7 +759,7 @@ PIECES = declare(
     Piece("11", "generate_cached", generate, _generate_call, expected=_generate_expected, judge=_generate_judge,
           forbidden=(*_SAMPLING, *_CACHE, *_ATTENTION, *_WHOLE),
           visible=[("visible", "generate_cached: 6 greedy tokens after prompts (2, 5), a 2-layer RoPE model (Llama's "
-                    "norm and MLP), equal to recomputing the whole sequence at each step",
+                               "norm and MLP), equal to recomputing the whole sequence at each step",
                     lambda seed: gpt_with_tokens(LLAMA, seed, (2, 5), "prompt", new=6))],
           hidden=[("hidden_learned", "generate_cached with learned positions (GPT-2's layout), a one-token prompt",
                    lambda seed: gpt_with_tokens(GPT2, seed, (1, 1), "prompt", new=5)),

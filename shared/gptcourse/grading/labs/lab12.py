@@ -194,20 +194,20 @@ RESCALE_O = (Mistake("12.rescale_o",
              "before adding this block's exp(s - m_new) @ v, or the earlier keys keep weights relative to the old max"))
 RESCALE_DENOM = (Mistake("12.rescale_denom",
                     "the denominator was not rescaled when the maximum moved: denom_new = exp(m_old - m_new) * denom + "
-                 "exp(scores - m_new).sum(-1)"))
+                    "exp(scores - m_new).sum(-1)"))
 KEEP_DENOM = (Mistake("12.keep_denom",
                     "the denominator was not updated: add this block's exp(scores - m_new).sum(-1) to the rescaled old "
-              "one"))
+                    "one"))
 DIVIDE_EARLY = (Mistake("12.divide_early",
                    "o was divided by the denominator inside the merge: keep o unnormalised (a sum of exp(s - m) v) and "
-                "divide by the denominator once, after the last block"))
+                   "divide by the denominator once, after the last block"))
 
 INVERTED = (Mistake("12.rescale_inverted",
               "the rescale is upside down: the old sums are multiplied by exp(m - m_new), at most 1, since m_new >= m; "
-            "exp(m_new - m) inflates them instead"))
+              "exp(m_new - m) inflates them instead"))
 OWN_MAX = (Mistake("12.own_max",
                  "this block's exponentials were shifted by the block's own max, not by the new running max m_new: the "
-           "old sums are relative to m_new after the rescale, so p = exp(scores - m_new[..., None])"))
+                 "old sums are relative to m_new after the rescale, so p = exp(scores - m_new[..., None])"))
 
 
 def _merge_parts(inputs: Inputs) -> dict[str, torch.Tensor]:
@@ -322,21 +322,20 @@ def _slow_forward(inputs: Inputs, *, rescale: bool = True, divide_each: bool = F
 
 TAIL_DROPPED = (Mistake("12.tail_dropped",
                        "the last, shorter block was left out: range(0, T - block + 1, block) visits whole blocks only. "
-                "When T is not a multiple of the block, loop over range(0, T, block) and end each block at "
-                "min(start + block, T)"))
+                       "When T is not a multiple of the block, loop over range(0, T, block) and end each block at "
+                       "min(start + block, T)"))
 NO_RESCALE = (Mistake("12.no_rescale",
                   "the running output and denominator were not rescaled by exp(m_old - m_new) when a later tile raised "
-              "the maximum: the earlier tiles keep weights relative to the old maximum"))
+                  "the maximum: the earlier tiles keep weights relative to the old maximum"))
 OFF_BY_ONE = (Mistake("12.keys_through_q0",
                     "the key tiles stop at k0 <= q0, the block's *first* query: with block_k smaller than block_q that "
-              "skips tiles that straddle the diagonal, whose keys the later queries of the block see. A key tile is "
-              "needed while k0 <= q1 - 1, the "
-              "block's last query (q1 = min(q0 + block_q, T))"))
+                    "skips tiles that straddle the diagonal, whose keys the later queries of the block see. A key tile "
+                    "is needed while k0 <= q1 - 1, the block's last query (q1 = min(q0 + block_q, T))"))
 
 
 DIVIDED_EACH = (Mistake("12.divided_each",
                   "the output was divided by the denominator after every tile: keep o unnormalised inside the loop and "
-                "divide once, after the last key tile (dividing early and carrying on weights the tiles wrongly)"))
+                  "divide once, after the last key tile (dividing early and carrying on weights the tiles wrongly)"))
 # why -> the switches of `_slow_forward` that make that mistake
 _FORWARD_MISTAKES: dict[str, dict[str, Any]] = {
     NO_RESCALE: {"rescale": False},
@@ -347,7 +346,7 @@ _FORWARD_MISTAKES: dict[str, dict[str, Any]] = {
     TILED_KV_HEADS: {"tiled_heads": True},
     Mistake("12.mask_only_k0_q0",
           "only the tile with k0 == q0 was masked: with block_q != block_k other tiles straddle the diagonal too. Mask "
-    "every tile that holds a key after the block's first query (k1 - 1 > q0), -inf where key j > query i"):
+          "every tile that holds a key after the block's first query (k1 - 1 > q0), -inf where key j > query i"):
         {"mask_only_k0_q0": True},
     TAIL_DROPPED: {"whole_blocks": True},
 }
@@ -506,16 +505,16 @@ def _explicit_grads(inputs: Inputs, *, delta: bool = True, scale_grads: bool = T
 _BACKWARD_MISTAKES: dict[str, dict[str, Any]] = {
     Mistake("12.backward_no_delta",
             "the softmax's backward lacks its row term: dS = P * (dP - delta), delta = (dO * O).sum(-1) for each query "
-    "row (delta_i = sum_j P_ij dP_ij)"): {"delta": False},
+            "row (delta_i = sum_j P_ij dP_ij)"): {"delta": False},
     Mistake("12.backward_grads_unscaled",
             "dq and dk lack the scale: the scores were q k^T / sqrt(D), so dq = dS k / sqrt(D) and dk = dS^T q / "
-    "sqrt(D)"): {"scale_grads": False},
+            "sqrt(D)"): {"scale_grads": False},
     Mistake("12.backward_scores_unscaled",
             "the scores recomputed in the backward lack the forward's 1/sqrt(D): P = exp(q k^T / sqrt(D) - L), the "
-    "scores L was computed from"): {"scale_scores": False},
+            "scores L was computed from"): {"scale_scores": False},
     Mistake("12.backward_not_masked",
             "the recomputed probabilities were not masked inside the tiles that straddle the diagonal: P = exp(S - L) "
-    "must be 0 where key j > query i, as the forward masked it, or the future keys get gradient"):
+            "must be 0 where key j > query i, as the forward masked it, or the future keys get gradient"):
         {"mask_inside": False},
     Mistake(TILED_KV_HEADS.key,
             TILED_KV_HEADS + ", and dk, dv sum the G query heads of each kv head, .view(B, H_kv, G, T, D).sum(2)"):
@@ -526,8 +525,8 @@ _BACKWARD_MISTAKES: dict[str, dict[str, Any]] = {
         {"reduce": "tile"},
     Mistake("12.backward_tiled_expand",
             "the kv heads were expanded with repeat (tiled) and their gradients summed as repeat_interleave's groups, "
-    ".view(B, H_kv, G, T, D).sum(2): expand with k.repeat_interleave(G, dim=1) as well, so that query head i "
-    "uses kv head i // G in both"): {"expand": "tile"},
+            ".view(B, H_kv, G, T, D).sum(2): expand with k.repeat_interleave(G, dim=1) as well, so that query head i "
+            "uses kv head i // G in both"): {"expand": "tile"},
 }
 
 
@@ -622,12 +621,15 @@ def _function_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "let the backward recompute everything else tile by tile", mistake="12.backward_keeps_too_much")
     what = f"FlashAttention.apply({_describe(inputs)}) and its backward"
     _check_memory(got, inputs, what)
-    _check_work(got, inputs, what, 7, "2 in flash_forward, 5 in flash_backward", "does backward differentiate "
-                "through the forward with autograd, which recomputes it and keeps every tile's P in autograd's "
-                "graph, instead of calling flash_backward on what forward saved?")
+    _check_work(got, inputs, what, 7, "2 in flash_forward, 5 in flash_backward", "does backward differentiate through "
+                                                                                 "the forward with autograd, which "
+                                                                                 "recomputes it and keeps every tile's "
+                                                                                 "P in autograd's graph, instead of "
+                                                                                 "calling flash_backward on what "
+                                                                                 "forward saved?")
     check_shape(got["out"], "B H T D", inputs["sizes"], "the output of FlashAttention.apply")
     check_close(got["out"], expected["out"], "the output (your forward runs your flash_forward: if its tests pass, "
-                "check what forward returns)")
+                                             "check what forward returns)")
     for key in ("dq", "dk", "dv"):
         check_close(got[key], expected[key], f"{key} (your backward runs your flash_backward on what forward saved: "
                     "if flash_forward's and flash_backward's tests pass, check that forward saves its own output and "
@@ -650,8 +652,8 @@ PIECES = declare(
                    lambda seed: _merge_inputs(1, 2, 0, 4, 3, seed)),
                   ("hidden_sizes", "online_softmax with other sizes", _merge_hidden)]),
     Piece("12", "flash_forward", _forward_with_tiles, _forward_call, judge=_forward_judge, forbidden=_FORWARD,
-          visible=[("visible", "flash_forward, causal, q (2, 6, 10, 5), k, v (2, 3, 10, 5), blocks of 4 queries "
-                    "and 3 keys: the output, L, and the tensors and products it makes",
+          visible=[("visible", "flash_forward, causal, q (2, 6, 10, 5), k, v (2, 3, 10, 5), blocks of 4 queries and 3 "
+                               "keys: the output, L, and the tensors and products it makes",
                     lambda seed: _attention_inputs(*CAUSAL, seed)),
                    ("tiles", "flash_forward, causal, T=10, blocks of 4 queries and 2 keys: the tiles on_tile sees "
                     "(9 of the 15) and the products it computes",
@@ -668,20 +670,20 @@ PIECES = declare(
                   ("hidden_tiles", "the tiles on_tile sees, blocks of 3 and 2 (T=11)",
                    lambda seed: _attention_inputs(1, 1, 1, 11, 2, 3, 2, True, seed), TILES)]),
     Piece("12", "flash_backward", flash_backward, _backward_call, judge=_backward_judge, forbidden=_BACKWARD,
-          visible=[("visible", "flash_backward, causal, q (1, 4, 11, 3), k, v (1, 2, 11, 3), blocks of 4 and 3: "
-                    "the gradients, and the tensors and products it makes",
+          visible=[("visible", "flash_backward, causal, q (1, 4, 11, 3), k, v (1, 2, 11, 3), blocks of 4 and 3: the "
+                               "gradients, and the tensors and products it makes",
                     lambda seed: _backward_inputs(*UNEVEN, seed))],
           hidden=[("hidden_one", "flash_backward with T=1", lambda seed: _backward_inputs(1, 1, 1, 1, 3, 2, 2, True,
                                                                                         seed)),
                   ("hidden_gqa", "flash_backward with grouped-query shapes (4 query heads, 2 kv heads): dk, dv sum "
-                   "their group", lambda seed: _backward_inputs(2, 4, 2, 6, 3, 4, 2, True, seed)),
+                                 "their group", lambda seed: _backward_inputs(2, 4, 2, 6, 3, 4, 2, True, seed)),
                   ("hidden_sizes", "flash_backward with other sizes", _backward_hidden)]),
     Piece("12", "FlashAttention", None, _function_call, expected=_function_expected, judge=_function_judge,
           forbidden=_FUNCTION,
-          visible=[("visible", "FlashAttention.apply, causal, q (1, 4, 11, 3), k, v (1, 2, 11, 3): output, "
-                    "gradients, what it keeps for the backward", lambda seed: _backward_inputs(*UNEVEN, seed))],
+          visible=[("visible", "FlashAttention.apply, causal, q (1, 4, 11, 3), k, v (1, 2, 11, 3): output, gradients, "
+                               "what it keeps for the backward", lambda seed: _backward_inputs(*UNEVEN, seed))],
           hidden=[("hidden_gqa", "FlashAttention with grouped-query shapes (4 query heads, 2 kv heads), blocks of 4 "
-                   "queries and 2 keys (key tiles start at q1 = 4 and 8)",
+                                 "queries and 2 keys (key tiles start at q1 = 4 and 8)",
                    lambda seed: _backward_inputs(2, 4, 2, 9, 3, 4, 2, True, seed)),
                   ("hidden_sizes", "FlashAttention with other sizes", _backward_hidden)]),
 )

@@ -393,13 +393,14 @@ PIECES = declare(
                   ("hidden_beta", "dpo_loss with beta = 0.001 or 50, one pair or several", _dpo_hidden)]),
     Piece("13", "dpo_step", dpo_step, _step_call, judge=_step_judge, forbidden=_STEP,
           visible=[("visible", "dpo_step on 2 pairs (4 rows, padded on the right and on the left in turn), beta = 0.5, "
-                    "SGD with lr = 1, a reference that is not the policy, stale gradients in the policy's .grad",
+                               "SGD with lr = 1, a reference that is not the policy, stale gradients in the policy's "
+                               ".grad",
                     lambda seed: _step_inputs(2, 8, "mixed", 0.5, seed))],
           hidden=[("hidden_left", "dpo_step on 3 left-padded pairs, beta = 2",
                    lambda seed: _step_inputs(3, 7, "left", 2.0, seed))]),
     Piece("13", "adapters_disabled", adapters_disabled, _lora_call, judge=_lora_judge, forbidden=_ADAPTERS,
-          visible=[("visible", "adapters_disabled on a one-layer GPT with LoRA on qkv, out and fc_in (out switched "
-                    "off and fc_in's scaling 0 before the block), ids (2, 6)",
+          visible=[("visible", "adapters_disabled on a one-layer GPT with LoRA on qkv, out and fc_in (out switched off "
+                               "and fc_in's scaling 0 before the block), ids (2, 6)",
                     lambda seed: _lora_inputs(2, 6, seed))],
           hidden=[("hidden_sizes", "adapters_disabled with other ids", lambda seed: _lora_inputs(3, 9, seed))]),
 )

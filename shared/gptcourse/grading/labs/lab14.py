@@ -155,32 +155,32 @@ def _greedy(table: torch.Tensor, context: list[int], continuation: list[int], *,
 LL_MISTAKES = {
     Mistake("14.ll_context_counted",
             "the context's tokens are counted too: only the continuation's tokens are scored, log p(continuation | "
-    "context)"): {"with_context": True},
+            "context)"): {"with_context": True},
     Mistake("14.ll_no_shift",
             "each token was scored with the logits at its own position: the logits at position t predict the token at "
     "t + 1, so feed context + continuation[:-1] and read the continuation's tokens from the positions just before "
     "them"): {"shift": 0},
     Mistake("14.ll_shift_two",
           "each token was scored with the logits two positions before it, one position early (logits[-m - 1:-1]): with "
-    "context + continuation[:-1] fed, the rows that predict the continuation are its last len(continuation), "
-    "logits[-len(continuation):]"): {"shift": 2},
+          "context + continuation[:-1] fed, the rows that predict the continuation are its last len(continuation), "
+          "logits[-len(continuation):]"): {"shift": 2},
     Mistake("14.ll_mean",
         "the log-probabilities are averaged: a continuation's log-probability is the sum of its tokens' (the mean is a "
-    "normalisation, done later, per choice)"): {"mean": True},
+        "normalisation, done later, per choice)"): {"mean": True},
     Mistake("14.ll_probabilities_summed",
             "the probabilities are summed, not their logs: use log_softmax"): {"normalised": "probabilities"},
     Mistake("14.ll_first_not_scored",
           "the continuation's first token is not scored: it is predicted by the logits at the context's last position, "
-    "len(context) - 1, and every token of the continuation counts"): {"drop_first": True},
+          "len(context) - 1, and every token of the continuation counts"): {"drop_first": True},
     Mistake("14.ll_raw_logits",
           "the raw logits were summed, not log-probabilities: normalise them with log_softmax first (a log-probability "
-    "is at most 0)"): {"normalised": "logits"},
+          "is at most 0)"): {"normalised": "logits"},
     Mistake("14.ll_softmax_over_positions",
          "log_softmax ran over the positions (dim=1 of the logits (1, T, V)), not over the vocabulary: each position's "
-    "logits are normalised on their own, F.log_softmax(logits, dim=-1)"): {"normalised": "over positions"},
+         "logits are normalised on their own, F.log_softmax(logits, dim=-1)"): {"normalised": "over positions"},
     Mistake("14.ll_log_of_softmax",
             "log(softmax(logits)) is -inf where a token's probability underflows to 0 in float32 (exp(-200) does): "
-    "F.log_softmax computes logits - logsumexp(logits), which stays finite"): {"normalised": "log of softmax"},
+            "F.log_softmax computes logits - logsumexp(logits), which stays finite"): {"normalised": "log of softmax"},
 }
 
 
@@ -292,26 +292,27 @@ def _choice_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     mistakes = {
         Mistake("14.choice_delimiter_counted",
                "the delimiter is counted in the length: divide by the choice's own length, len(choice), as the harness "
-        "does (the space before it is part of the continuation, not of the answer)"):
+               "does (the space before it is part of the continuation, not of the answer)"):
             _scores(logprobs, choices, normalize, delimiter=" "),
         Mistake("14.choice_bytes_as_chars",
                 "the bytes were counted as characters: len(choice) counts characters; a choice's UTF-8 bytes are "
-        "len(choice.encode('utf-8')), more than its characters when it holds non-ASCII letters"):
+                "len(choice.encode('utf-8')), more than its characters when it holds non-ASCII letters"):
             _scores(logprobs, choices, normalize, unit="chars"),
         Mistake("14.choice_words",
                 "the lengths are the number of words, len(choice.split()): acc_norm divides by the characters, "
-        "len(choice), and acc_bytes by the UTF-8 bytes"): _scores(logprobs, choices, normalize, unit="words"),
+                "len(choice), and acc_bytes by the UTF-8 bytes"): _scores(logprobs, choices, normalize, unit="words"),
         Mistake("14.choice_chars_as_bytes",
                 "the characters were counted as bytes: acc_norm divides by len(choice), the characters; "
-        "len(choice.encode('utf-8')) is more than that when a choice holds non-ASCII letters"):
+                "len(choice.encode('utf-8')) is more than that when a choice holds non-ASCII letters"):
             _scores(logprobs, choices, normalize, unit="bytes"),
         Mistake("14.choice_two_bytes_at_most",
                 "the bytes were counted as 1 per ASCII character and 2 per other one: UTF-8 takes 2 bytes up to U+07FF "
-        "(accents, Greek), 3 beyond it ('東' is 3) and 4 past U+FFFF (emoji); count them, len(choice.encode('utf-8'))"):
+                "(accents, Greek), 3 beyond it ('東' is 3) and 4 past U+FFFF (emoji); count them, "
+                "len(choice.encode('utf-8'))"):
             _scores(logprobs, choices, normalize, unit="two bytes at most"),
         Mistake("14.choice_softmax",
                 "the scores went through a softmax over the choices (they are probabilities, summing to 1): a choice's "
-        "score is its log-likelihood divided by its length, and the harness takes the argmax of those"):
+                "score is its log-likelihood divided by its length, and the harness takes the argmax of those"):
             torch.softmax(_scores(logprobs, choices, normalize), dim=0),
     }
     for form, change in UNICODE_FORMS.items():
@@ -377,7 +378,7 @@ def _pass_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     return {
         Mistake("14.pass_with_replacement",
                "this is 1 - (1 - c/n)^k, k draws *with* replacement: it is biased low; pass@k draws k of the n samples "
-        "without replacement, 1 - C(n - c, k) / C(n, k)"): each(lambda n, c, k: 1 - (1 - c / n) ** k),
+               "without replacement, 1 - C(n - c, k) / C(n, k)"): each(lambda n, c, k: 1 - (1 - c / n) ** k),
         Mistake("14.pass_at_one",
                 "this is c / n, pass@1, whatever k: with k tries a problem is solved if any of them is right"):
             each(lambda n, c, k: c / n),
@@ -386,14 +387,14 @@ def _pass_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             each(lambda n, c, k: math.comb(n - c, k) / math.comb(n, k)),
         Mistake("14.pass_product_off_by_one",
                "the product runs from i = n - c, one factor too many: 1 - C(n - c, k) / C(n, k) is 1 - prod(1 - k / i) "
-        "for i in range(n - c + 1, n + 1)"):
+               "for i in range(n - c + 1, n + 1)"):
             each(lambda n, c, k: 1.0 if n - c < k else 1 - math.prod(1 - k / i for i in range(n - c, n + 1))),
         Mistake("14.pass_union_bound",
              "this is min(1, k * c / n), the k tries' chances added up (a union bound, too high once k > 1): pass@k is "
-        "1 - C(n - c, k) / C(n, k)"): each(lambda n, c, k: min(1.0, k * c / n)),
+             "1 - C(n - c, k) / C(n, k)"): each(lambda n, c, k: min(1.0, k * c / n)),
         Mistake("14.pass_floor_division",
               "the binomials were divided with //, floor division: C(n - c, k) // C(n, k) is 0 unless c = 0, so pass@k "
-        "came out 1; divide with /, which gives their exact ratio as a float"):
+              "came out 1; divide with /, which gives their exact ratio as a float"):
             each(lambda n, c, k: 1 - math.comb(n - c, k) // math.comb(n, k)),
     } | {Mistake("14.pass_rounded",
                 f"pass@k was rounded to {digits} decimals: return it as computed (a table rounds for print; the grader "
@@ -488,26 +489,26 @@ def _boot_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     transposed_draws = {
         Mistake("14.boot_transposed_draws",
              "the indices were drawn (N, resamples) and averaged over dim 0: a bootstrap too, but not the lab's draws; "
-        "draw rows = torch.randint(N, (resamples, N), generator=...), a resample a row, and average over dim=1"):
+             "draw rows = torch.randint(N, (resamples, N), generator=...), a resample a row, and average over dim=1"):
             bounds(swapped)} if _between_distinct(swapped, (0.025, 0.975)) else {}
     return transposed_draws | {
         Mistake("14.boot_unpaired",
                 "a and b were resampled apart (two draws of items): the bootstrap is paired, one draw of item indices "
-        "rows for both, a[rows] - b[rows]"): bounds(unpaired),
+                "rows for both, a[rows] - b[rows]"): bounds(unpaired),
         Mistake("14.boot_randint_short",
                "torch.randint(N - 1, ...) never draws the last item: randint's upper bound is exclusive (it draws 0 to "
-        "high - 1), so torch.randint(N, (resamples, N)) draws every item's index"):
+               "high - 1), so torch.randint(N, (resamples, N)) draws every item's index"):
             bounds((a[short] - b[short]).mean(1)),
         Mistake("14.boot_item_differences",
                "the quantiles are of the items' own differences a - b (each -1, 0 or 1), not of the resampled means: a "
-        "resample's difference is the mean over its items, (a[rows] - b[rows]).mean(dim=1), and the interval is on "
-        "those means"): bounds(a - b),
+               "resample's difference is the mean over its items, (a[rows] - b[rows]).mean(dim=1), and the interval is "
+               "on those means"): bounds(a - b),
         Mistake("14.boot_90_percent",
                 "the interval is the 5% and 95% quantiles, a 90% interval: a 95% one leaves 2.5% out at each end"):
             bounds(paired, 0.05, 0.95),
         Mistake("14.boot_0_to_95",
                 "the interval is the 0% and 95% quantiles: leave 2.5% out at each end, torch.quantile(differences, "
-        "[0.025, 0.975])"): bounds(paired, 0.0, 0.95),
+                "[0.025, 0.975])"): bounds(paired, 0.0, 0.95),
         Mistake("14.boot_index_not_interpolated",
                 "the quantiles are the sorted differences at index int(0.025 * resamples) and int(0.975 * resamples): "
         "torch.quantile interpolates linearly between the two sorted values around position q * (resamples - 1)"):
@@ -515,7 +516,7 @@ def _boot_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
                           float(ranked[min(int(0.975 * resamples), resamples - 1)])], dtype=torch.float64),
         Mistake("14.boot_normal_interval",
                 "this is the normal interval, difference +- 1.96 standard errors: the lab asks for the bootstrap's "
-        "quantiles"): torch.tensor([gap, gap - 1.96 * se, gap + 1.96 * se], dtype=torch.float64),
+                "quantiles"): torch.tensor([gap, gap - 1.96 * se, gap + 1.96 * se], dtype=torch.float64),
         Mistake("14.boot_permutation",
                 "every resample holds each item once (a permutation, sampling without replacement), so every "
         "difference is the same: draw indices with replacement, torch.randint(N, (resamples, N))"):
@@ -614,7 +615,7 @@ def _overlap_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             _overlap(train, items, n, str.split),
         Mistake("14.overlap_not_lowercased",
                "the words were not lowercased: GPT-3's rule compares them lowercased, so a copy with other capitals is "
-        "still found"): _overlap(train, items, n, _cased_words),
+               "still found"): _overlap(train, items, n, _cased_words),
         Mistake("14.overlap_train_not_lowercased",
                 "the training text's words were not lowercased (the items' were), so 'The' in it is another word than "
         "'the' in an item: lowercase both, re.findall(r'\\w+', text.lower())"):
@@ -629,10 +630,10 @@ def _overlap_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             _overlap(train, items, n, lambda text: re.findall(r"[a-z]+", text.lower())),
         Mistake("14.overlap_unigrams",
              "the items' words were looked up one at a time (unigrams), whatever n: an n-gram is a run of n words in a "
-        "row, found only where the training text holds them in that order"): _overlap(train, items, 1),
+             "row, found only where the training text holds them in that order"): _overlap(train, items, 1),
         Mistake("14.overlap_per_word",
               "the n-grams found were divided by the item's number of words: an item of L words has L - n + 1 n-grams, "
-        "and its overlap is the fraction of those found"): _overlap(train, items, n, per_word=True),
+              "and its overlap is the fraction of those found"): _overlap(train, items, n, per_word=True),
         Mistake("14.overlap_short_whole",
                 "an item shorter than n words was looked up whole (its words in a row in the training text): it has no "
         "n-grams, so its overlap is 0.0 (GPT-3 searched its short arithmetic problems whole, a rule of its own)"):
@@ -642,13 +643,13 @@ def _overlap_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
             _overlap(train, items, n, lambda text: list(text.lower())),
         Mistake("14.overlap_unique",
                 "each item's n-grams were counted once each (a set): count every n-gram of the item, repeats included, "
-        "so the fraction is of its n-grams"): _overlap(train, items, n, unique=True),
+                "so the fraction is of its n-grams"): _overlap(train, items, n, unique=True),
         Mistake("14.overlap_last_missing",
                "the item's last n-gram is missing: a list of L words has L - n + 1 n-grams, range(len(words) - n + 1)"):
             _overlap(train, items, n, drop_last=True),
         Mistake("14.overlap_substrings",
                 "the n-grams were looked for as substrings of the joined training text, so 'he age of wisdom' is found "
-        "inside 'the age of wisdom': compare tuples of whole words, a set of the training text's n-grams"):
+                "inside 'the age of wisdom': compare tuples of whole words, a set of the training text's n-grams"):
             _overlap(train, items, n, substring=True),
         Mistake("14.overlap_any_found",
                 "each item got 1 or 0, whether any n-gram is found: the fraction of its n-grams found is asked"):
@@ -685,14 +686,14 @@ def _overlap_hidden(r: random.Random, seed: int) -> Inputs:
 
 PIECES = declare(
     Piece("14", "loglikelihood", None, _ll_call, expected=_ll_expected, judge=_ll_judge, forbidden=_LOGLIKELIHOOD,
-          visible=[("visible", "loglikelihood of a 3-token continuation after 4 context tokens (a bigram model, "
-                    "V=11): only the continuation's tokens, each read from the position before it; its first and last "
-                    "tokens are the argmax, its middle one 200 logits below it (the greedy flag False)",
+          visible=[("visible", "loglikelihood of a 3-token continuation after 4 context tokens (a bigram model, V=11): "
+                               "only the continuation's tokens, each read from the position before it; its first and "
+                               "last tokens are the argmax, its middle one 200 logits below it (the greedy flag False)",
                     lambda seed: _ll_inputs(11, 4, "+!+", seed)),
                    ("greedy", "loglikelihood of the continuation that argmax decoding writes: the greedy flag True",
                     lambda seed: _ll_inputs(11, 3, "++++", seed))],
-          hidden=[("hidden_one_token", "loglikelihood of a one-token continuation after one context token, the "
-                   "argmax with a probability under one half (the greedy flag True)",
+          hidden=[("hidden_one_token", "loglikelihood of a one-token continuation after one context token, the argmax "
+                                       "with a probability under one half (the greedy flag True)",
                    lambda seed: _ll_inputs(9, 1, "*", seed)),
                   ("hidden_near_greedy", "loglikelihood of a continuation that is the argmax from its third token "
                    "on, its first two tokens near ties, 5e-4 below the argmax (the greedy flag False)",
@@ -700,8 +701,8 @@ PIECES = declare(
                   ("hidden_sizes", "loglikelihood with other sizes, greedy or not", _ll_hidden)]),
     Piece("14", "choice_scores", None, _choice_call, expected=_choice_expected, mistakes=_choice_mistakes,
           label="the choice scores", shape="C", atol=FLOAT32_ROUNDING, rtol=FLOAT32_ROUNDING, forbidden=_CHOICES,
-          visible=[("visible", "choice_scores normalised by characters (acc_norm), one choice a prefix of another, "
-                    "one of two words with '½' (one character, two bytes)",
+          visible=[("visible", "choice_scores normalised by characters (acc_norm), one choice a prefix of another, one "
+                               "of two words with '½' (one character, two bytes)",
                     lambda seed: _choice_inputs(["7", "17", "170", "71", "7½ m"], "chars", seed)),
                    ("bytes", "choice_scores normalised by UTF-8 bytes (acc_bytes), choices with accents",
                     lambda seed: _choice_inputs(["café", "cafe", "naïve", "über"], "bytes", seed))],
@@ -712,8 +713,8 @@ PIECES = declare(
                   ("hidden_sizes", "choice_scores by characters with other choices (Unicode, ties)",
                    _choice_hidden)]),
     Piece("14", "pass_at_k", pass_at_k, _pass_call, judge=_pass_judge, forbidden=_PASS,
-          visible=[("visible", "pass_at_k for n=10 samples, c from 1 to 9, k from 1 to 5 (unbiased, not "
-                    "1 - (1 - c/n)^k), and for n=2000, k=250 (C(2000, 250) has 326 digits, past a float's range)",
+          visible=[("visible", "pass_at_k for n=10 samples, c from 1 to 9, k from 1 to 5 (unbiased, not 1 - (1 - "
+                               "c/n)^k), and for n=2000, k=250 (C(2000, 250) has 326 digits, past a float's range)",
                     lambda seed: {"table": [(10, 3, 1), (10, 3, 2), (10, 3, 5), (10, 1, 4), (10, 9, 2),
                                             (2000, 5, 250)]})],
           hidden=[("hidden_edges", "pass_at_k at the edges: c = 0, c = n, n = k, one sample",
@@ -723,13 +724,13 @@ PIECES = declare(
                   ("hidden_sizes", "pass_at_k for other n, c, k", lambda seed: _pass_table(seed, 40))]),
     Piece("14", "paired_bootstrap", None, _boot_call, expected=_boot_expected, judge=_boot_judge,
           forbidden=_BOOTSTRAP,
-          visible=[("visible", "paired_bootstrap of two models on 60 shared items, 1000 resamples (the 97.5% "
-                    "quantile between two distinct sorted differences)",
+          visible=[("visible", "paired_bootstrap of two models on 60 shared items, 1000 resamples (the 97.5% quantile "
+                               "between two distinct sorted differences)",
                     lambda seed: _boot_inputs(60, 0.7, 0.6, 1000, seed))],
           hidden=[("hidden_same", "paired_bootstrap of a model against itself (the interval is [0, 0])",
                    lambda seed: (lambda i: i | {"b": i["a"].clone()})(_boot_inputs(40, 0.6, 0.6, 300, seed))),
-                  ("hidden_sizes", "paired_bootstrap with other sizes (the 97.5% quantile between two "
-                   "distinct sorted differences)", _boot_hidden)]),
+                  ("hidden_sizes", "paired_bootstrap with other sizes (the 97.5% quantile between two distinct sorted "
+                                   "differences)", _boot_hidden)]),
     Piece("14", "ngram_overlap", ngram_overlap, _overlap_call, label="the overlap of each item",
           mistakes=_overlap_mistakes, atol=1e-9, rtol=0, forbidden=_OVERLAP,
           visible=[("visible", "ngram_overlap with n=4, a training text of two lines: an item copied with other "
@@ -743,7 +744,7 @@ PIECES = declare(
                                                   "Of foolishness, THE MODEL read this text"], 4))],
           hidden=[("hidden_short", "ngram_overlap with items shorter than n (no n-grams: 0.0)",
                    lambda seed: _overlap_inputs(["it was the", "best", "times times times times"], 4)),
-                  ("hidden_sizes", "ngram_overlap with other texts, items and n (repeated words, Unicode, "
-                   "a word less its first letter)",
+                  ("hidden_sizes", "ngram_overlap with other texts, items and n (repeated words, Unicode, a word less "
+                                   "its first letter)",
                    _overlap_hidden)]),
 )

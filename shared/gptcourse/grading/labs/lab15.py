@@ -507,7 +507,7 @@ PIECES = declare(
                    lambda seed: _adv_drawn(3, 3, seed, uniform=(0, 1, 2)))]),
     Piece("15", "kl_k3", kl_k3, _kl_call, judge=_kl_judge, forbidden=_KL,
           visible=[("visible", "kl_k3 of log-probabilities (B, T) = (3, 5), the reference's up to 2 nats above and "
-                    "below the policy's", lambda seed: _kl_inputs((3, 5), 2.0, seed))],
+                               "below the policy's", lambda seed: _kl_inputs((3, 5), 2.0, seed))],
           hidden=[("hidden_sizes", "kl_k3 with other sizes, references 0.5 to 12 nats away", _kl_hidden)]),
     Piece("15", "grpo_loss", _reference_loss, _loss_call, judge=_loss_judge, forbidden=_LOSS,
           visible=[("visible", "grpo_loss of 4 answers padded to T = 6, ratios past both ends of 1 +- 0.2 and "
@@ -519,8 +519,8 @@ PIECES = declare(
                   ("hidden_long", "grpo_loss of answers 1 to 64 tokens long, ratios further from 1", _loss_long)]),
     Piece("15", "grpo_step", grpo_step, _step_call, judge=_step_judge, forbidden=_STEP,
           visible=[("visible", "grpo_step on 4 answers (prompts of 2 or 3 tokens, answers of 1 to 5, padded on the "
-                    "right), clip_eps = 0.2, beta = 0.1, SGD with lr = 1, a reference and old log-probabilities that "
-                    "differ from the policy's, stale gradients in the policy's .grad",
+                               "right), clip_eps = 0.2, beta = 0.1, SGD with lr = 1, a reference and old "
+                               "log-probabilities that differ from the policy's, stale gradients in the policy's .grad",
                     _step_case([2, 3, 2, 3], [5, 1, 3, 4], 0.2, 0.1))],
           hidden=[("hidden_sizes", "grpo_step on 3 answers of other lengths, beta = 1",
                    _step_case([1, 4, 2], [6, 2, 1], 0.1, 1.0))]),

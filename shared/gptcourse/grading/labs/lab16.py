@@ -103,32 +103,32 @@ def _route_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "output shrinks; divide them by their sum (Mixtral's renormalisation)"): _routing(logits, k, weights="raw"),
         Mistake("16.route_softmax_twice",
             "a second softmax ran over the top-k probabilities: softmax-then-top-k keeps the probabilities and divides "
-        "them by their sum; a softmax of probabilities flattens them toward 1/k"): _routing(logits, k,
+            "them by their sum; a softmax of probabilities flattens them toward 1/k"): _routing(logits, k,
                                                                                           weights="softmax again"),
         Mistake("16.route_raw_logits",
               "the weights are the chosen logits, without a softmax: take the softmax over the E experts, then the top "
-        "k, then renormalise"): _routing(logits, k, scores="logits", weights="raw"),
+              "k, then renormalise"): _routing(logits, k, scores="logits", weights="raw"),
         Mistake("16.route_logits_normalised",
                "the weights are the chosen logits divided by their sum, without a softmax: a logit can be negative, so "
         "a weight can be negative or blow up where the logits nearly cancel; take the softmax over the E experts "
         "first, then the top k, then renormalise the probabilities"): _routing(logits, k, scores="logits"),
         Mistake("16.route_sigmoid",
                 "the experts were scored by a sigmoid of each logit (DeepSeek-V3's gates), not a softmax over the E "
-        "experts: the lab's router takes the softmax over each token's E logits, then the top k, then "
-        "renormalises"): _routing(logits, k, scores="sigmoid"),
+                "experts: the lab's router takes the softmax over each token's E logits, then the top k, then "
+                "renormalises"): _routing(logits, k, scores="sigmoid"),
         Mistake("16.route_log_softmax",
                 "the weights are the top-k log-probabilities (log_softmax) divided by their sum: log-probabilities are "
         "negative, so the most likely expert gets the smallest weight; take the softmax over the E experts, then "
         "the top k, then divide the probabilities by their sum"): _routing(logits, k, scores="log_softmax"),
         Mistake("16.route_softmax_over_tokens",
               "the softmax ran over the tokens (dim=0): each token's router probabilities are a softmax over its own E "
-        "logits, dim=-1"): _routing(logits, k, axis=0),
+              "logits, dim=-1"): _routing(logits, k, axis=0),
         Mistake("16.route_smallest",
                 "the k *smallest* logits were chosen: topk(k, dim=-1) takes the largest (largest=True)"):
             _routing(logits, k, largest=False),
         Mistake("16.route_by_position",
               "the tokens were routed by their position (token n to expert n mod E): a router routes each token by its "
-        "own logits, the top k of its row"): _routing(logits, k, by_position=True),
+              "own logits, the top k of its row"): _routing(logits, k, by_position=True),
     }
 
 
@@ -223,10 +223,10 @@ def _dispatch_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     return {
         Mistake("16.dispatch_unweighted",
                "the experts' outputs were added without their routing weights: multiply each by its token's weight for "
-        "that expert, weights[token_ids, slot]"): _combined(inputs, weighted="none"),
+               "that expert, weights[token_ids, slot]"): _combined(inputs, weighted="none"),
         Mistake("16.dispatch_first_weight",
                 "every expert's output was weighted by the token's first weight, weights[:, 0]: each slot has its own "
-        "weight, weights[token_ids, slot]"): _combined(inputs, weighted="first"),
+                "weight, weights[token_ids, slot]"): _combined(inputs, weighted="first"),
         Mistake("16.dispatch_first_only",
                 "only each token's first expert was added: all k experts a token is routed to contribute, weighted"):
             _combined(inputs, weighted="first only"),
@@ -236,7 +236,7 @@ def _dispatch_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         "weights[token_ids, slot]"): _combined(inputs, weighted="expert index"),
         Mistake("16.dispatch_overwrite",
                 "the outputs were written into the rows (y[token_ids] = ...), so a token's later expert overwrites the "
-        "earlier one: add them, y.index_add_(0, token_ids, out)"): _combined(inputs, overwrite=True),
+                "earlier one: add them, y.index_add_(0, token_ids, out)"): _combined(inputs, overwrite=True),
     }
 
 
@@ -354,30 +354,30 @@ def _lb_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
     mistakes = {
         Mistake("16.balance_p_top_k",
             "P_e was averaged over the top-k probabilities only (0 for the experts not chosen): P_e is the mean of the "
-        "router's full softmax over all E experts, which is what gives every expert a gradient"):
+            "router's full softmax over all E experts, which is what gives every expert a gradient"):
             _balance(logits, k, mask, probs_of="top-k"),
         Mistake("16.balance_p_renormalised",
               "P_e was averaged over the renormalised top-k weights: P_e is the mean of the router's full softmax over "
-        "all E experts, before top-k"): _balance(logits, k, mask, probs_of="renormalised"),
+              "all E experts, before top-k"): _balance(logits, k, mask, probs_of="renormalised"),
         Mistake("16.balance_p_logits",
                 "P_e was averaged over the logits: take the softmax first, P_e is a mean probability"):
             _balance(logits, k, mask, probs_of="logits"),
         Mistake("16.balance_f_first",
                 "f_e counts only each token's first choice: a token is routed to all of its k experts, and f_e counts "
-        "each of them (the shares sum to k)"): _balance(logits, k, mask, counts="first"),
+                "each of them (the shares sum to k)"): _balance(logits, k, mask, counts="first"),
         Mistake("16.balance_f_first_k_times",
                "f_e counts each token's first choice (argmax) k times: a token is routed to its top k experts, and f_e "
-        "counts each of them once (the shares sum to k)"): _balance(logits, k, mask, counts="first k times"),
+               "counts each of them once (the shares sum to k)"): _balance(logits, k, mask, counts="first k times"),
         Mistake("16.balance_f_per_slot",
              "f_e was divided by k (shares that sum to 1): transformers' and Mixtral's f_e count a token once for each "
-        "of its k experts, so the shares sum to k"): _balance(logits, k, mask, counts="per slot"),
+             "of its k experts, so the shares sum to k"): _balance(logits, k, mask, counts="per slot"),
         Mistake("16.balance_f_soft",
                 "f_e is k P_e, the probabilities standing in for the counts: f_e is the share of the tokens routed to "
         "expert e by top-k, counted (it has no gradient; P_e carries it)"): _balance(logits, k, mask, counts="soft"),
         Mistake("16.balance_f_one_share",
                 "f_e is one number for every expert, all the routed slots over the tokens (k): count each expert's own "
-        "share, f_e = (tokens routed to e) / tokens, a vector of E shares (counts.sum(0), not counts.sum()); with "
-        "one share for all, the loss is E k sum_e P_e = E k whatever the router does"):
+                "share, f_e = (tokens routed to e) / tokens, a vector of E shares (counts.sum(0), not counts.sum()); "
+                "with one share for all, the loss is E k sum_e P_e = E k whatever the router does"):
             _balance(logits, k, mask, counts="one share"),
         Mistake("16.balance_no_e",
                 "the factor E is missing: the loss is E * sum_e f_e P_e (1 at perfect balance with k = 1)"):
@@ -387,20 +387,20 @@ def _lb_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
         mistakes |= {
             Mistake("16.balance_padding_counted",
                     "the padding tokens were counted: f_e and P_e are means over the real tokens only, where "
-            "attention_mask is 1"): _balance(logits, k, mask, masked="none"),
+                    "attention_mask is 1"): _balance(logits, k, mask, masked="none"),
             Mistake("16.balance_mask_f_only",
                  "the mask was applied to f_e only, P_e averaged the padding too: both are means over the real tokens, "
-            "where attention_mask is 1"): _balance(logits, k, mask, masked="counts only"),
+                 "where attention_mask is 1"): _balance(logits, k, mask, masked="counts only"),
             Mistake("16.balance_mask_p_only",
                   "the mask was applied to P_e only, f_e counted the padding too: both are means over the real tokens, "
-            "where attention_mask is 1"): _balance(logits, k, mask, masked="probs only"),
+                  "where attention_mask is 1"): _balance(logits, k, mask, masked="probs only"),
             Mistake("16.balance_divided_by_all_positions",
                "the padding was masked out of both sums, but they were divided by every position, pads included (B T): "
-            "divide by the number of real tokens, attention_mask.sum()"): _balance(logits, k, mask,
+               "divide by the number of real tokens, attention_mask.sum()"): _balance(logits, k, mask,
                                                                                   masked="all positions"),
             Mistake("16.balance_mask_transposed",
                  "the (B, T) mask was flattened column by column (attention_mask.T), so it no longer lines up with the "
-            "tokens, which are B T row by row: attention_mask.reshape(-1)"): _balance(logits, k, mask,
+                 "tokens, which are B T row by row: attention_mask.reshape(-1)"): _balance(logits, k, mask,
                                                                                       masked="transposed"),
         }
     return mistakes
@@ -510,7 +510,7 @@ COUNT_MISTAKES = {
         {"no_shared_active": True},
     Mistake("16.count_shared_as_routed",
            "the shared expert was counted as a routed expert, of the routed experts' width: it has a width of its own, "
-    "moe.shared_d_ff, 3 C shared_d_ff parameters"): {"shared_as_routed": True},
+           "moe.shared_d_ff, 3 C shared_d_ff parameters"): {"shared_as_routed": True},
     Mistake("16.count_no_router",
             "the router was left out: each sparse block has one, a C x E matrix (no bias), and every token uses it"):
         {"no_router": True},
@@ -522,31 +522,31 @@ COUNT_MISTAKES = {
         {"two_matrices": True},
     Mistake("16.count_no_embeddings_active",
             "the embeddings and the output projection were left out of the active count: the published active counts "
-    "(Mixtral's 12.9B) count them, as every token uses the table and the head"): {"no_embeddings_active": True},
+            "(Mixtral's 12.9B) count them, as every token uses the table and the head"): {"no_embeddings_active": True},
     Mistake("16.count_untied",
             "the output projection was counted though tie_weights=True: a tied model's head is its token table, V x C "
-    "counted once"): {"untied": True},
+            "counted once"): {"untied": True},
     Mistake("16.count_all_heads_kv",
             "the attention was counted with as many key and value heads as query heads (4 C^2): with grouped-query "
-    "attention the key and value projections are C x n_kv_heads d_head each"): {"all_heads_kv": True},
+            "attention the key and value projections are C x n_kv_heads d_head each"): {"all_heads_kv": True},
     Mistake("16.count_width_4c",
             "the MLP width for d_ff=None was taken as 4 C: the width is config.hidden_width, d_ff or the MLP's default "
-    "(2 C for SwiGLU), and an expert's is moe.d_ff or that same hidden_width"): {"width_4c": True},
+            "(2 C for SwiGLU), and an expert's is moe.d_ff or that same hidden_width"): {"width_4c": True},
     Mistake("16.count_router_bias",
             "the router was counted with a bias, C x E + E: the model has no biases, the router is a C x E matrix"):
         {"router_bias": True},
     Mistake("16.count_kv_without_d_head",
-            "the key and value projections were counted as C x n_kv_heads each, without the head width: each is "
-    "C x (n_kv_heads d_head)"): {"kv_without_d_head": True},
+            "the key and value projections were counted as C x n_kv_heads each, without the head width: each is C x "
+            "(n_kv_heads d_head)"): {"kv_without_d_head": True},
     Mistake("16.count_router_active_k",
             "the active count has only the router's k columns of the chosen experts (C k): the router scores all E "
-    "experts for every token, so all of it, C x E, is active"): {"router_active_k": True},
+            "experts for every token, so all of it, C x E, is active"): {"router_active_k": True},
     Mistake("16.count_dense_expert_width",
            "the dense blocks' SwiGLU was given the experts' width moe.d_ff: the first moe.dense_layers blocks keep the "
-    "dense MLP of config.hidden_width"): {"dense_expert_width": True},
+           "dense MLP of config.hidden_width"): {"dense_expert_width": True},
     Mistake("16.count_one_norm",
-            "one RMSNorm was counted per block: a pre-norm block has two, before the attention and before the MLP, "
-    "2 C per block"): {"one_norm": True},
+            "one RMSNorm was counted per block: a pre-norm block has two, before the attention and before the MLP, 2 C "
+            "per block"): {"one_norm": True},
 }
 
 
@@ -639,7 +639,7 @@ PIECES = declare(
                   ("hidden_sizes", "dispatch_combine with other sizes", _dispatch_hidden)]),
     Piece("16", "load_balancing_loss", None, _lb_call, expected=_lb_expected, judge=_lb_judge, forbidden=_BALANCE,
           visible=[("visible", "load_balancing_loss of 2 x 6 tokens right-padded to 5 and 4 real ones, 4 experts, "
-                    "top_k=2, a router that favours expert 0",
+                               "top_k=2, a router that favours expert 0",
                     lambda seed: _lb_inputs(2, 6, 4, 2, seed, padded=True, skew=1.5))],
           hidden=[("hidden_padding", "load_balancing_loss with right padding (attention_mask)",
                    lambda seed: _lb_inputs(3, 5, 4, 2, seed, padded=True)),
@@ -647,14 +647,14 @@ PIECES = declare(
                   ("hidden_sizes", "load_balancing_loss with other sizes, top_k, padding", _lb_hidden)]),
     Piece("16", "moe_parameter_counts", None, _count_call, expected=_count_expected, judge=_count_judge,
           forbidden=_COUNTS,
-          visible=[("visible", "moe_parameter_counts of a small config (8 experts, top_k=2, a shared expert of "
-                    "its own width, the first block dense), then one tied, with grouped-query attention and the "
-                    "default widths (d_ff=None)",
+          visible=[("visible", "moe_parameter_counts of a small config (8 experts, top_k=2, a shared expert of its own "
+                               "width, the first block dense), then one tied, with grouped-query attention and the "
+                               "default widths (d_ff=None)",
                     lambda seed: _count_inputs((BASE, {"n_experts": 8, "top_k": 2, "d_ff": 16, "shared_d_ff": 24,
                                                        "dense_layers": 1}), (SMALL_TIED, {"n_experts": 4, "top_k": 2,
                                                                                           "dense_layers": 1}))),
                    ("mixtral", "moe_parameter_counts of Mixtral-8x7B (46.7B total, 12.9B active)",
                     lambda seed: _count_inputs((MIXTRAL, {"n_experts": 8, "top_k": 2})))],
           hidden=[("hidden_sizes", "moe_parameter_counts of other configs (grouped-query attention, tied, shared "
-                   "experts, dense blocks, d_ff=None)", _count_hidden)]),
+                                   "experts, dense blocks, d_ff=None)", _count_hidden)]),
 )
