@@ -7,11 +7,14 @@ grading modules reach while imported, and what the rest of the package imports o
 lab's cases' calls reach beyond it. Every lab's view keeps all of them (a graded kernel imports every lab module),
 so a lab whose calls reach more widens every view: the statement's diff shows it in review.
 
-`run(lab, folder)` is the kernel's half without the box: the grader's side (this process, the real package) writes
-the lab's case inputs as the grader does (`kernel_inputs.write_inputs`, each hidden case under a handle), and a
-plain subprocess with the lab's view first on sys.path runs the solution notebook's non-test cells (the solution's
-objects: the references are stubs there, as in the box) and `check`s every case with them, as a graded kernel's
-test cells do. A call that reaches a stub fails there, as it would only in a round trip under nbgrader.
+`run(labs, folder)` is the kernel's half without the box or nbgrader: the grader's side (this process, the real
+package) writes each lab's case inputs as the grader does (`kernel_inputs.write_inputs`, each hidden case under a
+handle), and a plain subprocess, forked per lab with that lab's view first on sys.path, runs the solution notebook's
+non-test cells (the solution's objects: the package's references are stubs there, as in the box) and `check`s
+every case with them, as a graded kernel's test cells do; then the same with the untouched release's objects,
+whose NotImplementedError drives the calls' error paths (there only a stub's error counts). A call that reaches a
+stub fails here in seconds, where only a lab's round trip under nbgrader showed it, in minutes. It covers what
+these objects make the calls run, not a path that only some wrong answer takes.
 
     python tests/kernel_views.py write         # restate tests/kernel_views.json from the package
     python tests/kernel_views.py diff          # what differs from it (exit 1 if anything does)
@@ -79,10 +82,12 @@ def write(found: dict[str, list[str]]) -> None:
 
 
 def run(labs: list[str], folder: Path) -> dict[str, tuple[dict[str, str], float]]:
-    """lab -> ({case id: what went wrong}, seconds), for every case of each lab ("02") in `labs` whose call, run on
-    the solution's object in lab's view of the package, records an error (or a reference) instead of outputs;
-    also the solution cells that raise there ("cell ID"). One subprocess imports torch once, then forks a child for
-    each lab, which imports that lab's view (as the box's zygote forks kernels: `zygote.py`)."""
+    """lab -> ({"solution CASE" or "release CASE": what went wrong}, seconds), for each lab ("02") in `labs`, in
+    its view of the package: every case whose call, run on the solution's object, records an error (or a
+    reference) instead of outputs, or on the untouched release's object (whose NotImplementedError takes the
+    calls' error paths) reaches a stub; also the cells that raise there ("solution cell ID"). One subprocess imports
+    torch once, then forks a child for each lab, which imports that lab's view (as the box's zygote forks kernels:
+    `zygote.py`)."""
     from gptcourse.grading.box.package_view import lab_view
     from gptcourse.grading.cases import lab_cases
     from gptcourse.grading.handles import PREFIX
@@ -95,7 +100,8 @@ def run(labs: list[str], folder: Path) -> dict[str, tuple[dict[str, str], float]
         handle_of = {case_id: handle for handle, case_id in handles[lab].items()}
         inputs = folder / f"inputs-{lab}.pt"
         write_inputs(inputs, lab, {}, handles[lab])  # as the grader does, with the public seeds
-        plan.append({"lab": lab, "view": lab_view(lab), "notebook": _notebook(lab), "env": {INPUTS_ENV: str(inputs)},
+        plan.append({"lab": lab, "view": lab_view(lab), "env": {INPUTS_ENV: str(inputs)},
+                     "notebooks": {"solution": _notebook("solutions", lab), "release": _notebook("labs", lab)},
                      "result": str(folder / f"result-{lab}.json"),
                      "tests": [handle_of.get(case.id, case.id) for case in cases]})
     (folder / "plan.json").write_text(json.dumps(plan))
@@ -107,14 +113,20 @@ def run(labs: list[str], folder: Path) -> dict[str, tuple[dict[str, str], float]
     found = {}
     for lab in labs:
         result = json.loads((folder / f"result-{lab}.json").read_text())
-        found[lab] = ({handles[lab].get(test, test): error for test, error in result["failed"].items()},
+        found[lab] = ({_named(test, handles[lab]): error for test, error in result["failed"].items()},
                       result["seconds"])
     return found
 
 
-def _notebook(lab: str) -> str:
-    [path] = (ROOT / "solutions").glob(f"{lab}_*/{lab}_*.ipynb")
+def _notebook(folder: str, lab: str) -> str:
+    [path] = (ROOT / folder).glob(f"{lab}_*/{lab}_*.ipynb")
     return str(path)
+
+
+def _named(test: str, handles: dict[str, str]) -> str:
+    """"solution CASE" for "solution HANDLE": a hidden case under its id again."""
+    objects, _, handle = test.partition(" ")
+    return f"{objects} {handles.get(handle, handle)}"
 
 
 def kernels(plan_file: str) -> None:
@@ -138,7 +150,7 @@ def kernels(plan_file: str) -> None:
             try:
                 sys.path.insert(0, os.path.dirname(lab["view"]))
                 os.environ.update(lab["env"])  # where the grader's inputs are (kernel_inputs.INPUTS_ENV)
-                failed = kernel(lab["notebook"], lab["view"], lab["tests"])
+                failed = kernel(lab["notebooks"], lab["view"], lab["tests"])
                 Path(lab["result"]).write_text(json.dumps({"failed": failed,
                                                            "seconds": time.perf_counter() - start}))
                 code = 0
@@ -153,10 +165,11 @@ def kernels(plan_file: str) -> None:
             raise SystemExit(f"lab {lab['lab']}: the kernel's stand-in failed ({os.waitstatus_to_exitcode(status)})")
 
 
-def kernel(notebook: str, view: str, tests: list[str]) -> dict[str, str]:
+def kernel(notebooks: dict[str, str], view: str, tests: list[str]) -> dict[str, str]:
     """In a child of `kernels`, with a lab's view first on sys.path: check each of `tests` (a case id, or a hidden
-    case's handle) with the solution's object, as a graded kernel's test cell does; {test: the recorded error} of
-    those that recorded one, and {"cell ID": error} of the solution's cells that raised."""
+    case's handle) with the objects of each notebook's non-test cells, as a graded kernel's test cell does:
+    {"NOTEBOOK TEST": the recorded error} of those that recorded one ("release": only a stub's), and
+    {"NOTEBOOK cell ID": error} of the cells that raised (the same)."""
     import gptcourse
 
     if os.path.realpath(gptcourse.__path__[0]) != os.path.realpath(view):
@@ -169,24 +182,29 @@ def kernel(notebook: str, view: str, tests: list[str]) -> dict[str, str]:
 
     payloads: list[dict] = []
     graded_kernel._emit = payloads.append  # what the kernel would display: the payload the grader reads
-    namespace, failed = {"__name__": "__main__"}, {}
-    for cell in json.loads(Path(notebook).read_text())["cells"]:
-        grading = cell["metadata"].get("nbgrader", {})
-        if cell["cell_type"] == "code" and not grading.get("grade"):
+    failed = {}
+    for objects, notebook in notebooks.items():
+        every_error = objects == "solution"
+        namespace: dict = {"__name__": "__main__"}
+        for cell in json.loads(Path(notebook).read_text())["cells"]:
+            grading = cell["metadata"].get("nbgrader", {})
+            if cell["cell_type"] == "code" and not grading.get("grade"):
+                try:
+                    exec(compile("".join(cell["source"]), f"<cell {grading.get('grade_id')}>", "exec"), namespace)
+                except Exception as err:
+                    if every_error or " is not available while lab " in str(err):
+                        failed[f"{objects} cell {grading.get('grade_id')}"] = f"{type(err).__name__}: {err}"
+        for test in tests:
+            piece = graded_inputs(test)["piece"].split(".")[1] if is_handle(test) else CaseId.parse(test).piece
+            payloads.clear()
             try:
-                exec(compile("".join(cell["source"]), f"<cell {grading.get('grade_id')}>", "exec"), namespace)
-            except Exception as err:
-                failed[f"cell {grading.get('grade_id')}"] = f"{type(err).__name__}: {err}"
-    for test in tests:
-        piece = graded_inputs(test)["piece"].split(".")[1] if is_handle(test) else CaseId.parse(test).piece
-        payloads.clear()
-        try:
-            graded_kernel.check(test, namespace.get(piece))
-        except CheckFailed:
-            pass
-        [payload] = payloads
-        if payload["error"] is not None or payload["reference"] is not None:
-            failed[test] = payload["error"] or f"the solution's object is a reference: {payload['reference']}"
+                graded_kernel.check(test, namespace.get(piece))
+            except CheckFailed:
+                pass
+            [payload] = payloads
+            error = payload["error"] or (payload["reference"] and f"reported as a reference: {payload['reference']}")
+            if error and (every_error or " is not available while lab " in error):
+                failed[f"{objects} {test}"] = error
     return failed
 
 

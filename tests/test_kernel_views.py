@@ -23,6 +23,7 @@ def test_every_case_call_runs_in_its_labs_view(tmp_path):
     found = run(labs(), tmp_path)
     failed = [f"lab {lab}, {test}: {error}" for lab, (errors, _) in found.items() for test, error in errors.items()]
     assert not failed, (
-        "the solution's objects fail these cases in their lab's view of the package (a grading module's name "
-        "that is not available there is a stub the view's closure missed: reach it by name from the case's call, "
-        "or see docs/grading.md):\n" + "\n".join(failed))
+        "these cases fail in their lab's view of the package, run on the solution's objects (\"solution\") or on "
+        "the untouched release's (\"release\": only where they reach a stub). A grading module's name that is "
+        "not available there is a stub the view's closure missed: reach it by name from the case's call (see "
+        "docs/grading.md); `python tests/kernel_views.py run NN` reruns lab NN.\n" + "\n".join(failed))
