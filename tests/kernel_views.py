@@ -228,7 +228,7 @@ def main(argv: list[str]) -> int:
         print(f"{len(set().union(*found.values()))} names, which every lab's view keeps, written to {STATEMENT}")
         return 0
     lines = differences(json.loads(STATEMENT.read_text()), found)
-    print("\n".join(lines) or f"{STATEMENT.name}: as stated")
+    print("\n".join([*lines, f"if this is meant, restate it: {WRITE}"]) if lines else f"{STATEMENT.name}: as stated")
     return 1 if lines else 0
 
 
