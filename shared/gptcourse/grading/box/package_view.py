@@ -23,8 +23,10 @@ grading module makes while it is imported (`declare(Piece(...))`, `register(...)
 that the rest of the package imports (`CheckFailed` for kernel.py), following names, the module-level values
 they name and imports between grading modules. Code that reaches a module-level function some other way
 (`globals()[...]`, a table built by `map`) is not followed: it gets a stub, which raises "not available" where
-it is called, so a mistake here shows up loudly (a lab's round trip fails), never as a wrong grade. Stubbing
-cannot make a wrong answer pass: the grader, which imports the real package, computes every expected value.
+it is called, so a mistake here shows up loudly, never as a wrong grade (tests/test_kernel_views.py runs every
+case's call in its lab's view in seconds; a lab's round trip fails too, minutes later). tests/kernel_views.json
+states what the closure keeps, so that a lab whose calls widen it shows in review. Stubbing cannot make a wrong
+answer pass: the grader, which imports the real package, computes every expected value.
 
 Only `.py` files (transformed, with line numbers kept where a stub fits in the lines it replaces) and package
 data are copied, never the real package's `__pycache__`; the copy is compiled for this interpreter with the real
@@ -46,6 +48,10 @@ import tempfile
 import types
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..cases import Case
 
 VERSION = 3  # part of the cache key: a change to the transform below must bump it
 # modules whose functions are kept only if reachable
@@ -147,12 +153,10 @@ def _module_name(relative: str) -> str:
 def stubbed_definitions(lab: str) -> dict[str, set[str]]:
     """module -> the top-level functions and classes that are stubs in lab `lab`'s view: those the lab forbids,
     and those of the grading modules that no graded kernel reaches."""
-    from ..cases import registry
     from ..forbidden import reference_table
     from ..piece import forbidden_names
 
-    trees = {module: ast.parse(data.decode()) for relative, data in _package_files(package_folder())
-             if (module := _module_name(relative))}
+    trees = package_trees()
     stubs: dict[str, set[str]] = {}
     table, _ = reference_table(forbidden_names(lab_number(lab)))
     for obj, _name, _pieces in table.values():
@@ -160,12 +164,30 @@ def stubbed_definitions(lab: str) -> dict[str, set[str]]:
             stubs.setdefault(obj.__name__, set()).update(_definitions(trees[obj.__name__]))
         elif isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) in trees:
             stubs.setdefault(obj.__module__, set()).add(obj.__qualname__.split(".")[0])
-    roots = {(case.call.__module__, case.call.__qualname__.split(".")[0]) for case in registry().values()}
-    kept = reachable(trees, roots)
+    kept = kept_definitions(trees)
     for module, tree in trees.items():
         if _is_grading(module):
             stubs.setdefault(module, set()).update(set(_definitions(tree)) - {name for m, name in kept if m == module})
     return {module: names for module, names in stubs.items() if names}
+
+
+def package_trees() -> dict[str, ast.Module]:
+    """module -> its parsed source, for every module of the real package."""
+    return {module: ast.parse(data.decode()) for relative, data in _package_files(package_folder())
+            if (module := _module_name(relative))}
+
+
+def call_roots(cases: Iterable[Case]) -> set[Definition]:
+    """(module, top-level name) of each case's `call`: what a graded kernel runs of the cases."""
+    return {(case.call.__module__, case.call.__qualname__.split(".")[0]) for case in cases}
+
+
+def kept_definitions(trees: dict[str, ast.Module]) -> set[Definition]:
+    """The grading modules' definitions that every lab's view keeps: those reachable from every lab's cases'
+    calls (a graded kernel imports every lab module: `cases.registry`). tests/kernel_views.json states them."""
+    from ..cases import registry
+
+    return reachable(trees, call_roots(registry().values()))
 
 
 def _is_grading(module: str) -> bool:
