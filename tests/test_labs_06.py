@@ -85,6 +85,20 @@ WRONG = {
     "total-counts-the-tied-head-twice": (
         {"count_parameters": "def count_parameters(config):\n    return sum(parameter_breakdown(config).values()) + "
                              "config.vocab_size * config.d_model"}, TOTALS),
+    # a right breakdown whose cell checks it against the course's total (a stub in the graded kernel: the check
+    # raises after the def): the scan sees gptcourse.count_parameters, the total's reference, which the breakdown
+    # does not forbid (it is not built from the total), so only the total's cells are lost
+    "breakdown-checked-against-the-course-total": (
+        {"parameter_breakdown": BREAKDOWN.format(**RIGHT) + "\n\nfrom gptcourse import count_parameters as course_total"
+                                "\n\nassert sum(parameter_breakdown(preset('gpt2-small')).values()) == "
+                                "course_total(preset('gpt2-small'))\n"}, TOTALS),
+    # the total as the sum of the course's breakdown: the breakdown's reference, which the total forbids too (the
+    # sum of the reference breakdown is the reference total), so both pieces' cells are lost
+    "total-sums-the-course-breakdown": (
+        {"count_parameters": "import gptcourse\n\n\ndef count_parameters(config):\n"
+                             "    return sum(gptcourse.parameter_breakdown(config).values())\n"},
+        {"test_parameter_breakdown", "test_parameter_breakdown_gpt2", "test_parameter_breakdown_llama",
+         "test_parameter_breakdown_hidden"} | TOTALS),
 }
 # student -> (a case their code fails, what its message says)
 SAYS = {
@@ -101,8 +115,9 @@ HIDDEN = {"test_parameter_breakdown_hidden", "test_count_parameters_hidden"}
 # it must fail. Before the fix swiglu-bias-F, d-ff-default-4C, ignores-lm-head-bias and
 # total-hardcoded-published failed only hidden cases, with a message that named nothing (or, for the head's bias,
 # not the config field), and no message named rmsnorm-with-bias (llama2-7b's blamed the attention biases),
-# attn-one-bias or one-norm-per-block (gpt2-small's blamed LayerNorm's beta alone). builds-gpt-and-counts and
-# imports-reference import a reference the lab forbids: the grader's scan zeroes both pieces.
+# attn-one-bias or one-norm-per-block (gpt2-small's blamed LayerNorm's beta alone). builds-gpt-and-counts imports
+# gptcourse.GPT, which the breakdown forbids and so does the total (it forbids every reference of the breakdown it
+# sums), and imports-reference both pieces' references: the grader's scan zeroes both pieces.
 BLIND_FILE = Path(__file__).with_name("lab06_blind.cells")
 BLIND_FAILS = {
     "swiglu-as-two-matrices": BREAKDOWNS - {"test_parameter_breakdown_gpt2"} | TOTALS,

@@ -83,6 +83,24 @@ WRONG = {
         "scale": "logits = logits / temperature / temperature"})},
         {"test_next_token_probs", "test_next_token_probs_top_k", "test_next_token_probs_hidden",
          "test_sample_next_token_hidden"}),
+    # a right sampler whose cell checks the student's next_token_probs against the course's filter_logits (a stub in
+    # the graded kernel: the check raises after the def): the scan sees gptcourse.filter_logits, next_token_probs'
+    # reference, which sample_next_token does not forbid (the filter is not its point), so only the probabilities'
+    # cells are lost
+    "sample-cell-checks-probs-against-the-course": (
+        {"sample_next_token": SAMPLE.format(position=-1) + "\n\nimport gptcourse\n\n_z = torch.randn(2, 9)\n"
+                              "assert torch.allclose(next_token_probs(_z, 1.0, 3), "
+                              "gptcourse.filter_logits(_z, top_k=3).softmax(dim=-1))\n"},
+        {"test_next_token_probs", "test_next_token_probs_top_k", "test_next_token_probs_hidden"}),
+    # the sampler calls the course's filter_logits in place of the student's next_token_probs: the scan zeroes
+    # next_token_probs alone, as above, but the graded kernel has no filter_logits (every reference the lab forbids
+    # is a stub there), so each sampling cell that reaches it fails with its error; greedy returns before it
+    "sample-calls-the-course-filter": (
+        {"sample_next_token": "import gptcourse\n" + SAMPLE.format(position=-1).replace(
+            "next_token_probs(logits, temperature, top_k)",
+            "gptcourse.filter_logits(logits / temperature, top_k=top_k).softmax(dim=-1)")},
+        {"test_next_token_probs", "test_next_token_probs_top_k", "test_next_token_probs_hidden",
+         "test_sample_next_token", "test_sample_next_token_hidden"}),
 }
 # student -> (a case their code fails, what its message says)
 SAYS = {
@@ -101,7 +119,8 @@ SAMPLE_TESTS = {"test_sample_next_token_greedy", "test_sample_next_token", "test
 # fix sample-greedy-by-tiny-temperature passed every cell (a draw at temperature 1e-6 is the argmax, but it moves
 # the generator), and loss-transposed-targets, step-clip-value, step-loss-after-update,
 # probs-temperature-after-softmax and probs-topk-batch-threshold got only "largest error ... at index ...".
-# uses-reference-filter calls gptcourse.filter_logits and generate: the grader's scan zeroes both pieces.
+# uses-reference-filter calls gptcourse.filter_logits, next_token_probs' reference, and gptcourse.generate,
+# sample_next_token's: the grader's scan zeroes both pieces.
 BLIND_FILE = Path(__file__).with_name("lab07_blind.cells")
 BLIND_FAILS = {
     **dict.fromkeys(("loss-no-shift", "loss-double-softmax", "loss-sum", "loss-transposed-targets"),

@@ -127,6 +127,20 @@ WRONG = {
     # train_bpe counts with it; the ties text and this student's hidden ids have no run of three equal ids
     "count-pairs-without-overlaps": ({"count_pairs": NON_OVERLAPPING_COUNT},
                                      {"test_count_pairs", "test_train_bpe", "test_train_bpe_hidden"}),
+    # a right trainer whose cell checks the student's merge_pair against the course's (a stub in the graded kernel:
+    # the check raises after the def): the scan sees gptcourse.text.bpe.merge_pair, merge_pair's reference, which
+    # train_bpe does not forbid (merging is not its point), so only merge_pair's cells are lost
+    "train-cell-checks-merge-against-the-course": (
+        {"train_bpe": TRAIN.format(**RIGHT_TRAIN) + "\n\nfrom gptcourse.text.bpe import merge_pair as course_merge\n\n"
+                      "assert merge_pair([1, 2, 1, 2], (1, 2), 9) == course_merge([1, 2, 1, 2], 1, 2, 9)\n"},
+        {"test_merge_pair", "test_merge_pair_overlap", "test_merge_pair_hidden"}),
+    # decode through the course's BPETokenizer, which is train_bpe's and encode's reference and decode's too (the
+    # class decodes): the scan zeroes those three pieces; count_pairs and merge_pair, which it is not, keep theirs
+    "decode-with-the-course-class": (
+        {"decode": "from gptcourse import BPETokenizer\n" + DECODE.format(
+            text="BPETokenizer([(vocab[a], vocab[b]) for a, b in merges], special_tokens=()).decode(ids)")},
+        {"test_train_bpe", "test_train_bpe_ties", "test_train_bpe_hidden", "test_encode", "test_encode_hidden",
+         "test_decode", "test_decode_split", "test_decode_hidden"}),
 }
 # student -> (a case their code fails, what its message says)
 SAYS = {
@@ -155,7 +169,8 @@ DECODE_TESTS = {"test_decode", "test_decode_split", "test_decode_hidden"}
 # merge_pair). Before the fix merge-str-replace passed every cell (no case's ids ran their digits into the pair's),
 # decode-errors-ignore every visible one (no visible byte was invalid, though the lab asks for errors="replace"), and
 # pairs-stride-two's message named a missing pair, not the stride. uses-reference-bpe imports gptcourse.BPETokenizer,
-# which every piece forbids: the grader's scan zeroes all five.
+# the reference of train_bpe, encode and decode (its train, encode and decode): the grader's scan zeroes those three;
+# its count_pairs and merge_pair are the solution's, and the class is neither's reference.
 BLIND_FILE = Path(__file__).with_name("lab08_blind.cells")
 BLIND_FAILS = {
     "pairs-stride-two": COUNT_TESTS | TRAIN_TESTS,
@@ -168,7 +183,7 @@ BLIND_FAILS = {
     **dict.fromkeys(("encode-no-pretokenize", "encode-most-frequent-first", "encode-reversed-merges"), ENCODE_TESTS),
     **dict.fromkeys(("decode-per-token", "decode-latin1"), DECODE_TESTS),
     "decode-errors-ignore": DECODE_TESTS - {"test_decode"},
-    "uses-reference-bpe": COUNT_TESTS | MERGE_TESTS | TRAIN_TESTS | ENCODE_TESTS | DECODE_TESTS,
+    "uses-reference-bpe": TRAIN_TESTS | ENCODE_TESTS | DECODE_TESTS,
 }
 
 

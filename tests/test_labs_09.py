@@ -155,6 +155,24 @@ WRONG = {
     "eps-before-correction": ({"adamw_step": ADAMW.format(**RIGHT_ADAMW | {
         "update": "param - lr * (1 - beta2**step) ** 0.5 / (1 - beta1**step) * exp_avg / (exp_avg_sq.sqrt() + eps)"})},
         ADAMW_TESTS),
+    # the micro-batches' loss from torch's cross_entropy, not the student's cross_entropy: cross_entropy's
+    # reference, which accumulate_gradients does not forbid (the loss is not its point) and which is no stub in the
+    # graded kernel (torch's), so only cross_entropy's cells are lost
+    "accumulation-with-torch-cross-entropy": (
+        {"accumulate_gradients": UNDIVIDED_ACCUMULATION.replace(
+            "cross_entropy(", "torch.nn.functional.cross_entropy(").replace(
+            "loss.backward()", "(loss / micro_batches).backward()")},
+        {"test_cross_entropy", "test_cross_entropy_large", "test_cross_entropy_hidden"}),
+    # the same with the course's lm_loss, which cross_entropy forbids too (F.cross_entropy behind a model): the scan
+    # zeroes cross_entropy alone, but the graded kernel has no lm_loss (every reference the lab forbids is a stub
+    # there), so accumulate_gradients fails with its error
+    "accumulation-with-the-course-loss": (
+        {"accumulate_gradients": "from gptcourse.training.loop import lm_loss\n" + UNDIVIDED_ACCUMULATION.replace(
+            "cross_entropy(model(piece[:, :-1]).flatten(0, 1), piece[:, 1:].flatten())",
+            "lm_loss(model, piece[:, :-1], piece[:, 1:])").replace("loss.backward()",
+                                                                  "(loss / micro_batches).backward()")},
+        {"test_cross_entropy", "test_cross_entropy_large", "test_cross_entropy_hidden", "test_accumulate_gradients",
+         "test_accumulate_gradients_hidden"}),
 }
 
 # student -> (a case their code fails, what its message says)

@@ -25,10 +25,16 @@ from ..cases import Inputs, Outputs, given, sized
 from ..piece import Piece, declare
 from ..student import TensorsMade
 
-_FORBIDDEN = ("gptcourse.count_parameters", "gptcourse.parameter_breakdown", "gptcourse.block_breakdown",
-              "gptcourse.model.params", "gptcourse.checks.gpt_module_breakdown",
+# Each piece forbids what computes its own answer. The breakdown's: the package's per-component closed forms (its
+# private helpers too, one per component), the checker whose messages give the expected counts, the calculator
+# widget, and a built model whose tensors are counted. The total is the breakdown's sum, so it forbids all of that
+# as well (the sum of the reference breakdown is the reference total) and the whole module; the breakdown does not
+# forbid the total, which it is not built from (a student who checks their components against it loses the total).
+_BREAKDOWN = ("gptcourse.parameter_breakdown", "gptcourse.block_breakdown", "gptcourse.model.params._attention",
+              "gptcourse.model.params._mlp", "gptcourse.model.params._norm", "gptcourse.checks.gpt_module_breakdown",
               "gptcourse.checks.check_parameter_count", "gptcourse.widgets.ParameterCalculator", "gptcourse.GPT",
               "gptcourse.model.gpt")
+_TOTAL = ("gptcourse.count_parameters", "gptcourse.model.params", *_BREAKDOWN)
 COMPONENTS = ("token_embedding", "position_embedding", "attention", "mlp", "block_norms", "final_norm",
               "output_projection")
 
@@ -154,7 +160,7 @@ VARIANTS = (
 )
 PIECES = declare(
     Piece("06", "parameter_breakdown", _model_breakdown, _breakdown_call, judge=_breakdown_judge,
-          forbidden=_FORBIDDEN,
+          forbidden=_BREAKDOWN,
           visible=[("visible", "parameter_breakdown of seed-tiny (24,096) and seed-tiny-untied (27,296)",
                     given(configs=[preset("seed-tiny"), preset("seed-tiny-untied")])),
                    ("gpt2", "parameter_breakdown of gpt2-small (124,439,808)", given(configs=[preset("gpt2-small")])),
@@ -163,7 +169,7 @@ PIECES = declare(
                    given(configs=list(VARIANTS))),
                   ("hidden_random", "parameter_breakdown of three random configs",
                    sized(lambda r, seed: {"configs": [random_config(r) for _ in range(3)]}))]),
-    Piece("06", "count_parameters", _model_total, _total_call, judge=_total_judge, forbidden=_FORBIDDEN,
+    Piece("06", "count_parameters", _model_total, _total_call, judge=_total_judge, forbidden=_TOTAL,
           visible=[("visible", "count_parameters of seed-tiny (24,096) and seed-tiny-untied (27,296)",
                     given(configs=[preset("seed-tiny"), preset("seed-tiny-untied")])),
                    ("published", "count_parameters of gpt2-small (124,439,808) and llama2-7b (6,738,415,616)",

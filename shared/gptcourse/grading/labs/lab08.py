@@ -28,7 +28,14 @@ from ..cases import Inputs, Outputs, given, sizes_rng
 from ..piece import Piece, declare
 from ..student import as_ids, as_text
 
-_FORBIDDEN = ("gptcourse.BPETokenizer", "gptcourse.text.bpe")
+# Each piece forbids what computes its own answer: merge_pair the module's merge_pair; train_bpe the class (its
+# `train`), the trainer and the pre-token counts it starts from; encode and decode the class, which does both.
+# train_bpe and encode call the student's count_pairs and merge_pair, but counting and merging are not their point
+# (the pre-tokens, the tie rule and the loop; the merges applied by rank): neither forbids those references. gptcourse
+# counts pairs only inside its trainer, so count_pairs forbids nothing: its reference is the one-line Counter.
+_MERGE = ("gptcourse.text.bpe.merge_pair",)
+_TRAIN = ("gptcourse.BPETokenizer", "gptcourse.text.bpe.train_merges", "gptcourse.text.bpe.pretoken_counts")
+_CODEC = ("gptcourse.BPETokenizer",)
 Pair = tuple[int, int]
 Word = tuple[int, ...]
 
@@ -505,13 +512,12 @@ def _decode_inputs(merges: list[Pair], text: str) -> Inputs:
 PIECES = declare(
     # gptcourse counts pairs only inside its trainer: this reference is the one-line count
     Piece("08", "count_pairs", lambda ids: Counter(pairwise(ids)), _count_call, judge=_count_judge,
-          forbidden=_FORBIDDEN,
           visible=[("visible", "count_pairs of the bytes of 'aaabdaaabac'",
                     lambda seed: {"ids": list(b"aaabdaaabac")})],
           hidden=[("hidden_short", "count_pairs of a single id (no pairs)", lambda seed: {"ids": [7]}),
                   ("hidden_random", "count_pairs of other ids", lambda seed: {"ids": _random_ids(seed)})]),
     Piece("08", "merge_pair", lambda ids, pair, new_id: merge_pair(ids, *pair, new_id), _merge_call,
-          judge=partial(_judge_ids, "merge_pair", _merge_mistakes), forbidden=_FORBIDDEN,
+          judge=partial(_judge_ids, "merge_pair", _merge_mistakes), forbidden=_MERGE,
           visible=[("visible", "merge_pair of 'aaabdaaabac' with (97, 98) 'ab' -> 256",
                     given(ids=list(b"aaabdaaabac"), pair=(97, 98), new_id=256)),
                    ("overlap", "merge_pair of 'aaaaa' with (97, 97) 'aa' -> 256 (overlapping occurrences)",
@@ -520,7 +526,7 @@ PIECES = declare(
           hidden=[("hidden_end", "merge_pair with the pair at the very end, among ids whose digits run into it",
                    given(ids=[15, 9, 5, 95, 9, 5, 5, 9, 1, 5, 9], pair=(5, 9), new_id=300)),
                   ("hidden_random", "merge_pair of other ids", _merge_hidden)]),
-    Piece("08", "train_bpe", trained_merges, _train_call, judge=_train_judge, forbidden=_FORBIDDEN,
+    Piece("08", "train_bpe", trained_merges, _train_call, judge=_train_judge, forbidden=_TRAIN,
           visible=[("visible", "train_bpe on three small Python functions, vocab_size=276",
                     given(text=VISIBLE_TEXT, vocab_size=276)),
                    ("ties", f"train_bpe({TIES_TEXT!r}, vocab_size=270): many ties",
@@ -532,7 +538,7 @@ PIECES = declare(
                   ("hidden_exhausted", "train_bpe asked for more tokens than the text has pairs to merge",
                    given(text="ab ab abc", vocab_size=300))]),
     Piece("08", "encode", lambda text, merges: tokenizer(merges).encode(text), _encode_call,
-          judge=partial(_judge_ids, "encode", _encode_mistakes), forbidden=_FORBIDDEN,
+          judge=partial(_judge_ids, "encode", _encode_mistakes), forbidden=_CODEC,
           visible=[("visible", f"encode({ENCODE_TEXT!r}) with merges learned from both texts of 08.train_bpe "
                     "(vocab_size=288): the merges' order decides 'slower'",
                     lambda seed: {"merges": trained_merges(*ENCODE_MERGES), "text": ENCODE_TEXT})],
@@ -546,7 +552,7 @@ PIECES = declare(
                    lambda seed: {"merges": trained_merges(_corpus_slice(seed, 3000), 330),
                                  "text": _corpus_slice(seed + 1, 1000)})]),
     Piece("08", "decode", lambda ids, merges: tokenizer(merges).decode(ids), _decode_call, judge=_decode_judge,
-          forbidden=_FORBIDDEN,
+          forbidden=_CODEC,
           visible=[("visible", "decode the ids of 'def café(a, b):' with the merges of 08.train_bpe.visible (no merge "
                                "joins the two bytes of 'é': two tokens)",
                     lambda seed: _decode_inputs(trained_merges(VISIBLE_TEXT, 276), "def café(a, b):")),

@@ -39,8 +39,22 @@ _CROSS_ENTROPY = ("gptcourse.cross_entropy", "gptcourse.training.losses", "torch
                   "torch.nn.NLLLoss", "torch._C._nn.nll_loss", "torch._C._nn.nll_loss_nd",
                   "torch.nn.functional.log_softmax", "torch.log_softmax", "torch.special.log_softmax",
                   "torch._log_softmax", "torch.nn.LogSoftmax", "torch.Tensor.log_softmax", "torch.logsumexp",
-                  "torch.special.logsumexp", "torch.Tensor.logsumexp")
-_CHECKPOINT = ("gptcourse.save_checkpoint", "gptcourse.load_checkpoint", "gptcourse.training.checkpoint")
+                  "torch.special.logsumexp", "torch.Tensor.logsumexp", "gptcourse.training.loop.lm_loss")
+# Each piece forbids what computes its own answer, named one by one (the modules gptcourse.training.loop and
+# .checkpoint define the references of several pieces). lm_loss is F.cross_entropy behind a model: a model that
+# returns the logits makes it the loss, so it is cross_entropy's. accumulate_gradients calls the student's
+# cross_entropy, but the loss is not its point (k micro-batches, each loss / k): it does not forbid cross_entropy's
+# references. make_optimizer builds torch's AdamW, the update adamw_step writes. The checkpoint's halves are graded
+# apart (each with the reference's other half): each forbids the package's half it is.
+_ADAMW = ("gptcourse.AdamW", "gptcourse.training.optim", "torch.optim.AdamW", "torch.optim.Adam",
+          "torch.optim._functional", "torch.optim._functional.adam", "torch.optim._functional.adamw",
+          "torch._fused_adam_", "torch._fused_adamw_", "gptcourse.training.loop.make_optimizer")
+_SCHEDULE = ("gptcourse.lr_at", "torch.optim.lr_scheduler")
+_CLIP = ("gptcourse.clip_grad_norm", "gptcourse.training.clipping", "torch.nn.utils.clip_grad_norm_",
+         "torch.nn.utils.clip_grad_norm", "torch.nn.utils.clip_grads_with_norm_", "torch.nn.utils.get_total_norm")
+_ACCUMULATE = ("gptcourse.training.loop.train_step", "gptcourse.train")
+_SAVE = ("gptcourse.training.checkpoint.run_state", "gptcourse.save_checkpoint")
+_RESTORE = ("gptcourse.training.checkpoint.resume_run", "gptcourse.load_checkpoint")
 
 
 # ---- cross_entropy(logits (N, V), targets (N,)) -> the mean negative log-likelihood, a 0-dim tensor
@@ -555,9 +569,7 @@ PIECES = declare(
                    sized(lambda r, seed: _ce_inputs(r.randint(2, 40), r.randint(2, 60),
                                                     r.choice([200.0, 500.0, 1000.0]), seed)))]),
     Piece("09", "adamw_step", _adamw_step, _adamw_call, judge=_adamw_judge,
-          forbidden=("gptcourse.AdamW", "gptcourse.training.optim", "torch.optim.AdamW", "torch.optim.Adam",
-                     "torch.optim._functional", "torch.optim._functional.adam", "torch.optim._functional.adamw",
-                     "torch._fused_adam_", "torch._fused_adamw_"),
+          forbidden=_ADAMW,
           visible=[("visible", "three adamw_steps on 12 numbers, lr=0.01, betas (0.9, 0.999), weight_decay=0.1",
                     lambda seed: _adamw_inputs(12, 3, seed, lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8,
                                                weight_decay=0.1)),
@@ -571,14 +583,12 @@ PIECES = declare(
                        weight_decay=r.choice([0.3, 0.5, 1.0]))))]),
     Piece("09", "lr_at", _lr_at, _schedule_call, mistakes=_schedule_mistakes,
           label="the learning rates at steps 0 .. total_steps + 4", atol=1e-12, rtol=1e-9,
-          forbidden=("gptcourse.lr_at", "gptcourse.training.loop", "torch.optim.lr_scheduler"),
+          forbidden=_SCHEDULE,
           visible=[("visible", "lr_at over 24 steps, warmup 4, max_lr 1e-3, min_lr 1e-4",
                     given(max_lr=1e-3, min_lr=1e-4, warmup_steps=4, total_steps=24))],
           hidden=[("hidden_sizes", "lr_at with other lengths, warmups and rates", _schedule_hidden)]),
     Piece("09", "clip_grad_norm", clip_grad_norm, _clip_call, judge=_clip_judge,
-          forbidden=("gptcourse.clip_grad_norm", "gptcourse.training.clipping", "torch.nn.utils.clip_grad_norm_",
-                     "torch.nn.utils.clip_grad_norm", "torch.nn.utils.clip_grads_with_norm_",
-                     "torch.nn.utils.get_total_norm"),
+          forbidden=_CLIP,
           visible=[("visible", "clip_grad_norm of three gradients (3, 4), (5,), (2, 2) to max_norm 1.0",
                     lambda seed: _clip_inputs([(3, 4), (5,), (2, 2)], 1.0, seed)),
                    ("below", "clip_grad_norm when the norm is already below max_norm (nothing changes)",
@@ -586,16 +596,16 @@ PIECES = declare(
           hidden=[("hidden_sizes", "clip_grad_norm with other shapes, one parameter without a gradient",
                    _clip_hidden)]),
     Piece("09", "accumulate_gradients", _accumulate_gradients, _accumulate_call, judge=_accumulate_judge,
-          forbidden=("gptcourse.train", "gptcourse.training.loop"),
+          forbidden=_ACCUMULATE,
           visible=[("visible", "accumulate_gradients of tokens (4, 7) in 2 micro-batches",
                     lambda seed: _accumulate_inputs(SMALL, 4, 6, 2, seed))],
           hidden=[("hidden_sizes", "accumulate_gradients with 3 or 6 micro-batches of 6 rows", _accumulate_hidden)]),
-    Piece("09", "training_state", _training_state, _state_call, judge=_resume_judge, forbidden=_CHECKPOINT,
+    Piece("09", "training_state", _training_state, _state_call, judge=_resume_judge, forbidden=_SAVE,
           visible=[("visible", "training_state after 2 AdamW steps, restored and trained 2 more",
                     lambda seed: _resume_inputs(SMALL, 3, 8, 2, seed))],
           hidden=[("hidden_sizes", "training_state with other sizes and step counts", _RESUME_HIDDEN)]),
     Piece("09", "restore_training_state", _restore_training_state, _restore_call, judge=_resume_judge,
-          forbidden=_CHECKPOINT,
+          forbidden=_RESTORE,
           visible=[("visible", "restore_training_state into a fresh model, AdamW and generator, then 2 more steps",
                     lambda seed: _resume_inputs(SMALL, 3, 8, 2, seed))],
           hidden=[("hidden_sizes", "restore_training_state with other sizes and step counts", _RESUME_HIDDEN)]),
