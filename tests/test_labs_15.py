@@ -172,6 +172,7 @@ SAYS = {
         "loss-max-not-min": "max where PPO takes min",
         "loss-padding-counted": "the padding positions are counted",
         "loss-tokens-of-the-batch": "the tokens of the whole batch are averaged together",
+        # the blind student loss-padding-counted, under the name the round trip grades it by (WRONG has one of its name)
         "blind-loss-padding-counted": "the padding positions are counted",
         "loss-ratio-detached": "the whole ratio was detached",
         "loss-clip-the-advantage": "the advantage was clipped, not the ratio",
