@@ -1,20 +1,22 @@
 """The nbgrader round trip every lab's test module runs, and its in-process checks, written once.
 
-A lab module holds its lab's tables and one `class TestLabNN(RoundTrip, ...)` that names them. `RoundTrip` reads
-LAB (the lab's folder), WRONG (student -> ({solution cell grade_id: what they wrote}, the test cells it must
-fail)), TOTAL (the lab's points), VALIDATE (a mistake, how many cells `nbgrader validate` must report, and what the
-report must say) and, where the lab has blind students, BLIND_FILE and BLIND_FAILS (blind student -> the test cells
-it fails; `blind_round_trip` names them for nbgrader). The release it generates must be the committed labs/LAB; one
-autograde batch grades the solution, the untouched release, every student of WRONG and every blind student;
-lab-specific tests are methods of the subclass and can use the same `scores` (mark them slow: they run nbgrader).
-In-process, `NamedMistakes` checks that each mistake of SAYS (a student of WRONG or a blind student -> (a case it
-fails, what its message says)) is named (`check_named_mistake`), and `BlindStudents` grades each blind student,
-every case of every test cell, visible and hidden, reading each message (`check_blind_student`).
+A lab's test module declares its round trip in tables at its top level, and one `class TestLabNN(RoundTrip, ...)`
+runs them (`LabTables` reads them from the class's module): LAB (the lab's folder), TOTAL (its points), WRONG
+(student -> ({solution cell grade_id: what they wrote}, the test cells it must fail)), VALIDATE (a student, how
+many cells `nbgrader validate` must report failed, its first failed case and what the report says) and, where the
+lab has blind students, BLIND_FILE and BLIND_FAILS (blind student -> the test cells it fails; `blind_round_trip`
+names them for nbgrader). The release `RoundTrip` generates must be the committed labs/LAB; one autograde batch
+grades the solution, the untouched release, every student of WRONG and every blind student; lab-specific tests are
+methods of the class and can use the same `scores` (mark them slow: they run nbgrader). In-process, `NamedMistakes`
+checks that each mistake of SAYS (case -> {a student of WRONG or a blind student: what the case's message says})
+is named (`check_named_mistake`), and `BlindStudents` grades each blind student, every case of every test cell,
+visible and hidden, reading each message (`check_blind_student`).
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,68 +171,57 @@ def _blind_parts(path: Path) -> dict[str, tuple[str, list[str]]]:
 
 @dataclass(frozen=True)
 class Validation:
+    """What `nbgrader validate` must report on one student's notebook: how many cells failed, the check of the first
+    case that failed (the traceback shows its line, `check("NN.piece.variant", piece)`), and what its message says."""
+
     student: str  # one `RoundTrip.graded` grades (blind-x for the blind student x)
     failed_cells: int
-    says: tuple[str, ...]  # snippets the validation report must contain
+    case: str
+    says: str | tuple[str, ...]  # a snippet of the report, or several
+
+    def snippets(self) -> tuple[str, ...]:
+        """What the report must contain."""
+        says = (self.says,) if isinstance(self.says, str) else self.says
+        return (f'check("{self.case}", {CaseId.parse(self.case).piece})', *says)
 
 
 def per_student(table: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Runs the test method once per student of the class's table named `table` (see `PerStudent`)."""
+    """Runs the test method once per student of the class's table named `table`, a dict keyed by student or a
+    class method that returns one (see `PerStudent`)."""
     def mark(test: Callable[..., None]) -> Callable[..., None]:
         test.students_of = table
         return test
     return mark
 
 
-class PerStudent:
-    """Parametrises each method marked `per_student(TABLE)` over `student`, the sorted keys of its class's TABLE
-    (pytest calls a test class's `pytest_generate_tests` for its methods)."""
-
-    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        table = getattr(metafunc.function, "students_of", None)
-        if table is not None:
-            metafunc.parametrize("student", sorted(getattr(self, table)))
+TABLES = ("LAB", "TOTAL", "WRONG", "VALIDATE", "SAYS", "BLIND_FILE", "BLIND_FAILS", "NBGRADER_ONLY")
+REQUIRED = ("LAB", "TOTAL", "WRONG", "VALIDATE")
 
 
-class NamedMistakes(PerStudent):
-    """Each mistake of SAYS fails its case, in-process, with a message that says what it is."""
+class LabTables:
+    """A lab's tables (`TABLES`), taken from the module of each test class that derives from this one: the tables
+    are declared once, at the module's top level, and a table the class sets itself stays the class's."""
 
     LAB: str
-    WRONG: dict[str, tuple[dict[str, str], set[str]]]
-    BLIND_FILE: Path | None = None
-    # a student of WRONG, or a blind student of BLIND_FILE -> (a case their code fails, what its message says)
-    SAYS: dict[str, tuple[str, str]]
-
-    @per_student("SAYS")
-    def test_each_named_mistake_gets_its_message(self, student: str) -> None:
-        answers = self.WRONG[student][0] if student in self.WRONG else blind_students(self.BLIND_FILE)[student]
-        check_named_mistake(self.LAB, answers, *self.SAYS[student])
-
-
-class BlindStudents(PerStudent):
-    """Each student of BLIND_FILE that BLIND_FAILS lists fails exactly its test cells, in-process, every case named
-    (`check_blind_student`); `RoundTrip` has nbgrader grade them too."""
-
-    LAB: str
-    BLIND_FILE: Path
-    BLIND_FAILS: dict[str, set[str]]  # blind student -> the test cells it fails
-
-    @per_student("BLIND_FAILS")
-    def test_each_blind_student_fails_its_cells_named(self, student: str) -> None:
-        check_blind_student(self.LAB, self.BLIND_FILE, student, self.BLIND_FAILS[student])
-
-
-class RoundTrip:
-    """Real nbgrader on the lab: generate, autograde the class (`graded`) in one call, validate (each test marked
-    slow)."""
-
-    LAB: str
-    WRONG: dict[str, tuple[dict[str, str], set[str]]]
     TOTAL: int
+    WRONG: dict[str, tuple[dict[str, str], set[str]]]
     VALIDATE: Validation
     BLIND_FILE: Path | None = None
-    BLIND_FAILS: ClassVar[dict[str, set[str]]] = {}
+    BLIND_FAILS: ClassVar[dict[str, set[str]]] = {}  # blind student -> the test cells it fails
     NBGRADER_ONLY: ClassVar[dict[str, set[str]]] = {}  # blind students that only nbgrader grades
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__module__ == __name__:
+            return
+        module = vars(sys.modules[cls.__module__])
+        for name in TABLES:
+            if name in module and name not in vars(cls):
+                setattr(cls, name, module[name])
+        missing = [name for name in REQUIRED if not hasattr(cls, name)]
+        if missing:
+            raise TypeError(f"{cls.__module__} declares no {', '.join(missing)}: a lab's round trip needs each of "
+                            f"{', '.join(REQUIRED)} at the module's top level")
 
     @classmethod
     def graded(cls) -> dict[str, tuple[dict[str, str], set[str]]]:
@@ -239,6 +230,59 @@ class RoundTrip:
         if cls.BLIND_FILE is None:
             return cls.WRONG
         return cls.WRONG | blind_round_trip(cls.BLIND_FILE, cls.BLIND_FAILS | cls.NBGRADER_ONLY)
+
+
+class PerStudent(LabTables):
+    """Parametrises each method marked `per_student(TABLE)` over `student`, the sorted keys of its class's TABLE
+    (pytest calls a test class's `pytest_generate_tests` for its methods)."""
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        name = getattr(metafunc.function, "students_of", None)
+        if name is not None:
+            table = getattr(self, name)
+            metafunc.parametrize("student", sorted(table() if callable(table) else table))
+
+
+class NamedMistakes(PerStudent):
+    """Each mistake of SAYS fails its case, in-process, with a message that says what it is."""
+
+    # case -> {student: what the case's message says to it}: a student of WRONG, a blind student of BLIND_FILE by
+    # its name, or blind-x (as the round trip grades it) where x is also a student of WRONG
+    SAYS: dict[str, dict[str, str]]
+
+    @classmethod
+    def named(cls) -> dict[str, tuple[str, str]]:
+        """SAYS by student: student -> (the case that names its mistake, what the case's message says)."""
+        named = {}
+        for case, says in cls.SAYS.items():
+            for student, text in says.items():
+                if student in named:
+                    raise ValueError(f"{cls.__module__}: SAYS names {student} under {named[student][0]} and {case}: "
+                                     "one case a student")
+                named[student] = (case, text)
+        return named
+
+    @per_student("named")
+    def test_each_named_mistake_gets_its_message(self, student: str) -> None:
+        graded = self.graded()
+        answers = graded[student][0] if student in graded else blind_students(self.BLIND_FILE)[student]
+        check_named_mistake(self.LAB, answers, *self.named()[student])
+
+
+class BlindStudents(PerStudent):
+    """Each student of BLIND_FILE that BLIND_FAILS lists fails exactly its test cells, in-process, every case named
+    (`check_blind_student`); `RoundTrip` has nbgrader grade them too."""
+
+    BLIND_FILE: Path
+
+    @per_student("BLIND_FAILS")
+    def test_each_blind_student_fails_its_cells_named(self, student: str) -> None:
+        check_blind_student(self.LAB, self.BLIND_FILE, student, self.BLIND_FAILS[student])
+
+
+class RoundTrip(LabTables):
+    """Real nbgrader on the lab: generate, autograde the class (`graded`) in one call, validate (each test marked
+    slow)."""
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -289,5 +333,5 @@ class RoundTrip:
         assert "WARNING" not in solved, f"validate printed a warning a student cannot act on:\n{solved[:2000]}"
         assert "VALIDATION FAILED" not in solved
         assert f"VALIDATION FAILED ON {v.failed_cells} CELL(S)" in report
-        for snippet in v.says:
-            assert snippet in report
+        for snippet in v.snippets():
+            assert snippet in report, f"validate's report on {v.student} lacks {snippet!r}:\n{report[:2000]}"

@@ -51,13 +51,6 @@ def one_hot_embed(ids, table):
     "one-hot-lookup": ({"one_hot_embed": "def one_hot_embed(ids, table):\n    return table[ids]\n"},
                        {"test_one_hot_embed", "test_one_hot_embed_hidden"}),
 }
-# student -> (a case their code fails, what its message says)
-SAYS = {
-    "one-hot-lookup": ("01.one_hot_embed.visible", "no (2, 4, 6) one-hot matrix was made: the rows were looked up"),
-    # the largest ids need not occur (jwcalder/GraphLearning#12, pytorch/vision#7173)
-    "one-hot-without-num-classes": ("01.one_hot_embed.hidden_sizes", "one_hot(ids) without num_classes makes "
-                                    "max(ids) + 1"),
-}
 
 
 # Written blind to the tests (issue 42), as written: student -> the test cells it fails, each case of each cell run
@@ -83,13 +76,22 @@ BLIND_FAILS = {
 }
 
 
-class TestLab01(RoundTrip, NamedMistakes, BlindStudents):
-    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 11
-    VALIDATE = Validation("no-positions", 1, (
-        'check("01.TokenAndPositionEmbedding.visible", TokenAndPositionEmbedding)',
-        "the positions are missing",
-    ))
+# case -> {student (of WRONG, or blind): what the case's message says to it}
+SAYS = {
+    "01.one_hot_embed.visible": {
+        "one-hot-lookup": "no (2, 4, 6) one-hot matrix was made: the rows were looked up",
+    },
+    "01.one_hot_embed.hidden_sizes": {
+        # the largest ids need not occur (jwcalder/GraphLearning#12, pytorch/vision#7173)
+        "one-hot-without-num-classes": "one_hot(ids) without num_classes makes max(ids) + 1",
+    },
+}
 
+# the lab's points; nbgrader validate on a student: the cells it reports failed, the first failed case, its message
+TOTAL, VALIDATE = 11, Validation("no-positions", 1, "01.TokenAndPositionEmbedding.visible", "the positions are missing")
+
+
+class TestLab01(RoundTrip, NamedMistakes, BlindStudents):
     @pytest.mark.slow
     def test_feedback_shows_the_diagnostic_and_export_has_the_scores(self, course, scores):
         course.nbgrader("generate_feedback", LAB)

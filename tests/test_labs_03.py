@@ -80,7 +80,9 @@ BLIND_FAILS = {
 }
 
 
+# the lab's points; nbgrader validate on a student: the cells it reports failed, the first failed case, its message
+TOTAL, VALIDATE = 20, Validation("rope-on-v", 1, "03.MultiHeadAttention.rope", "RoPE is applied to v as well")
+
+
 class TestLab03(RoundTrip, BlindStudents):
-    LAB, WRONG, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, BLIND_FILE, BLIND_FAILS, 20
-    VALIDATE = Validation("rope-on-v", 1, ('check("03.MultiHeadAttention.rope", MultiHeadAttention)',
-                                           "RoPE is applied to v as well"))
+    """Lab 03's round trip and in-process checks, from the tables above."""

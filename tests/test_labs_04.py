@@ -76,17 +76,24 @@ WRONG = {
     "post-norm": ({"DecoderBlock": BLOCK.format(forward="""x = self.norm1(x + self.attn(x, rope=rope))
         return self.norm2(x + self.mlp(x))""")}, BLOCK_VALUES),
 }
-# student -> (a case their code fails, what its message says)
-SAYS = {
-    "divides-by-rsqrt": ("04.RMSNorm.visible", "x is divided by torch.rsqrt(mean(x^2) + eps)"),
-    "residual-from-normed": ("04.DecoderBlock.visible", "the residual adds the normalised x"),
-    "silu-of-product": ("04.SwiGLU.visible", "SiLU is applied to the product, silu(gate * value)"),
-}
 
 
 # Written blind to the tests (issue 42), as written: student -> the test cells it fails (the block runs the student's
 # norm and MLP, so their mistakes fail it too; a banned reference zeroes the piece and the block that uses it).
 BLIND_FILE = Path(__file__).with_name("lab04_blind.cells")
+# case -> {student (of WRONG, or blind): what the case's message says to it}
+SAYS = {
+    "04.RMSNorm.visible": {
+        "divides-by-rsqrt": "x is divided by torch.rsqrt(mean(x^2) + eps)",
+    },
+    "04.DecoderBlock.visible": {
+        "residual-from-normed": "the residual adds the normalised x",
+    },
+    "04.SwiGLU.visible": {
+        "silu-of-product": "SiLU is applied to the product, silu(gate * value)",
+    },
+}
+
 NORM_TESTS, MLP_TESTS = {"test_RMSNorm", "test_RMSNorm_hidden"}, {"test_SwiGLU", "test_SwiGLU_hidden"}
 BLOCK_TESTS = BLOCK_VALUES | {"test_DecoderBlock_causal", "test_DecoderBlock_params"}
 BLIND_FAILS = {
@@ -107,11 +114,12 @@ BLIND_FAILS = {
 }
 
 
-class TestLab04(RoundTrip, NamedMistakes, BlindStudents):
-    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 18
-    VALIDATE = Validation("rmsnorm-subtracts-mean", 3, ('check("04.RMSNorm.visible", RMSNorm)',
-                                                        "it subtracts the mean (that is LayerNorm)"))
+# the lab's points; nbgrader validate on a student: the cells it reports failed, the first failed case, its message
+TOTAL, VALIDATE = 18, Validation("rmsnorm-subtracts-mean", 3, "04.RMSNorm.visible",
+                                 "it subtracts the mean (that is LayerNorm)")
 
+
+class TestLab04(RoundTrip, NamedMistakes, BlindStudents):
     @pytest.mark.slow
     def test_the_parameter_count_names_the_biases(self, course, scores):
         cell = self.autograded_cell(course, "swiglu-with-biases", "test_DecoderBlock_params")

@@ -56,10 +56,6 @@ WRONG = {
         "self.lm_head.weight = nn.Parameter(self.tok_emb.weight.clone())")},
         {"test_GPT_tying", "test_GPT_tying_hidden"}),
 }
-# student -> (a case their code fails, what its message says)
-SAYS = {
-    "tied-by-copy": ("05.GPT.tying", "lm_head.weight is a copy of tok_emb.weight"),
-}
 
 
 # Written blind to the tests (issue 42), as written: student -> the test cells it fails.
@@ -87,8 +83,17 @@ BLIND_FAILS = {
 }
 
 
+# case -> {student (of WRONG, or blind): what the case's message says to it}
+SAYS = {
+    "05.GPT.tying": {
+        "tied-by-copy": "lm_head.weight is a copy of tok_emb.weight",
+    },
+}
+
+# the lab's points; nbgrader validate on a student: the cells it reports failed, the first failed case, its message
+TOTAL, VALIDATE = 16, Validation("no-output-projection", 2, "05.GPT.visible",
+                                 ("(2, 5, 32), expected (B, T, V) = (2, 5, 100)", "the output projection is missing"))
+
+
 class TestLab05(RoundTrip, NamedMistakes, BlindStudents):
-    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 16
-    VALIDATE = Validation("no-output-projection", 2, ('check("05.GPT.visible", GPT)',
-                                                      "(2, 5, 32), expected (B, T, V) = (2, 5, 100)",
-                                                      "the output projection is missing"))
+    """Lab 05's round trip and in-process checks, from the tables above."""

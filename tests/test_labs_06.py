@@ -100,11 +100,6 @@ WRONG = {
         {"test_parameter_breakdown", "test_parameter_breakdown_gpt2", "test_parameter_breakdown_llama",
          "test_parameter_breakdown_hidden"} | TOTALS),
 }
-# student -> (a case their code fails, what its message says)
-SAYS = {
-    "built-on-meta": ("06.parameter_breakdown.visible", "built layers (on the meta device or not) and counted their "
-                      "tensors"),
-}
 
 
 BREAKDOWNS = {"test_parameter_breakdown", "test_parameter_breakdown_gpt2", "test_parameter_breakdown_llama",
@@ -147,11 +142,19 @@ def test_every_config_the_lab_checks_has_a_key_and_value_head_per_query_head():
     assert configs and all(config.kv_heads == config.n_heads for config in configs)
 
 
-class TestLab06(RoundTrip, NamedMistakes, BlindStudents):
-    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 13
-    VALIDATE = Validation("always-untied", 4, ('check("06.parameter_breakdown.visible", parameter_breakdown)',
-                                               "(+3,200 = V x d: untied output projection?"))
+# case -> {student (of WRONG, or blind): what the case's message says to it}
+SAYS = {
+    "06.parameter_breakdown.visible": {
+        "built-on-meta": "built layers (on the meta device or not) and counted their tensors",
+    },
+}
 
+# the lab's points; nbgrader validate on a student: the cells it reports failed, the first failed case, its message
+TOTAL, VALIDATE = 13, Validation("always-untied", 4, "06.parameter_breakdown.visible",
+                                 "(+3,200 = V x d: untied output projection?")
+
+
+class TestLab06(RoundTrip, NamedMistakes, BlindStudents):
     def test_the_visible_presets_have_their_published_totals(self):
         from gptcourse.grading import case_seed, get_case
 

@@ -102,13 +102,6 @@ WRONG = {
         {"test_next_token_probs", "test_next_token_probs_top_k", "test_next_token_probs_hidden",
          "test_sample_next_token", "test_sample_next_token_hidden"}),
 }
-# student -> (a case their code fails, what its message says)
-SAYS = {
-    "sample-without-generator": ("07.sample_next_token.visible", "the generator was not used"),
-    "sample-without-crop": ("07.sample_next_token.greedy", "sequence length 11 exceeds context_length=8"),
-    "temperature-twice": ("07.next_token_probs.visible", "the temperature is applied twice"),
-    "targets-shifted-twice": ("07.next_token_loss.visible", "the targets are shifted twice"),
-}
 LOSS_TESTS = {"test_next_token_loss", "test_next_token_loss_hidden"}
 PROBS_TESTS = {"test_next_token_probs", "test_next_token_probs_top_k", "test_next_token_probs_hidden"}
 TOP_K_TESTS = {"test_next_token_probs_top_k", "test_next_token_probs_hidden"}
@@ -156,11 +149,28 @@ def test_a_right_next_token_loss_is_not_blamed_for_a_wrong_train_step():
     assert failed and not [m for by_case in failed.values() for m in by_case.values() if "next_token_loss" in m]
 
 
-class TestLab07(RoundTrip, NamedMistakes, BlindStudents):
-    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 24
-    VALIDATE = Validation("no-zero-grad", 1, ('check("07.train_step.twice", train_step)',
-                                              "the gradients accumulate from one step to the next"))
+# case -> {student (of WRONG, or blind): what the case's message says to it}
+SAYS = {
+    "07.sample_next_token.visible": {
+        "sample-without-generator": "the generator was not used",
+    },
+    "07.sample_next_token.greedy": {
+        "sample-without-crop": "sequence length 11 exceeds context_length=8",
+    },
+    "07.next_token_probs.visible": {
+        "temperature-twice": "the temperature is applied twice",
+    },
+    "07.next_token_loss.visible": {
+        "targets-shifted-twice": "the targets are shifted twice",
+    },
+}
 
+# the lab's points; nbgrader validate on a student: the cells it reports failed, the first failed case, its message
+TOTAL, VALIDATE = 24, Validation("no-zero-grad", 1, "07.train_step.twice",
+                                 "the gradients accumulate from one step to the next")
+
+
+class TestLab07(RoundTrip, NamedMistakes, BlindStudents):
     @pytest.mark.slow
     def test_a_graded_train_step_names_the_wrong_loss_it_builds_on(self, course, scores):
         """In the graded kernel (the package view of lab 07), train_step's case finds the student's own

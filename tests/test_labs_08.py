@@ -142,22 +142,6 @@ WRONG = {
         {"test_train_bpe", "test_train_bpe_ties", "test_train_bpe_hidden", "test_encode", "test_encode_hidden",
          "test_decode", "test_decode_split", "test_decode_hidden"}),
 }
-# student -> (a case their code fails, what its message says)
-SAYS = {
-    "count-pairs-once": ("08.count_pairs.visible", "every pair is counted once: count how *often*"),
-    "ties-least": ("08.train_bpe.ties", "ties are broken the other way"),
-    "no-pretokenize": ("08.train_bpe.visible", "the text is not pre-tokenized"),
-    "ties-joined-bytes": ("08.train_bpe.visible", "ties are compared on the joined bytes vocab[a] + vocab[b]"),
-    "overlap-merged-twice": ("08.encode.visible", "overlapping occurrences of a pair are merged twice"),
-    "encode-leftmost-pair": ("08.encode.visible", "or merged its first mergeable pair from the left again and again: "
-                             "BPE merges by rank"),
-    "encode-code-points": ("08.encode.hidden_unicode", "the ids start as the characters' code points, ord(c)"),
-    "decode-token-by-token-strict": ("08.decode.split", "join the bytes of all the tokens first and decode once"),
-    "decode-errors-ignore": ("08.decode.split", "the bytes that are not UTF-8 were dropped (errors='ignore')"),
-    "decode-latin-1": ("08.decode.split", "the bytes were decoded as Latin-1"),
-    "ties-first-counted": ("08.train_bpe.ties", "ties are broken by which pair was counted first"),
-    "count-pairs-without-overlaps": ("08.train_bpe.visible", "overlapping occurrences were counted once"),
-}
 
 COUNT_TESTS = {"test_count_pairs", "test_count_pairs_hidden"}
 MERGE_TESTS = {"test_merge_pair", "test_merge_pair_overlap", "test_merge_pair_hidden"}
@@ -187,10 +171,41 @@ BLIND_FAILS = {
 }
 
 
+# case -> {student (of WRONG, or blind): what the case's message says to it}
+SAYS = {
+    "08.count_pairs.visible": {
+        "count-pairs-once": "every pair is counted once: count how *often*",
+    },
+    "08.train_bpe.ties": {
+        "ties-least": "ties are broken the other way",
+        "ties-first-counted": "ties are broken by which pair was counted first",
+    },
+    "08.train_bpe.visible": {
+        "no-pretokenize": "the text is not pre-tokenized",
+        "ties-joined-bytes": "ties are compared on the joined bytes vocab[a] + vocab[b]",
+        "count-pairs-without-overlaps": "overlapping occurrences were counted once",
+    },
+    "08.encode.visible": {
+        "overlap-merged-twice": "overlapping occurrences of a pair are merged twice",
+        "encode-leftmost-pair": "or merged its first mergeable pair from the left again and again: BPE merges by rank",
+    },
+    "08.encode.hidden_unicode": {
+        "encode-code-points": "the ids start as the characters' code points, ord(c)",
+    },
+    "08.decode.split": {
+        "decode-token-by-token-strict": "join the bytes of all the tokens first and decode once",
+        "decode-errors-ignore": "the bytes that are not UTF-8 were dropped (errors='ignore')",
+        "decode-latin-1": "the bytes were decoded as Latin-1",
+    },
+}
+
+# the lab's points; nbgrader validate on a student: the cells it reports failed, the first failed case, its message
+TOTAL, VALIDATE = 25, Validation("decode-token-by-token-strict", 2, "08.decode.split",
+                                 "join the bytes of all the tokens first and decode once")
+
+
 class TestLab08(RoundTrip, NamedMistakes, BlindStudents):
-    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 25
-    VALIDATE = Validation("decode-token-by-token-strict", 2, ('check("08.decode.split", decode)',
-                                                              "join the bytes of all the tokens first and decode once"))
+    """Lab 08's round trip and in-process checks, from the tables above."""
 
 
 def test_a_mistake_that_doubles_a_token_is_followed_only_so_far():

@@ -175,34 +175,6 @@ WRONG = {
          "test_accumulate_gradients_hidden"}),
 }
 
-# student -> (a case their code fails, what its message says)
-SAYS = {
-    "accumulation-in-one-batch": ("09.accumulate_gradients.visible", "the model ran on 4 rows at once, where each of "
-                                  "the micro_batches=2 micro-batches has 2"),
-    "no-log-sum-exp": ("09.cross_entropy.large", "exp() overflows float32 past 88"),
-    "log-plus-eps": ("09.cross_entropy.large", "log(p + 1e-09) caps each row's loss at -log(1e-09) = 20.7"),
-    "coupled-decay": ("09.adamw_step.visible", "weight decay applied to the gradient, not decoupled"),
-    "decay-after-update": ("09.adamw_step.decay", "weight decay applied after the update: it shrinks the "
-                           "already-updated weight"),
-    "decay-divided-by-sqrt-v": ("09.adamw_step.visible", "weight decay divided by sqrt(v_hat) + eps"),
-    "no-bias-correction": ("09.adamw_step.visible", "bias correction missing: step 1 is 10x too small"),
-    "bias-correction-step-plus-one": ("09.adamw_step.visible", "the bias correction uses step + 1"),
-    "warmup-from-zero": ("09.lr_at.visible", "the warmup starts at 0"),
-    "cosine-over-max-lr": ("09.lr_at.visible", "the cosine swings over max_lr, not max_lr - min_lr"),
-    "per-tensor-clip": ("09.clip_grad_norm.visible", "each tensor was clipped on its own"),
-    "clip-by-value": ("09.clip_grad_norm.visible", "each entry was clamped to [-max_norm, max_norm]"),
-    "undivided-accumulation": ("09.accumulate_gradients.visible", "the gradient is 2x too large"),
-    "restore-without-optimizer": ("09.restore_training_state.visible", "the optimizer's state was not restored"),
-    "global-rng-state": ("09.training_state.visible", "torch's global random state"),
-    "softmax-then-log": ("09.cross_entropy.large", "a stable softmax followed by log is not enough"),
-    "bias-correction-without-power": ("09.adamw_step.visible", "the bias correction divides by (1 - beta1) and "
-                                      "(1 - beta2), without the step's power"),
-    "warmup-over-warmup-plus-one": ("09.lr_at.visible", "the warmup divides by warmup_steps + 1"),
-    "accumulation-divided-by-seen": ("09.accumulate_gradients.visible", "divided by how many micro-batches had "
-                                     "been seen (micro_step + 1)"),
-    "eps-before-correction": ("09.adamw_step.visible", "eps is added before the bias correction"),
-}
-
 
 @pytest.mark.parametrize("seed", range(12))
 def test_the_hidden_case_shows_decay_after_the_update(seed, monkeypatch):
@@ -220,6 +192,48 @@ def test_the_hidden_case_shows_decay_after_the_update(seed, monkeypatch):
 # scan of the cells (`forbidden.find_forbidden`); ce-log-softmax-method and ce-logsumexp-method, the Tensor methods
 # of the functions the lab forbids, by the kernel's record of the calls (`forbidden.calls_to`).
 BLIND_FILE = Path(__file__).with_name("lab09_blind.cells")
+# case -> {student (of WRONG, or blind): what the case's message says to it}
+SAYS = {
+    "09.accumulate_gradients.visible": {
+        "accumulation-in-one-batch": "the model ran on 4 rows at once, where each of the micro_batches=2 "
+                                     "micro-batches has 2",
+        "undivided-accumulation": "the gradient is 2x too large",
+        "accumulation-divided-by-seen": "divided by how many micro-batches had been seen (micro_step + 1)",
+    },
+    "09.cross_entropy.large": {
+        "no-log-sum-exp": "exp() overflows float32 past 88",
+        "log-plus-eps": "log(p + 1e-09) caps each row's loss at -log(1e-09) = 20.7",
+        "softmax-then-log": "a stable softmax followed by log is not enough",
+    },
+    "09.adamw_step.visible": {
+        "coupled-decay": "weight decay applied to the gradient, not decoupled",
+        "decay-divided-by-sqrt-v": "weight decay divided by sqrt(v_hat) + eps",
+        "no-bias-correction": "bias correction missing: step 1 is 10x too small",
+        "bias-correction-step-plus-one": "the bias correction uses step + 1",
+        "bias-correction-without-power": "the bias correction divides by (1 - beta1) and (1 - beta2), without the "
+                                         "step's power",
+        "eps-before-correction": "eps is added before the bias correction",
+    },
+    "09.adamw_step.decay": {
+        "decay-after-update": "weight decay applied after the update: it shrinks the already-updated weight",
+    },
+    "09.lr_at.visible": {
+        "warmup-from-zero": "the warmup starts at 0",
+        "cosine-over-max-lr": "the cosine swings over max_lr, not max_lr - min_lr",
+        "warmup-over-warmup-plus-one": "the warmup divides by warmup_steps + 1",
+    },
+    "09.clip_grad_norm.visible": {
+        "per-tensor-clip": "each tensor was clipped on its own",
+        "clip-by-value": "each entry was clamped to [-max_norm, max_norm]",
+    },
+    "09.restore_training_state.visible": {
+        "restore-without-optimizer": "the optimizer's state was not restored",
+    },
+    "09.training_state.visible": {
+        "global-rng-state": "torch's global random state",
+    },
+}
+
 CE, ACCUMULATE = {"test_cross_entropy", "test_cross_entropy_large"}, {"test_accumulate_gradients"}
 BLIND_FAILS = {
     # fine for ordinary logits: only the large cases overflow (or, with the batch's max, underflow)
@@ -251,7 +265,10 @@ BLIND_FAILS = {
 }
 
 
+# the lab's points; nbgrader validate on a student: the cells it reports failed, the first failed case, its message
+TOTAL, VALIDATE = 34, Validation("no-bias-correction", 2, "09.adamw_step.visible",
+                                 "bias correction missing: step 1 is 10x too small")
+
+
 class TestLab09(RoundTrip, NamedMistakes, BlindStudents):
-    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 34
-    VALIDATE = Validation("no-bias-correction", 2, ('check("09.adamw_step.visible", adamw_step)',
-                                                    "bias correction missing: step 1 is 10x too small"))
+    """Lab 09's round trip and in-process checks, from the tables above."""

@@ -77,21 +77,6 @@ WRONG = {
                           {"test_LoRALinear", "test_LoRALinear_sequence", "test_LoRALinear_hidden"}),
     **copied_references(LAB),  # the reference copied by routes the scan does not follow
 }
-# student -> (a case their code fails, what its message says)
-SAYS = {
-    "pool-position-minus-one": ("10.last_real_token.visible", "position -1 was read"),
-    "pool-mask-sum": ("10.last_real_token.left", "the last real token was taken at attention_mask.sum(-1) - 1"),
-    "labels-mask-the-response": ("10.response_labels.visible", "the response is masked instead of the prompt"),
-    "labels-shifted": ("10.response_labels.visible", "the labels are shifted by one"),
-    "lora-b-random": ("10.LoRALinear.visible", "B must start at zero"),
-    "lora-base-bias-trainable": ("10.LoRALinear.visible", "the base layer is trainable (base.bias)"),
-    "bt-naive-log-sigmoid": ("10.bradley_terry_loss.large", "Use F.logsigmoid(d)"),
-    "bt-log-plus-eps": ("10.bradley_terry_loss.large", "log(sigmoid(d) + 1e-08) caps each pair's loss"),
-    "bt-mean-before-log-sigmoid": ("10.bradley_terry_loss.visible",
-                                   "the differences were averaged before the log-sigmoid"),
-    "mask-pad-query-sees-nothing": ("10.padding_mask.left", "a pad query sees nothing at all"),
-    "lora-rslora-scale": ("10.LoRALinear.visible", "the update is scaled by alpha / sqrt(rank) = 2.82843"),
-}
 
 
 # Written blind to the tests (the blind students of labs 06-11), checked in-process against every test cell, hidden
@@ -120,7 +105,38 @@ BLIND_FAILS = {
 }
 
 
+# case -> {student (of WRONG, or blind): what the case's message says to it}
+SAYS = {
+    "10.last_real_token.visible": {
+        "pool-position-minus-one": "position -1 was read",
+    },
+    "10.last_real_token.left": {
+        "pool-mask-sum": "the last real token was taken at attention_mask.sum(-1) - 1",
+    },
+    "10.response_labels.visible": {
+        "labels-mask-the-response": "the response is masked instead of the prompt",
+        "labels-shifted": "the labels are shifted by one",
+    },
+    "10.LoRALinear.visible": {
+        "lora-b-random": "B must start at zero",
+        "lora-base-bias-trainable": "the base layer is trainable (base.bias)",
+        "lora-rslora-scale": "the update is scaled by alpha / sqrt(rank) = 2.82843",
+    },
+    "10.bradley_terry_loss.large": {
+        "bt-naive-log-sigmoid": "Use F.logsigmoid(d)",
+        "bt-log-plus-eps": "log(sigmoid(d) + 1e-08) caps each pair's loss",
+    },
+    "10.bradley_terry_loss.visible": {
+        "bt-mean-before-log-sigmoid": "the differences were averaged before the log-sigmoid",
+    },
+    "10.padding_mask.left": {
+        "mask-pad-query-sees-nothing": "a pad query sees nothing at all",
+    },
+}
+
+# the lab's points; nbgrader validate on a student: the cells it reports failed, the first failed case, its message
+TOTAL, VALIDATE = 32, Validation("pool-position-minus-one", 1, "10.last_real_token.visible", "position -1 was read")
+
+
 class TestLab10(RoundTrip, NamedMistakes, BlindStudents):
-    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 32
-    VALIDATE = Validation("pool-position-minus-one", 1, ('check("10.last_real_token.visible", last_real_token)',
-                                                         "position -1 was read"))
+    """Lab 10's round trip and in-process checks, from the tables above."""

@@ -144,31 +144,6 @@ WRONG = {
         GENERATE_TESTS),
 }
 
-# student -> (a case their code fails, what its message says)
-SAYS = {
-    "cache-grown-by-cat": ("11.LayerCache.visible", "they are not views of one buffer of capacity = 12 positions"),
-    "cache-at-zero": ("11.LayerCache.visible", "the cache is written at position 0 every step"),
-    "cache-whole-buffer": ("11.LayerCache.visible", "all 12 positions of the buffer, expected the 4 written"),
-    "top-p-above-threshold": ("11.top_p_filter.visible", "top-p keeps the tokens *above* the threshold"),
-    # least likely first, the rule of the descending order kept: every token stays (the message was about 0 vs -inf)
-    "top-p-sorted-ascending": ("11.top_p_filter.visible", "top_p_filter kept every token, 80 of them, where the "
-                               "nucleus leaves out 44: the tokens are sorted least likely first"),
-    "top-p-naive-softmax": ("11.top_p_filter.large", "exp() overflows float32 past 88, so exp(logits) / "
-                            "exp(logits).sum() is inf / inf = NaN there"),
-    "top-p-one-minus-p": ("11.top_p_filter.visible", "the threshold is 1 - top_p"),
-    "one-token-causal-mask": ("11.attend_new_token.visible", "the causal mask is aligned top-left"),
-    "attend-naive-softmax": ("11.attend_new_token.large", "exp() overflows float32 past 88"),
-    "repeat-tiled": ("11.repeat_kv.visible", "the kv heads are tiled"),
-    "gqa-mask-top-left": ("11.GroupedQueryAttention.cached", "the causal mask is aligned top-left"),
-    "gqa-caches-repeated-heads": ("11.GroupedQueryAttention.cached", "append k and v *before* repeat_kv"),
-    "positions-from-zero": ("11.new_positions.visible", "the positions start at 0 in every call"),
-    "positions-past-plus-one": ("11.new_positions.visible", "the positions start at past + 1"),
-    "generate-feeds-whole-sequence": ("11.generate_cached.visible", "the whole sequence again"),
-    "generate-refeeds-last-prompt-token": ("11.generate_cached.visible", "the last prompt token was fed again"),
-    "generate-rope-positions-from-zero": ("11.generate_cached.visible", "with RoPE its query and key are rotated"),
-    "generate-prompt-counted-twice": ("11.generate_cached.visible", "the prompt was counted twice"),
-}
-
 
 def test_the_ascending_sort_kept_below_p_is_named():
     """Least likely first and `cumsum <= p`: the least likely tokens stay (mlx-examples#602's confusion)."""
@@ -210,10 +185,54 @@ BLIND_FAILS = {
 }
 
 
+# case -> {student (of WRONG, or blind): what the case's message says to it}
+SAYS = {
+    "11.LayerCache.visible": {
+        "cache-grown-by-cat": "they are not views of one buffer of capacity = 12 positions",
+        "cache-at-zero": "the cache is written at position 0 every step",
+        "cache-whole-buffer": "all 12 positions of the buffer, expected the 4 written",
+    },
+    "11.top_p_filter.visible": {
+        "top-p-above-threshold": "top-p keeps the tokens *above* the threshold",
+        # least likely first, the rule of the descending order kept: every token stays (the message was about 0 vs -inf)
+        "top-p-sorted-ascending": "top_p_filter kept every token, 80 of them, where the nucleus leaves out 44: the "
+                                  "tokens are sorted least likely first",
+        "top-p-one-minus-p": "the threshold is 1 - top_p",
+    },
+    "11.top_p_filter.large": {
+        "top-p-naive-softmax": "exp() overflows float32 past 88, so exp(logits) / exp(logits).sum() is inf / inf = "
+                               "NaN there",
+    },
+    "11.attend_new_token.visible": {
+        "one-token-causal-mask": "the causal mask is aligned top-left",
+    },
+    "11.attend_new_token.large": {
+        "attend-naive-softmax": "exp() overflows float32 past 88",
+    },
+    "11.repeat_kv.visible": {
+        "repeat-tiled": "the kv heads are tiled",
+    },
+    "11.GroupedQueryAttention.cached": {
+        "gqa-mask-top-left": "the causal mask is aligned top-left",
+        "gqa-caches-repeated-heads": "append k and v *before* repeat_kv",
+    },
+    "11.new_positions.visible": {
+        "positions-from-zero": "the positions start at 0 in every call",
+        "positions-past-plus-one": "the positions start at past + 1",
+    },
+    "11.generate_cached.visible": {
+        "generate-feeds-whole-sequence": "the whole sequence again",
+        "generate-refeeds-last-prompt-token": "the last prompt token was fed again",
+        "generate-rope-positions-from-zero": "with RoPE its query and key are rotated",
+        "generate-prompt-counted-twice": "the prompt was counted twice",
+    },
+}
+
+# the lab's points; nbgrader validate on a student: the cells it reports failed, the first failed case, its message
+TOTAL, VALIDATE = 38, Validation("top-p-above-threshold", 3, "11.top_p_filter.visible",
+                                 ("the smallest set of the most likely tokens whose mass reaches p",
+                                  "top_p_filter masked every token of a row: the most likely token always stays"))
+
+
 class TestLab11(RoundTrip, NamedMistakes, BlindStudents):
-    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 38
-    VALIDATE = Validation("top-p-above-threshold", 3, (
-        'check("11.top_p_filter.visible", top_p_filter)',
-        "the smallest set of the most likely tokens whose mass reaches p",
-        "top_p_filter masked every token of a row: the most likely token always stays",
-    ))
+    """Lab 11's round trip and in-process checks, from the tables above."""

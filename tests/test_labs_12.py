@@ -195,32 +195,45 @@ BLIND_FAILS = {
     "fwd-cpu-flash-kernel": ALL_FORWARD | BACKWARD_TESTS,
 }
 
-# student -> (a case their code fails, what its message says)
+
+# case -> {student (of WRONG, or blind): what the case's message says to it}
 SAYS = {
-    "merge-no-rescale-o": ("12.online_softmax.max_moves", "the running output o was not rescaled"),
-    "merge-denom-not-updated": ("12.online_softmax.visible", "the denominator was not updated"),
-    "merge-divides-early": ("12.online_softmax.visible", "o was divided by the denominator inside the merge"),
-    "forward-masks-instead-of-skipping": ("12.flash_forward.tiles", "lie wholly above the diagonal"),
-    "forward-computes-every-tile-reports-some": ("12.flash_forward.visible", "it computed every tile"),
-    "forward-whole-score-matrix": ("12.flash_forward.visible", "made a tensor of shape (12, 10, 10): the whole "
-                                   "score matrix"),
-    "forward-skip-off-by-one": ("12.flash_forward.visible", "the key tiles stop at k0 <= q0"),
-    "forward-skip-one-late": ("12.flash_forward.tiles", "not q1 (an off-by-one)"),
-    "forward-scale-by-d": ("12.flash_forward.visible", "the scores were divided by D, not sqrt(D)"),
-    "forward-lse-is-max": ("12.flash_forward.visible", "L is the running max m alone"),
-    "forward-kv-heads-tiled": ("12.flash_forward.visible", "the kv heads are tiled"),
-    "backward-no-delta": ("12.flash_backward.visible", "the softmax's backward lacks its row term"),
-    "backward-visits-every-tile": ("12.flash_backward.visible", "it computed every tile"),
-    "backward-kv-heads-tiled": ("12.flash_backward.visible", "the kv heads are tiled"),
-    "function-saves-softmax": ("12.FlashAttention.visible", "(with save_for_backward), B H T T = 484: the (T, T) "
-                               "probabilities"),
-    "function-keeps-probs-on-ctx": ("12.FlashAttention.visible", "(on ctx, outside save_for_backward), B H T T"),
-    "function-keeps-prob-rows-on-ctx": ("12.FlashAttention.visible", "more than q, k, v, the output and L"),
-    "backward-imports-reference": ("12.flash_backward.visible", "is gptcourse.flash_backward, the reference"),
+    "12.online_softmax.max_moves": {
+        "merge-no-rescale-o": "the running output o was not rescaled",
+    },
+    "12.online_softmax.visible": {
+        "merge-denom-not-updated": "the denominator was not updated",
+        "merge-divides-early": "o was divided by the denominator inside the merge",
+    },
+    "12.flash_forward.tiles": {
+        "forward-masks-instead-of-skipping": "lie wholly above the diagonal",
+        "forward-skip-one-late": "not q1 (an off-by-one)",
+    },
+    "12.flash_forward.visible": {
+        "forward-computes-every-tile-reports-some": "it computed every tile",
+        "forward-whole-score-matrix": "made a tensor of shape (12, 10, 10): the whole score matrix",
+        "forward-skip-off-by-one": "the key tiles stop at k0 <= q0",
+        "forward-scale-by-d": "the scores were divided by D, not sqrt(D)",
+        "forward-lse-is-max": "L is the running max m alone",
+        "forward-kv-heads-tiled": "the kv heads are tiled",
+    },
+    "12.flash_backward.visible": {
+        "backward-no-delta": "the softmax's backward lacks its row term",
+        "backward-visits-every-tile": "it computed every tile",
+        "backward-kv-heads-tiled": "the kv heads are tiled",
+        "backward-imports-reference": "is gptcourse.flash_backward, the reference",
+    },
+    "12.FlashAttention.visible": {
+        "function-saves-softmax": "(with save_for_backward), B H T T = 484: the (T, T) probabilities",
+        "function-keeps-probs-on-ctx": "(on ctx, outside save_for_backward), B H T T",
+        "function-keeps-prob-rows-on-ctx": "more than q, k, v, the output and L",
+    },
 }
+
+# the lab's points; nbgrader validate on a student: the cells it reports failed, the first failed case, its message
+TOTAL, VALIDATE = 22, Validation("merge-no-rescale-o", 4, "12.online_softmax.max_moves",
+                                 "the running output o was not rescaled")
 
 
 class TestLab12(RoundTrip, NamedMistakes, BlindStudents):
-    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 22
-    VALIDATE = Validation("merge-no-rescale-o", 4, ('check("12.online_softmax.max_moves", online_softmax)',
-                                                    "the running output o was not rescaled"))
+    """Lab 12's round trip and in-process checks, from the tables above."""

@@ -91,42 +91,54 @@ WRONG = {
     "adapters-imports-reference": ({"adapters_disabled": "from gptcourse import adapters_disabled\n"},
                                    ADAPTER_TESTS),
 }
-# student -> (a case their code fails, what its message says)
+
+
+# case -> {student (of WRONG, or blind): what the case's message says to it}
 SAYS = {
-    "logps-averaged": ("13.sequence_logprobs.visible", "the log-probabilities are averaged"),
-    "logps-not-shifted": ("13.sequence_logprobs.visible", "label t is read from the logits at t:"),
-    "logps-no-mask": ("13.sequence_logprobs.visible", "the model was not given the attention mask"),
-    "logps-pads-counted": ("13.sequence_logprobs.visible", "the -100 positions are counted"),
-    "logps-prompt-counted": ("13.sequence_logprobs.visible", "the prompt's tokens are counted"),
-    "logps-shifted-the-other-way": ("13.sequence_logprobs.visible", "label t is read from the logits at t + 1"),
-    "logps-softmax-over-positions": ("13.sequence_logprobs.visible", "the softmax runs over the positions"),
-    "dpo-beta-divides": ("13.dpo_loss.visible", "beta divides the log-ratios"),
-    "dpo-beta-one-side": ("13.dpo_loss.visible", "beta multiplies the chosen log-ratio only"),
-    "dpo-chosen-rejected-swapped": ("13.dpo_loss.visible", "chosen and rejected are swapped"),
-    "dpo-summed-over-pairs": ("13.dpo_loss.visible", "the loss is summed over the pairs"),
-    "dpo-no-reference": ("13.dpo_loss.visible", "the reference is missing"),
-    "dpo-log-of-sigmoid": ("13.dpo_loss.large", "Use F.logsigmoid(margin)"),
-    "dpo-beta-outside": ("13.dpo_loss.visible", "beta multiplies the loss, not the margin"),
-    "dpo-rewards-not-detached": ("13.dpo_loss.visible", "the rewards require grad"),
-    "step-reference-gets-gradients": ("13.dpo_step.visible", "the reference received gradients"),
-    "step-reference-from-policy": ("13.dpo_step.visible", "the reference model was never run"),
-    "step-reference-detached": ("13.dpo_step.visible", "the reference's forward pass built a graph"),
-    "step-no-zero-grad": ("13.dpo_step.visible", "the gradients left in .grad by the last step were added to"),
-    "step-zero-grad-after-backward": ("13.dpo_step.visible", "the policy's parameters did not change"),
-    "step-halves-interleaved": ("13.dpo_step.visible", "the rows are split into even and odd ones"),
-    "adapters-all-enabled-after": ("13.adapters_disabled.visible", "rather than setting every adapter to True"),
-    "adapters-children-only": ("13.adapters_disabled.visible", "no adapter was switched off inside the block"),
-    "adapters-on-a-copy": ("13.adapters_disabled.visible", "(a copy?)"),
-    "adapters-scaling-reset": ("13.adapters_disabled.visible", "rather than a constant such as alpha / rank"),
-    "adapters-never-restored": ("13.adapters_disabled.visible", "the adapters stay off after the block"),
-    "adapters-not-restored-after-an-error": ("13.adapters_disabled.visible",
-                                             "the adapters stay off when the block is left by an error"),
-    "dpo-imports-reference": ("13.dpo_loss.visible", "is gptcourse.dpo_loss, the reference"),
-    "adapters-imports-reference": ("13.adapters_disabled.visible", "is gptcourse.adapters_disabled, the reference"),
+    "13.sequence_logprobs.visible": {
+        "logps-averaged": "the log-probabilities are averaged",
+        "logps-not-shifted": "label t is read from the logits at t:",
+        "logps-no-mask": "the model was not given the attention mask",
+        "logps-pads-counted": "the -100 positions are counted",
+        "logps-prompt-counted": "the prompt's tokens are counted",
+        "logps-shifted-the-other-way": "label t is read from the logits at t + 1",
+        "logps-softmax-over-positions": "the softmax runs over the positions",
+    },
+    "13.dpo_loss.visible": {
+        "dpo-beta-divides": "beta divides the log-ratios",
+        "dpo-beta-one-side": "beta multiplies the chosen log-ratio only",
+        "dpo-chosen-rejected-swapped": "chosen and rejected are swapped",
+        "dpo-summed-over-pairs": "the loss is summed over the pairs",
+        "dpo-no-reference": "the reference is missing",
+        "dpo-beta-outside": "beta multiplies the loss, not the margin",
+        "dpo-rewards-not-detached": "the rewards require grad",
+        "dpo-imports-reference": "is gptcourse.dpo_loss, the reference",
+    },
+    "13.dpo_loss.large": {
+        "dpo-log-of-sigmoid": "Use F.logsigmoid(margin)",
+    },
+    "13.dpo_step.visible": {
+        "step-reference-gets-gradients": "the reference received gradients",
+        "step-reference-from-policy": "the reference model was never run",
+        "step-reference-detached": "the reference's forward pass built a graph",
+        "step-no-zero-grad": "the gradients left in .grad by the last step were added to",
+        "step-zero-grad-after-backward": "the policy's parameters did not change",
+        "step-halves-interleaved": "the rows are split into even and odd ones",
+    },
+    "13.adapters_disabled.visible": {
+        "adapters-all-enabled-after": "rather than setting every adapter to True",
+        "adapters-children-only": "no adapter was switched off inside the block",
+        "adapters-on-a-copy": "(a copy?)",
+        "adapters-scaling-reset": "rather than a constant such as alpha / rank",
+        "adapters-never-restored": "the adapters stay off after the block",
+        "adapters-not-restored-after-an-error": "the adapters stay off when the block is left by an error",
+        "adapters-imports-reference": "is gptcourse.adapters_disabled, the reference",
+    },
 }
+
+# the lab's points; nbgrader validate on a student: the cells it reports failed, the first failed case, its message
+TOTAL, VALIDATE = 20, Validation("blind-dpo-log-of-sigmoid", 1, "13.dpo_loss.large", "Use F.logsigmoid(margin)")
 
 
 class TestLab13(RoundTrip, NamedMistakes, BlindStudents):
-    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 20
-    VALIDATE = Validation("blind-dpo-log-of-sigmoid", 1, ('check("13.dpo_loss.large", dpo_loss)',
-                                                          "Use F.logsigmoid(margin)"))
+    """Lab 13's round trip and in-process checks, from the tables above."""

@@ -120,30 +120,45 @@ WRONG = {
     "pass-imports-reference": ({"pass_at_k": "from gptcourse import pass_at_k\n"}, PASS_TESTS),
     "overlap-imports-reference": ({"ngram_overlap": "from gptcourse import ngram_overlap\n"}, OVERLAP_TESTS),
 }
-# student -> (a case their code fails, what its message says)
+
+
+# case -> {student (of WRONG, or blind): what the case's message says to it}
 SAYS = {
-    "ll-counts-context": ("14.loglikelihood.visible", "the context's tokens are counted too"),
-    "ll-no-shift": ("14.loglikelihood.visible", "each token was scored with the logits at its own position"),
-    "ll-mean": ("14.loglikelihood.visible", "the log-probabilities are averaged"),
-    "ll-greedy-last-token": ("14.loglikelihood.visible", "only the last token"),
-    "choices-delimiter-counted": ("14.choice_scores.visible", "the delimiter is counted in the length"),
-    "choices-bytes-as-chars": ("14.choice_scores.bytes", "the bytes were counted as characters"),
-    "pass-with-replacement": ("14.pass_at_k.visible", "this is 1 - (1 - c/n)^k"),
-    "pass-c-over-n": ("14.pass_at_k.visible", "this is c / n, pass@1, whatever k"),
-    "bootstrap-unpaired": ("14.paired_bootstrap.visible", "a and b were resampled apart"),
-    "bootstrap-90-percent": ("14.paired_bootstrap.visible", "a 90% interval"),
-    "overlap-split-on-spaces": ("14.ngram_overlap.visible", "the text was split on spaces only"),
-    "overlap-item-grams-as-set": ("14.ngram_overlap.visible", "counted once each (a set)"),
-    "overlap-any-gram": ("14.ngram_overlap.visible", "each item got 1 or 0"),
-    "pass-imports-reference": ("14.pass_at_k.visible", "is gptcourse.pass_at_k, the reference"),
-    "overlap-imports-reference": ("14.ngram_overlap.visible", "is gptcourse.ngram_overlap, the reference"),
+    "14.loglikelihood.visible": {
+        "ll-counts-context": "the context's tokens are counted too",
+        "ll-no-shift": "each token was scored with the logits at its own position",
+        "ll-mean": "the log-probabilities are averaged",
+        "ll-greedy-last-token": "only the last token",
+    },
+    "14.choice_scores.visible": {
+        "choices-delimiter-counted": "the delimiter is counted in the length",
+    },
+    "14.choice_scores.bytes": {
+        "choices-bytes-as-chars": "the bytes were counted as characters",
+    },
+    "14.pass_at_k.visible": {
+        "pass-with-replacement": "this is 1 - (1 - c/n)^k",
+        "pass-c-over-n": "this is c / n, pass@1, whatever k",
+        "pass-imports-reference": "is gptcourse.pass_at_k, the reference",
+    },
+    "14.paired_bootstrap.visible": {
+        "bootstrap-unpaired": "a and b were resampled apart",
+        "bootstrap-90-percent": "a 90% interval",
+    },
+    "14.ngram_overlap.visible": {
+        "overlap-split-on-spaces": "the text was split on spaces only",
+        "overlap-item-grams-as-set": "counted once each (a set)",
+        "overlap-any-gram": "each item got 1 or 0",
+        "overlap-imports-reference": "is gptcourse.ngram_overlap, the reference",
+    },
 }
+
+# the lab's points; nbgrader validate on a student: the cells it reports failed, the first failed case, its message
+TOTAL, VALIDATE = 24, Validation("pass-with-replacement", 1, "14.pass_at_k.visible", "this is 1 - (1 - c/n)^k")
 
 
 class TestLab14(RoundTrip, NamedMistakes, BlindStudents):
-    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 24
-    VALIDATE = Validation("pass-with-replacement", 1, ('check("14.pass_at_k.visible", pass_at_k)',
-                                                       "this is 1 - (1 - c/n)^k"))
+    """Lab 14's round trip and in-process checks, from the tables above."""
 
 
 # Written blind to the tests, a second reader (round 2): checked in-process (check_blind_student), each student

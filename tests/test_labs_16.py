@@ -113,7 +113,9 @@ FAILS = {student: {"route": ROUTE_TESTS, "dispatch": DISPATCH_TESTS, "balance": 
                    "counts": COUNT_TESTS}[student.split("-")[0]] for student in CASES}
 FAILS["counts-shared-as-routed"] = COUNT_TESTS - {"test_moe_parameter_counts_mixtral"}
 WRONG = {student: (answers, FAILS[student]) for student, (answers, _, _) in CASES.items()}
-SAYS = {student: (test_id, says) for student, (_, test_id, says) in CASES.items()}
+# case -> {student: what the case's message says to it}
+SAYS = {case: {student: says for student, (_, test_id, says) in CASES.items() if test_id == case}
+        for case in dict.fromkeys(test_id for _, test_id, _ in CASES.values())}
 
 # Written blind to the tests (tests/lab16_blind.cells), checked in-process against every test cell, hidden included,
 # and by nbgrader in the round trip below. Before these fixes dc-per-token-calls, dc-empty-expert-crash,
@@ -158,7 +160,9 @@ BLIND_FAILS = {
 }
 
 
+# the lab's points; nbgrader validate on a student: the cells it reports failed, the first failed case, its message
+TOTAL, VALIDATE = 18, Validation("dispatch-dense", 1, "16.dispatch_combine.visible", "this is the dense computation")
+
+
 class TestLab16(RoundTrip, NamedMistakes, BlindStudents):
-    LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, TOTAL = LAB, WRONG, SAYS, BLIND_FILE, BLIND_FAILS, 18
-    VALIDATE = Validation("dispatch-dense", 1, ('check("16.dispatch_combine.visible", dispatch_combine)',
-                                                "this is the dense computation"))
+    """Lab 16's round trip and in-process checks, from the tables above."""
