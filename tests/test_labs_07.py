@@ -101,6 +101,13 @@ WRONG = {
             "gptcourse.filter_logits(logits / temperature, top_k=top_k).softmax(dim=-1)")},
         {"test_next_token_probs", "test_next_token_probs_top_k", "test_next_token_probs_hidden",
          "test_sample_next_token", "test_sample_next_token_hidden"}),
+    # lesson 11's fine-tuning loss does the shift for the student (it passed every cell before the loss forbade it);
+    # train_step calls this loss, which is a stub in the graded kernel, so the steps fail too
+    "loss-from-the-finetuning-loss": (
+        {"next_token_loss": "def next_token_loss(model, tokens):\n    from gptcourse import masked_lm_loss\n"
+                            "    logits = model(tokens[:, :-1])\n"
+                            "    return masked_lm_loss(torch.cat([logits, logits[:, -1:]], 1), tokens)"},
+        {"test_next_token_loss", "test_next_token_loss_hidden"} | STEP_TESTS),
 }
 LOSS_TESTS = {"test_next_token_loss", "test_next_token_loss_hidden"}
 PROBS_TESTS = {"test_next_token_probs", "test_next_token_probs_top_k", "test_next_token_probs_hidden"}

@@ -42,7 +42,12 @@ from ..student import as_number, as_tensor, returns
 # the loss is not the step's point (zero_grad, backward, clip, step) nor the filter the sample's (the last
 # position, greedy at 0, one draw from the generator): neither forbids its part's reference. (In a graded kernel
 # every reference the lab names is a stub, so a step that calls lm_loss still fails, by its error.)
-_LOSS = ("gptcourse.training.loop.lm_loss", "gptcourse.estimate_loss")
+# The loss's point is the shift (position t predicts token t + 1); the later lessons' functions that shift for
+# the student (the fine-tuning loss, sequence and token log-probabilities, evaluation's log-likelihood) are its
+# references too.
+_LOSS = ("gptcourse.training.loop.lm_loss", "gptcourse.estimate_loss", "gptcourse.masked_lm_loss",
+         "gptcourse.sequence_logprobs", "gptcourse.finetuning.grpo_training.token_logprobs",
+         "gptcourse.evaluation.continuations.loglikelihood")
 _STEP = ("gptcourse.training.loop.train_step", "gptcourse.train")
 _PROBS = ("gptcourse.filter_logits",)
 _SAMPLE = ("gptcourse.generate", "gptcourse.widgets.TemperatureSampler")
