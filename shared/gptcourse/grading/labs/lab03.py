@@ -159,13 +159,14 @@ class _MultiHeadByHand(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         (b, t, c), h = x.shape, self.n_heads
         d = c // h
-        q, k, v = self.qkv(x).chunk(3, dim=-1)  # each (B, T, C)
+        fused = self.qkv(x)  # (B, T, 3C)
+        q, k, v = fused.chunk(3, dim=-1)  # each (B, T, C); "none" keeps them so, one head of width C
         if self.split == "BTHD":
             q, k, v = (z.view(b, t, h, d).transpose(1, 2) for z in (q, k, v))  # (B, T, C) -> (B, H, T, D)
         elif self.split == "BHTD":
             q, k, v = (z.reshape(b, h, t, d) for z in (q, k, v))  # (B, T, C) -> (B, H, T, D), positions mixed in
         elif self.split == "per head":
-            per_head = self.qkv(x).view(b, t, h, 3, d)  # (B, T, H, 3, D): GPT-NeoX's layout of a fused qkv
+            per_head = fused.view(b, t, h, 3, d)  # (B, T, H, 3, D): GPT-NeoX's layout of a fused qkv
             q, k, v = (per_head[:, :, :, i].transpose(1, 2) for i in range(3))  # each (B, H, T, D)
         if rope is not None and self.split != "none":
             q, k, v = (apply_rope(z, *rope) if name in self.rotate else z
