@@ -4,6 +4,8 @@ piece's rows are computed only for a wrong answer, in order, until one matches."
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 from torch.nn import functional as F
@@ -11,7 +13,7 @@ from torch.nn import functional as F
 from gptcourse.checks import CheckFailed
 from gptcourse.grading.attention_mistakes import ROWS, TILED_KV_HEADS, attend_by_hand, kv_heads_by_hand
 from gptcourse.grading.piece import Piece
-from gptcourse.grading.student import returns
+from gptcourse.grading.student import module_returns, returns
 
 
 def _qkv(t_q: int = 3, t_k: int = 7, h: int = 4, h_kv: int = 2, d: int = 8) -> tuple[torch.Tensor, ...]:
@@ -67,3 +69,33 @@ def test_a_pieces_rows_are_computed_only_for_a_wrong_answer_until_one_matches():
 def test_rows_without_a_by_hand_are_refused():
     with pytest.raises(ValueError, match="need by_hand"):
         Piece("99", "p", None, returns("y", lambda i: "p", "x"), visible=[], mistakes={"why": {}})
+
+
+class _Gain(torch.nn.Module):
+    """y = g * x, written by hand: `doubled`, the mistake, gives 2 g x."""
+
+    built: ClassVar[list[bool]] = []  # the `doubled` of each one built
+
+    def __init__(self, width: int, *, doubled: bool = False) -> None:
+        super().__init__()
+        self.g, self.doubled = torch.nn.Parameter(torch.ones(width)), doubled
+        _Gain.built.append(doubled)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.g * x * (2 if self.doubled else 1)
+
+
+def test_a_class_by_hand_is_built_with_its_switches_from_rows_that_depend_on_the_case():
+    piece = Piece("99", "Gain", _Gain, module_returns("y", lambda i: "Gain"),
+                  visible=[("visible", "Gain", lambda seed: {"init": {"width": 3}, "weights": {"g": torch.arange(3.0)},
+                                                              "x": torch.ones(2, 3)})],
+                  mistakes=lambda i: {f"g x doubled ({i['init']['width']} wide)": {"doubled": True}}, by_hand=_Gain)
+    case = piece.cases[0]
+    inputs = case.inputs(0)
+    expected = case.expected(inputs)
+    _Gain.built.clear()
+    case.judge(expected, expected, inputs)
+    assert _Gain.built == []  # a right answer builds no mistake
+    with pytest.raises(CheckFailed, match=r"g x doubled \(3 wide\)"):
+        case.judge({"y": 2 * expected["y"]}, expected, inputs)
+    assert _Gain.built == [True]

@@ -28,12 +28,12 @@ from gptcourse.checks import (
 )
 from gptcourse.grading.labs.lab03 import (
     merge_heads_mistakes,
-    multi_head_mistakes,
     rope_mistakes,
     rope_table_mistakes,
     split_heads_mistakes,
 )
 from gptcourse.grading.labs.lab04 import block_mistakes, check_block_parameter_count, norm_mistakes, swiglu_mistakes
+from gptcourse.grading.piece import PIECES
 
 TINY = preset("seed-tiny")  # V=100, C=32, H=4, N=2, tied: 24,096 parameters
 
@@ -455,7 +455,9 @@ def test_multi_head_mistakes(wrong, message):
     with torch.no_grad():
         expected = layer(x, rope=rope)
         got = _sdpa_attention(x, layer, 4, **{"rope": angles} | wrong)
-        mistakes = multi_head_mistakes(x, layer.qkv, layer.out, 4, rope)
+    inputs = {"init": {"d_model": 32, "n_heads": 4}, "weights": layer.state_dict(), "x": x, "cos": rope[0],
+              "sin": rope[1]}
+    mistakes = PIECES["03.MultiHeadAttention"].known_mistakes("y", inputs)  # through the piece's call, lazily
     with _fails(message):
         check_close(got, expected, "attention output", mistakes=mistakes)
 

@@ -126,6 +126,11 @@ def mistaken(call: Callable[[Any, Inputs], Outputs], wrong: Callable[..., Any], 
             call(partial(wrong, **flag), inputs)[output] for why, flag in flags.items()}
 
 
+def part_of(outputs: Callable[[], Any], key: Any) -> torch.Tensor:
+    """Output `key` of a mistake's lazily computed outputs (`functools.cache` them where several keys are read)."""
+    return outputs()[key]
+
+
 def switch_key(call: Callable[..., Any], wrong: Callable[..., Any], flag: Mapping[str, Any]) -> str:
     """The key of the mistake a by-hand function's switches give: the graded lab (of `call`, else `wrong`), the
     function and its switches, e.g. "09.adamw_step:correct_m=False" for `_wrong_adamw_step(correct_m=False)`."""

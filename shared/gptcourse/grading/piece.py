@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import partial, partialmethod
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from ..checks import Mistakes, check_close, check_dtype, check_shape, fail, mist
 from .cases import Case, CaseId, Inputs, Outputs, register, registry
 
 Judge = Callable[[Outputs, Outputs, Inputs], None]
+Rows = Mapping[str, Mapping[str, Any]]  # a piece's known mistakes as rows: why -> the switches of its `by_hand`
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,9 @@ class Piece:
         output with `check_close` (after `shape` and `dtype`, when declared, and `finite(inputs)`: the message when
         it holds NaN or inf), recognising the known mistakes, computed only for a wrong answer (`known_mistakes`):
         rows {why: switches}, each the output of `by_hand` (the reference written by hand, whose switches give each
-        mistake) run through `call`; or `mistakes(inputs)`: {why: the wrong output that mistake gives}.
+        mistake; a class gets them in its constructor) run through `call`, or `mistakes(inputs)` giving those rows
+        where a row or its words depend on the case; without `by_hand`, `mistakes(inputs)`: {why: the wrong output
+        that mistake gives}.
     forbidden: the dotted names of the references a student must not use for this piece (`forbidden.py`).
     """
 
@@ -63,7 +66,7 @@ class Piece:
     hidden: Sequence[Row] = ()
     forbidden: tuple[str, ...] = ()
     judge: Judge | None = None
-    mistakes: Mapping[str, Mapping[str, Any]] | Callable[[Inputs], Mistakes] | None = None
+    mistakes: Rows | Callable[[Inputs], Rows | Mistakes] | None = None
     by_hand: Callable[..., Any] | None = None  # with rows of `mistakes`: the reference by hand, with switches
     label: str = ""  # the output's name in messages ("the pooled states"); default: its key
     shape: str | None = None  # e.g. "B C", with the sizes in inputs["sizes"]
@@ -112,12 +115,21 @@ class Piece:
         asks in order, for a wrong answer, until one matches)."""
         if self.mistakes is None:
             return {}
-        if not isinstance(self.mistakes, Mapping):
-            return self.mistakes(inputs)
-        return {why: partial(self._mistaken, key, inputs, switches) for why, switches in self.mistakes.items()}
+        table = self.mistakes if isinstance(self.mistakes, Mapping) else self.mistakes(inputs)
+        if self.by_hand is None:
+            return table
+        return {why: partial(self._mistaken, key, inputs, switches) for why, switches in table.items()}
 
     def _mistaken(self, key: str, inputs: Inputs, switches: Mapping[str, Any]) -> torch.Tensor:
-        return self.call(partial(self.by_hand, **switches), inputs)[key]
+        return self.call(with_switches(self.by_hand, switches), inputs)[key]
+
+
+def with_switches(by_hand: Callable[..., Any], switches: Mapping[str, Any]) -> Callable[..., Any]:
+    """`by_hand` with `switches` set: a function's by `partial`; a class's in a subclass's constructor, so that a
+    `call` builds it as it builds the student's class."""
+    if isinstance(by_hand, type):
+        return type(by_hand.__name__, (by_hand,), {"__init__": partialmethod(by_hand.__init__, **switches)})
+    return partial(by_hand, **switches)
 
 
 PIECES: dict[str, Piece] = {}  # "NN.name" -> piece

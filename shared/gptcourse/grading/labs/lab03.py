@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import torch
+from torch import nn
 
 from ...checks import Mistake, check_close, check_shape, fail
 from ...model.causal_attention import MultiHeadAttention
 from ...model.positions import RotaryEmbedding, apply_rope
-from ..attention_mistakes import NOT_CAUSAL, attend_by_hand, by_model_width
+from ..attention_mistakes import KEYS_FOR_QUERIES, NOT_CAUSAL, ROWS, attend_by_hand, by_model_width, rows
 from ..cases import Inputs, Outputs, random_weights, sized, sizes_rng, tensor_rng
 from ..fixtures import causal_probe
-from ..piece import Piece, declare
+from ..piece import Piece, Rows, declare
 from ..student import as_tensor, build_module, describe_error, returns
 
 _MHA = ("gptcourse.MultiHeadAttention",)
@@ -141,72 +141,85 @@ def rope_table_mistakes(d_head: int, t: int, theta: float) -> dict[str, torch.Te
     }
 
 
-def multi_head_mistakes(
-    x: torch.Tensor,
-    qkv: Callable[[torch.Tensor], torch.Tensor],
-    out: Callable[[torch.Tensor], torch.Tensor],
-    n_heads: int,
-    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> dict[str, torch.Tensor]:
-    """Wrong multi-head attentions of x (B, T, C), given the layer's `qkv` (C -> 3C) and `out` (C -> C)."""
-    b, t, c = x.shape
-    d = c // n_heads
+class _MultiHeadByHand(nn.Module):
+    """MultiHeadAttention written by hand (the lab's `qkv` and `out`), whose switches give each known mistake: how
+    qkv's output is split into heads (`split`: "BTHD" right, "BHTD" a view straight from (B, T, C), "per head"
+    GPT-NeoX's fused layout, "none" one head of width C without RoPE), which of q, k, v RoPE turns (`rotate`), the
+    heads merged without a transpose (`transpose`), no output projection (`project`); `attention`: the switches
+    of `attend_by_hand`."""
 
-    def split(z: torch.Tensor) -> torch.Tensor:
-        return z.view(b, t, n_heads, d).transpose(1, 2)  # (B, T, C) -> (B, H, T, D)
+    def __init__(self, d_model: int, n_heads: int, *, split: str = "BTHD", rotate: str = "qk", transpose: bool = True,
+                 project: bool = True, **attention: Any) -> None:
+        super().__init__()
+        self.n_heads, self.split, self.rotate, self.transpose, self.project = n_heads, split, rotate, transpose, project
+        self.attention = attention
+        self.qkv = nn.Linear(d_model, 3 * d_model)  # rows W_q; W_k; W_v
+        self.out = nn.Linear(d_model, d_model)
 
-    def merge(y: torch.Tensor) -> torch.Tensor:
-        return y.transpose(1, 2).reshape(b, t, c)  # (B, H, T, D) -> (B, T, C)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        (b, t, c), h = x.shape, self.n_heads
+        d = c // h
+        fused = self.qkv(x)  # (B, T, 3C)
+        q, k, v = fused.chunk(3, dim=-1)  # each (B, T, C); "none" keeps them so, one head of width C
+        if self.split == "BTHD":
+            q, k, v = (z.view(b, t, h, d).transpose(1, 2) for z in (q, k, v))  # (B, T, C) -> (B, H, T, D)
+        elif self.split == "BHTD":
+            q, k, v = (z.reshape(b, h, t, d) for z in (q, k, v))  # (B, T, C) -> (B, H, T, D), positions mixed in
+        elif self.split == "per head":
+            per_head = fused.view(b, t, h, 3, d)  # (B, T, H, 3, D): GPT-NeoX's layout of a fused qkv
+            q, k, v = (per_head[:, :, :, i].transpose(1, 2) for i in range(3))  # each (B, H, T, D)
+        if rope is not None and self.split != "none":
+            q, k, v = (apply_rope(z, *rope) if name in self.rotate else z
+                       for name, z in zip("qkv", (q, k, v), strict=True))
+        y = attend_by_hand(q, k, v, **self.attention)[0]  # (B, H, T, D), or (B, T, C) for one wide head
+        if self.split != "none":
+            y = (y.transpose(1, 2) if self.transpose else y).reshape(b, t, c)  # (B, H, T, D) -> (B, T, C)
+        return self.out(y) if self.project else y
 
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **switches: Any) -> torch.Tensor:
-        return attend_by_hand(q, k, v, **switches)[0]  # (B, H, T, D)
 
-    def rotate(z: torch.Tensor) -> torch.Tensor:
-        if rope is None:
-            return z
-        half = d // 2
-        return z * rope[0] + torch.cat([-z[..., half:], z[..., :half]], dim=-1) * rope[1]
-
-    q, k, v = (split(z) for z in qkv(x).chunk(3, dim=-1))  # each (B, H, T, D)
-    q_cut, k_cut, v_cut = (z.reshape(b, n_heads, t, d) for z in qkv(x).chunk(3, dim=-1))  # wrongly split
-    per_head = qkv(x).view(b, t, n_heads, 3, d)  # (B, T, H, 3, D): read as GPT-NeoX lays its fused qkv out
-    q_nx, k_nx, v_nx = (per_head[:, :, :, i].transpose(1, 2) for i in range(3))  # each (B, H, T, D)
-    wide = qkv(x).chunk(3, dim=-1)  # q, k, v (B, T, C): one head of width C
-    right = attend(rotate(q), rotate(k), v)  # (B, H, T, D)
+def _mha_rows(inputs: Inputs) -> Rows:
+    """The known mistakes of a MultiHeadAttention case, {why: switches of `_MultiHeadByHand`}: one head's mistake
+    only with several heads, RoPE's only with RoPE."""
+    c, h = inputs["init"]["d_model"], inputs["init"]["n_heads"]
     mistakes = {
         Mistake("03.mha_merge_no_transpose",
                 "the heads are merged without transpose(1, 2): (B, H, T, D) -> transpose(1, 2) -> reshape (B, T, C)"):
-            out(right.reshape(b, t, c)),
+            {"transpose": False},
         Mistake("03.mha_split_view_bhtd",
                 "the heads are split with view(B, H, T, D) straight from (B, T, C): view as (B, T, H, D), then "
-                "transpose(1, 2)"): out(merge(attend(rotate(q_cut), rotate(k_cut), v_cut))),
+                "transpose(1, 2)"):
+            {"split": "BHTD"},
         Mistake("03.mha_q_k_swapped",
                 "q and k are swapped: qkv's output holds q, then k, then v (rows W_q; W_k; W_v of its weight)"):
-            out(merge(attend(rotate(k), rotate(q), v))),
-        Mistake("03.mha_no_out_projection",
-                "the output projection `out` is not applied to the merged heads"): merge(right),
-        by_model_width(c, d): out(merge(attend(rotate(q), rotate(k), v, divide_by=math.sqrt(c)))),
-        NOT_CAUSAL: out(merge(attend(rotate(q), rotate(k), v, causal=False))),
+            ROWS[KEYS_FOR_QUERIES],
+        Mistake("03.mha_no_out_projection", "the output projection `out` is not applied to the merged heads"):
+            {"project": False},
+        by_model_width(c, c // h):
+            {"divide_by": math.sqrt(c)},
+        **rows(NOT_CAUSAL),
         Mistake("03.mha_neox_qkv_layout",
                 "qkv's output was read per head, as (B, T, H, 3, D) (GPT-NeoX's fused layout): here it holds all of q, "
                 "then k, then v, each of width C (rows W_q; W_k; W_v), so chunk(3, dim=-1) first, then split each into "
-                "heads"): out(merge(attend(rotate(q_nx), rotate(k_nx), v_nx))),
+                "heads"):
+            {"split": "per head"},
     }
-    if n_heads > 1:
+    if h > 1:
         mistakes[Mistake("03.mha_no_heads",
                          "q, k and v are never split into heads: one head of width C attends (scaled by 1/sqrt(C), "
                          "without RoPE, whose tables are D wide); split each into H heads of width D = C/H "
-                         "(split_heads), attend in each, then merge_heads")] = out(attend(*wide))
-    if rope is not None:
+                         "(split_heads), attend in each, then merge_heads")] = {"split": "none"}
+    if "cos" in inputs:
         mistakes |= {
             Mistake("03.mha_rope_on_v",
-                   "RoPE is applied to v as well: rotate only q and k (the rotation is there to make the scores depend "
-                   "on relative position; v is what gets mixed)"): out(merge(attend(rotate(q), rotate(k), rotate(v)))),
+                    "RoPE is applied to v as well: rotate only q and k (the rotation is there to make the scores "
+                    "depend on relative position; v is what gets mixed)"):
+                {"rotate": "qkv"},
             Mistake("03.mha_no_rope", "RoPE is missing: rotate q and k with rope = (cos, sin) after split_heads"):
-                out(merge(attend(q, k, v))),
+                {"rotate": ""},
             Mistake("03.mha_rope_q_only",
-                "RoPE is applied to q only: rotate k too, so that the score depends on the distance between positions"):
-                out(merge(attend(rotate(q), k, v))),
+                    "RoPE is applied to q only: rotate k too, so that the score depends on the distance between "
+                    "positions"):
+                {"rotate": "q"},
         }
     return mistakes
 
@@ -306,13 +319,6 @@ def _mha_call(cls: Any, inputs: Inputs) -> Outputs:
     return {"y": _mha_forward(module, inputs["x"], inputs)}
 
 
-def _mha_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
-    module = build_module(MultiHeadAttention, _mha_what(inputs), inputs["init"], inputs["weights"])
-    rope = (inputs["cos"], inputs["sin"]) if "cos" in inputs else None
-    with torch.no_grad():
-        return multi_head_mistakes(inputs["x"], module.qkv, module.out, inputs["init"]["n_heads"], rope)
-
-
 _CAUSAL = causal_probe(_mha_what, _mha_forward, "attention output", "MultiHeadAttention")
 
 PIECES = declare(
@@ -360,7 +366,7 @@ PIECES = declare(
                                              start=sizes_rng(seed + 1).randint(3, 20)))]),
     Piece("03", "MultiHeadAttention", MultiHeadAttention, _mha_call, label="attention output", shape="B T C",
           causes={("C", "D"): "only one head's width: merge the H heads back to C = H x D"},
-          mistakes=_mha_mistakes, forbidden=_MHA + _ROPE + _WHOLE,
+          mistakes=_mha_rows, by_hand=_MultiHeadByHand, forbidden=_MHA + _ROPE + _WHOLE,
           visible=[("visible", "MultiHeadAttention(12, 3) on x (B, T, C) = (2, 5, 12), no RoPE",
                     lambda seed: _mha_inputs(2, 5, 3, 4, seed, rope=False)),
                    ("rope", "MultiHeadAttention(16, 2) with RoPE on x (B, T, C) = (3, 6, 16)",

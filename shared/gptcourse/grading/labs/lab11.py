@@ -42,7 +42,7 @@ from ..attention_mistakes import (
 )
 from ..cases import Inputs, Outputs, sized, tensor_rng
 from ..fixtures import gpt_with_tokens, load_gpt_weights, reference_gpt
-from ..piece import Piece, declare
+from ..piece import Piece, Rows, declare
 from ..student import as_tensor, as_tensors, build_module, returns
 
 _CACHE = ("gptcourse.LayerCache", "gptcourse.KVCache", "gptcourse.model.kv_cache")
@@ -239,16 +239,24 @@ def _top_p_large(b: int, v: int, top_p: float, seed: int) -> Inputs:
 
 
 def _nucleus(logits: torch.Tensor, top_p: float, *, before: bool = True, ascending: bool = False,
-             of_logits: bool = False, sort: bool = True, scatter: bool = True, first: bool = False) -> torch.Tensor:
+             of_logits: bool = False, sort: bool = True, scatter: bool = True, first: bool = False,
+             alone: bool = False, complement: bool = False) -> torch.Tensor:
     """Which tokens (B, V) the nucleus keeps: sorted by probability, a token stays while the mass of the tokens
-    *before* it is still below top_p (so the token that reaches top_p stays too)."""
+    *before* it is still below top_p (so the token that reaches top_p stays too). Each switch is a known mistake:
+    kept while the mass up to it is <= top_p (`before` False), sorted least likely first, the logits added up, no
+    sort, no scatter back, the most likely token kept anyway (`first`), each token's own probability compared with
+    top_p (`alone`), the threshold 1 - top_p (`complement`)."""
+    top_p = 1 - top_p if complement else top_p
     if sort:
         ordered, order = logits.sort(dim=-1, descending=not ascending)
     else:
         ordered, order = logits, torch.arange(logits.size(-1)).expand_as(logits)
     mass = ordered if of_logits else ordered.softmax(dim=-1)
     cumulative = mass.cumsum(dim=-1)  # (B, V)
-    keep = (cumulative - mass < top_p) if before else (cumulative <= top_p)
+    if alone:
+        keep = mass >= top_p
+    else:
+        keep = (cumulative - mass < top_p) if before else (cumulative <= top_p)
     keep[..., 0] |= first  # the most likely token kept whatever the rule says
     return keep.scatter(-1, order, keep) if scatter else keep  # back to vocabulary order
 
@@ -260,47 +268,59 @@ def _top_p_expected(inputs: Inputs) -> Outputs:
     return {"filtered": logits.masked_fill(~_nucleus(logits, inputs["top_p"]), float("-inf"))}
 
 
+def _above_threshold(key: str, aside: str = "") -> Mistake:
+    """A nucleus of the tokens whose mass reaches top_p without the one that crosses it, `aside` what else."""
+    return Mistake(key, f"top-p keeps the tokens *above* the threshold{aside}: the smallest set of the most likely "
+                   "tokens whose mass reaches p; the token that crosses p stays (keep a token while the mass before "
+                   "it is < p)")
+
+
+def _top_p_rows(p: float) -> Rows:
+    """The known mistakes of a top-p filter, {why: switches of `_nucleus`}."""
+    return {
+        _above_threshold("11.top_p_above_threshold"):
+            {"before": False},
+        _above_threshold("11.top_p_above_threshold_first_kept",
+                         " (keeping the most likely token anyway does not make up for it)"):
+            {"before": False, "first": True},
+        Mistake("11.top_p_ascending",
+                "the tokens are sorted least likely first: sort by descending probability, the nucleus is the head"):
+            {"ascending": True},
+        Mistake("11.top_p_ascending_kept_le_p",
+                "the tokens are sorted least likely first and kept while their mass is <= p, so the least likely "
+                "tokens are kept: sort by descending probability and keep the head, or (Hugging Face's order, "
+                "ascending) mask the tokens whose cumulative mass is <= 1 - top_p"):
+            {"ascending": True, "before": False},
+        Mistake("11.top_p_cumsum_of_logits",
+                "the cumulative sum runs over the logits: take it over the probabilities, softmax(sorted logits)"):
+            {"of_logits": True},
+        Mistake("11.top_p_unsorted",
+                "the probabilities were added up in vocabulary order, unsorted: the nucleus is the most likely tokens, "
+                "so sort them by descending probability first (logits.sort(dim=-1, descending=True)), add up, and "
+                "scatter the decision back to vocabulary order"):
+            {"sort": False},
+        Mistake("11.top_p_not_scattered_back",
+                "the tokens kept are in sorted order: the decision was made on the sorted logits and never scattered "
+                "back, so token i is no longer at index i. Put it back in vocabulary order, keep.scatter(-1, order, "
+                "keep) (or scatter the sorted logits back with the sort's indices)"):
+            {"scatter": False},
+        Mistake("11.top_p_own_probability",
+                "each token's own probability was compared with p: top-p adds the probabilities up, most likely first"):
+            {"alone": True, "sort": False},
+        Mistake("11.top_p_threshold_one_minus_p",
+                "the threshold is 1 - top_p: the nucleus is the most likely tokens whose mass reaches top_p itself "
+                f"(top_p={p} keeps {p:.0%} of the probability), so keep a token while the mass before it is < top_p"):
+            {"complement": True},
+    }
+
+
 def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     logits, p, filtered = inputs["logits"], inputs["top_p"], got["filtered"]
     check_shape(filtered, "B V", inputs["sizes"], "top_p_filter output")
     kept, want = ~torch.isneginf(filtered), ~torch.isneginf(expected["filtered"])
-    mistakes = {
-        Mistake("11.top_p_above_threshold",
-                "top-p keeps the tokens *above* the threshold: the smallest set of the most likely tokens whose mass "
-                "reaches p; the token that crosses p stays (keep a token while the mass before it is < p)"):
-            _nucleus(logits, p, before=False),
-        Mistake("11.top_p_above_threshold_first_kept",
-              "top-p keeps the tokens *above* the threshold (keeping the most likely token anyway does not make up for "
-              "it): the smallest set of the most likely tokens whose mass reaches p; the token that crosses p stays "
-              "(keep a token while the mass before it is < p)"): _nucleus(logits, p, before=False, first=True),
-        Mistake("11.top_p_ascending",
-                "the tokens are sorted least likely first: sort by descending probability, the nucleus is the head"):
-            _nucleus(logits, p, ascending=True),
-        Mistake("11.top_p_ascending_kept_le_p",
-               "the tokens are sorted least likely first and kept while their mass is <= p, so the least likely tokens "
-               "are kept: sort by descending probability and keep the head, or (Hugging Face's order, ascending) mask "
-               "the tokens whose cumulative mass is <= 1 - top_p"): _nucleus(logits, p, ascending=True, before=False),
-        Mistake("11.top_p_cumsum_of_logits",
-                "the cumulative sum runs over the logits: take it over the probabilities, softmax(sorted logits)"):
-            _nucleus(logits, p, of_logits=True),
-        Mistake("11.top_p_unsorted",
-             "the probabilities were added up in vocabulary order, unsorted: the nucleus is the most likely tokens, so "
-        "sort them by descending probability first (logits.sort(dim=-1, descending=True)), add up, and scatter "
-        "the decision back to vocabulary order"): _nucleus(logits, p, sort=False),
-        Mistake("11.top_p_not_scattered_back",
-                "the tokens kept are in sorted order: the decision was made on the sorted logits and never scattered "
-        "back, so token i is no longer at index i. Put it back in vocabulary order, keep.scatter(-1, order, keep) "
-        "(or scatter the sorted logits back with the sort's indices)"): _nucleus(logits, p, scatter=False),
-        Mistake("11.top_p_own_probability",
-                "each token's own probability was compared with p: top-p adds the probabilities up, most likely first"):
-            logits.softmax(dim=-1) >= p,
-        Mistake("11.top_p_threshold_one_minus_p",
-                "the threshold is 1 - top_p: the nucleus is the most likely tokens whose mass reaches top_p itself "
-        f"(top_p={p} keeps {p:.0%} of the probability), so keep a token while the mass before it is < top_p"):
-            _nucleus(logits, 1 - p),
-    }
+    nuclei = {why: partial(_nucleus, logits, p, **switches) for why, switches in _top_p_rows(p).items()}
     if bool(want.logical_not().any()) and bool(kept.all()):
-        known = next((what for what, m in mistakes.items() if torch.equal(m, kept)), None)
+        known = next((why for why, nucleus in nuclei.items() if torch.equal(nucleus(), kept)), None)
         if known and torch.equal(filtered, logits):  # -inf used right, but every token kept
             raise fail(f"top_p_filter kept every token, {kept.numel()} of them, where the nucleus leaves out "
                        f"{int(want.logical_not().sum())}: {known}", mistake=mistake_key(known))
@@ -316,11 +336,10 @@ def _top_p_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "row's largest logit before exp (the softmax is unchanged by a shift), or use torch.softmax",
                    mistake="11.top_p_overflow")
     if not bool(kept.any(dim=-1).all()):
-        known = next((what for what, m in mistakes.items() if torch.equal(m, kept)), None)
+        known = next((why for why, nucleus in nuclei.items() if torch.equal(nucleus(), kept)), None)
         raise fail("top_p_filter masked every token of a row: the most likely token always stays (its mass alone "
                    "may already reach top_p)" + (f". {known}" if known else ""), mistake=mistake_key(known))
-    check_close(kept.float(), want.float(), "which tokens are kept (1) and masked to -inf (0)", atol=0, rtol=0,
-                mistakes={what: m.float() for what, m in mistakes.items()})
+    check_close(kept, want, "which tokens are kept (1) and masked to -inf (0)", atol=0, rtol=0, mistakes=nuclei)
     if not torch.equal(filtered[kept], logits[kept]):
         raise fail("the kept logits changed: top_p_filter only masks the others with -inf and returns logits, not "
                    "probabilities (the sampler applies the softmax)", mistake="11.top_p_logits_changed")

@@ -30,6 +30,7 @@ from ...model.causal_attention import causal_mask
 from ...model.tiled_attention import computed_tiles, flash_attention, flash_backward, flash_forward, online_softmax
 from ..attention_mistakes import NO_SCALE, SCALED_BY_D, TILED_KV_HEADS, kv_heads_by_hand
 from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
+from ..fixtures import part_of
 from ..piece import Piece, Probe, declare
 from ..student import TensorsMade, as_tensor, as_tensors
 
@@ -357,13 +358,9 @@ def _forward_mistakes(inputs: Inputs) -> dict[str, dict[str, Callable[[], torch.
     only when asked (for a wrong answer)."""
     variants = {why: functools.cache(partial(_slow_forward, inputs, **switches))
                 for why, switches in _FORWARD_MISTAKES.items()}
-    return {"out": {why: partial(_part, wrong, 0) for why, wrong in variants.items()},
-            "lse": {why: partial(_part, wrong, 1) for why, wrong in variants.items()
+    return {"out": {why: partial(part_of, wrong, 0) for why, wrong in variants.items()},
+            "lse": {why: partial(part_of, wrong, 1) for why, wrong in variants.items()
                     if why not in (DIVIDED_EACH, TAIL_DROPPED)}}  # divided each: its denominator ends at 1, L = m
-
-
-def _part(variant: Callable[[], Any], key: Any) -> torch.Tensor:
-    return variant()[key]
 
 
 def _forward_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -505,13 +502,16 @@ def _explicit_grads(inputs: Inputs, *, delta: bool = True, scale_grads: bool = T
 _BACKWARD_MISTAKES: dict[str, dict[str, Any]] = {
     Mistake("12.backward_no_delta",
             "the softmax's backward lacks its row term: dS = P * (dP - delta), delta = (dO * O).sum(-1) for each query "
-            "row (delta_i = sum_j P_ij dP_ij)"): {"delta": False},
+            "row (delta_i = sum_j P_ij dP_ij)"):
+        {"delta": False},
     Mistake("12.backward_grads_unscaled",
             "dq and dk lack the scale: the scores were q k^T / sqrt(D), so dq = dS k / sqrt(D) and dk = dS^T q / "
-            "sqrt(D)"): {"scale_grads": False},
+            "sqrt(D)"):
+        {"scale_grads": False},
     Mistake("12.backward_scores_unscaled",
             "the scores recomputed in the backward lack the forward's 1/sqrt(D): P = exp(q k^T / sqrt(D) - L), the "
-            "scores L was computed from"): {"scale_scores": False},
+            "scores L was computed from"):
+        {"scale_scores": False},
     Mistake("12.backward_not_masked",
             "the recomputed probabilities were not masked inside the tiles that straddle the diagonal: P = exp(S - L) "
             "must be 0 where key j > query i, as the forward masked it, or the future keys get gradient"):
@@ -526,7 +526,8 @@ _BACKWARD_MISTAKES: dict[str, dict[str, Any]] = {
     Mistake("12.backward_tiled_expand",
             "the kv heads were expanded with repeat (tiled) and their gradients summed as repeat_interleave's groups, "
             ".view(B, H_kv, G, T, D).sum(2): expand with k.repeat_interleave(G, dim=1) as well, so that query head i "
-            "uses kv head i // G in both"): {"expand": "tile"},
+            "uses kv head i // G in both"):
+        {"expand": "tile"},
 }
 
 
@@ -543,7 +544,7 @@ def _backward_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                                                      "share each one)" if key != "dq" else ""))
     mistakes = _backward_mistakes(inputs)
     for key in ("dv", "dq", "dk"):
-        check_close(got[key], expected[key], key, mistakes={why: partial(_part, wrong, key)
+        check_close(got[key], expected[key], key, mistakes={why: partial(part_of, wrong, key)
                                                             for why, wrong in mistakes.items()})
     what = f"flash_backward({_describe(inputs)}, out, lse, grad_out)"
     _check_memory(got, inputs, what)

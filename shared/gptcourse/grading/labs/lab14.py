@@ -28,7 +28,7 @@ from ...evaluation.continuations import loglikelihood
 from ...evaluation.error_bars import paired_bootstrap
 from ...evaluation.unbiased_pass import pass_at_k
 from ..cases import Inputs, Outputs, sized, tensor_rng
-from ..piece import Piece, declare
+from ..piece import Piece, Rows, declare
 from ..student import as_number, as_tensor, describe_error
 
 # a right answer computed in float32 (torch's default) is off by about 1e-7 of its value (choice scores of -12 at
@@ -258,8 +258,16 @@ def _length(choice: str, normalize: str | None, delimiter: str = "", unit: str |
     return 1 if normalize is None else counts[unit or normalize]
 
 
-def _scores(logprobs: torch.Tensor, choices: list[str], normalize: str | None, **mistake: Any) -> torch.Tensor:
-    return logprobs / torch.tensor([_length(c, normalize, **mistake) for c in choices], dtype=logprobs.dtype)
+def _scores_by_hand(logprobs: torch.Tensor, choices: list[str], normalize: str | None, *, softmax: bool = False,
+                    multiplied: bool = False, ignored: bool = False, **length: Any) -> torch.Tensor:
+    """Each choice's log-likelihood over its length, whose switches give each known mistake: the scores through a
+    softmax over the choices, the log-likelihoods multiplied by the lengths, or returned as they were (`ignored`);
+    `length`: the switches of `_length` (the delimiter counted, another unit, a Unicode normal form)."""
+    if ignored:
+        return logprobs
+    lengths = torch.tensor([_length(c, normalize, **length) for c in choices], dtype=logprobs.dtype)  # (C,)
+    scores = logprobs * lengths if multiplied else logprobs / lengths
+    return torch.softmax(scores, dim=0) if softmax else scores
 
 
 def _choice_inputs(choices: list[str], normalize: str | None, seed: int, tie: bool = False) -> Inputs:
@@ -284,49 +292,53 @@ def _choice_call(fn: Any, inputs: Inputs) -> Outputs:
 def _choice_expected(inputs: Inputs) -> Outputs:
     """The harness's acc_norm (characters) and acc_bytes (UTF-8 bytes) divide a choice's log-likelihood by its own
     length, without the delimiter before it; gptcourse.score_choices runs a model, so the division is here."""
-    return {"scores": _scores(inputs["logprobs"], inputs["choices"], inputs["normalize"])}
+    return {"scores": _scores_by_hand(inputs["logprobs"], inputs["choices"], inputs["normalize"])}
 
 
-def _choice_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
-    logprobs, choices, normalize = inputs["logprobs"], inputs["choices"], inputs["normalize"]
-    mistakes = {
-        Mistake("14.choice_delimiter_counted",
-               "the delimiter is counted in the length: divide by the choice's own length, len(choice), as the harness "
-               "does (the space before it is part of the continuation, not of the answer)"):
-            _scores(logprobs, choices, normalize, delimiter=" "),
-        Mistake("14.choice_bytes_as_chars",
-                "the bytes were counted as characters: len(choice) counts characters; a choice's UTF-8 bytes are "
-                "len(choice.encode('utf-8')), more than its characters when it holds non-ASCII letters"):
-            _scores(logprobs, choices, normalize, unit="chars"),
-        Mistake("14.choice_words",
-                "the lengths are the number of words, len(choice.split()): acc_norm divides by the characters, "
-                "len(choice), and acc_bytes by the UTF-8 bytes"): _scores(logprobs, choices, normalize, unit="words"),
-        Mistake("14.choice_chars_as_bytes",
-                "the characters were counted as bytes: acc_norm divides by len(choice), the characters; "
-                "len(choice.encode('utf-8')) is more than that when a choice holds non-ASCII letters"):
-            _scores(logprobs, choices, normalize, unit="bytes"),
-        Mistake("14.choice_two_bytes_at_most",
-                "the bytes were counted as 1 per ASCII character and 2 per other one: UTF-8 takes 2 bytes up to U+07FF "
-                "(accents, Greek), 3 beyond it ('東' is 3) and 4 past U+FFFF (emoji); count them, "
-                "len(choice.encode('utf-8'))"):
-            _scores(logprobs, choices, normalize, unit="two bytes at most"),
-        Mistake("14.choice_softmax",
-                "the scores went through a softmax over the choices (they are probabilities, summing to 1): a choice's "
-                "score is its log-likelihood divided by its length, and the harness takes the argmax of those"):
-            torch.softmax(_scores(logprobs, choices, normalize), dim=0),
+# why -> the switches of `_scores_by_hand` that make that mistake
+_CHOICE_MISTAKES = {
+    Mistake("14.choice_delimiter_counted",
+            "the delimiter is counted in the length: divide by the choice's own length, len(choice), as the harness "
+            "does (the space before it is part of the continuation, not of the answer)"):
+        {"delimiter": " "},
+    Mistake("14.choice_bytes_as_chars",
+            "the bytes were counted as characters: len(choice) counts characters; a choice's UTF-8 bytes are "
+            "len(choice.encode('utf-8')), more than its characters when it holds non-ASCII letters"):
+        {"unit": "chars"},
+    Mistake("14.choice_words",
+            "the lengths are the number of words, len(choice.split()): acc_norm divides by the characters, "
+            "len(choice), and acc_bytes by the UTF-8 bytes"):
+        {"unit": "words"},
+    Mistake("14.choice_chars_as_bytes",
+            "the characters were counted as bytes: acc_norm divides by len(choice), the characters; "
+            "len(choice.encode('utf-8')) is more than that when a choice holds non-ASCII letters"):
+        {"unit": "bytes"},
+    Mistake("14.choice_two_bytes_at_most",
+            "the bytes were counted as 1 per ASCII character and 2 per other one: UTF-8 takes 2 bytes up to U+07FF "
+            "(accents, Greek), 3 beyond it ('東' is 3) and 4 past U+FFFF (emoji); count them, "
+            "len(choice.encode('utf-8'))"):
+        {"unit": "two bytes at most"},
+    Mistake("14.choice_softmax",
+            "the scores went through a softmax over the choices (they are probabilities, summing to 1): a choice's "
+            "score is its log-likelihood divided by its length, and the harness takes the argmax of those"):
+        {"softmax": True},
+} | {Mistake("14.choice_unicode_normalized",
+             f"the characters were counted after unicodedata.normalize({form!r}), which {change}: count the "
+             "choice's characters as they are given, len(choice)"): {"form": form}
+     for form, change in UNICODE_FORMS.items()}
+
+
+def _choice_rows(inputs: Inputs) -> Rows:
+    """The known mistakes of a case; those of the division only where there is one (normalize is not None)."""
+    normalize = inputs["normalize"]
+    return _CHOICE_MISTAKES if normalize is None else _CHOICE_MISTAKES | {
+        Mistake("14.choice_multiplied",
+                "the scores were multiplied by the lengths: divide the log-likelihood by the length"):
+            {"multiplied": True},
+        Mistake("14.choice_normalize_ignored",
+                f"normalize={normalize!r} was ignored: the log-likelihoods came back as they were"):
+            {"ignored": True},
     }
-    for form, change in UNICODE_FORMS.items():
-        mistakes[Mistake("14.choice_unicode_normalized",
-                        f"the characters were counted after unicodedata.normalize({form!r}), which {change}: count the "
-                 "choice's characters as they are given, len(choice)")] = \
-            _scores(logprobs, choices, normalize, form=form)
-    if normalize is not None:
-        mistakes[Mistake("14.choice_multiplied",
-                         "the scores were multiplied by the lengths: divide the log-likelihood by the length")] = \
-            logprobs * torch.tensor([_length(c, normalize) for c in choices], dtype=logprobs.dtype)
-        mistakes[Mistake("14.choice_normalize_ignored",
-                         f"normalize={normalize!r} was ignored: the log-likelihoods came back as they were")] = logprobs
-    return mistakes
 
 
 @sized
@@ -699,7 +711,8 @@ PIECES = declare(
                    "on, its first two tokens near ties, 5e-4 below the argmax (the greedy flag False)",
                    lambda seed: _ll_inputs(13, 2, "~~+++", seed)),
                   ("hidden_sizes", "loglikelihood with other sizes, greedy or not", _ll_hidden)]),
-    Piece("14", "choice_scores", None, _choice_call, expected=_choice_expected, mistakes=_choice_mistakes,
+    Piece("14", "choice_scores", None, _choice_call, expected=_choice_expected, mistakes=_choice_rows,
+          by_hand=_scores_by_hand,
           label="the choice scores", shape="C", atol=FLOAT32_ROUNDING, rtol=FLOAT32_ROUNDING, forbidden=_CHOICES,
           visible=[("visible", "choice_scores normalised by characters (acc_norm), one choice a prefix of another, one "
                                "of two words with '½' (one character, two bytes)",

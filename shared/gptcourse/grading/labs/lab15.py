@@ -14,6 +14,7 @@ which the lab forbids.
 
 from __future__ import annotations
 
+from functools import cache, partial
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from ..fixtures import (
     check_scalar_loss,
     check_stepped_policy,
     mistaken,
+    part_of,
     policy_and_reference,
     reference_step_outputs,
     update_by_hand,
@@ -89,21 +91,28 @@ def _advantages(rewards: torch.Tensor, g: int, *, eps: float = EPS, unbiased: bo
 ADV_MISTAKES = {
     "the sign is flipped: an answer better than its group's mean gets a positive advantage, reward - mean":
         {"sign": -1},
-    "the advantages are not divided by the group's standard deviation (plus eps = 1e-4)": {"scale": False},
+    "the advantages are not divided by the group's standard deviation (plus eps = 1e-4)":
+        {"scale": False},
     "the standard deviation is the population one (unbiased=False, divides by G): use torch's default .std(), "
-    "Bessel-corrected (divides by G - 1), as TRL and the DeepSeekMath paper do": {"unbiased": False},
+    "Bessel-corrected (divides by G - 1), as TRL and the DeepSeekMath paper do":
+        {"unbiased": False},
     "the mean and the std are over the whole batch, not over each group: each prompt's answers are compared with "
-    "each other, rewards.view(-1, group_size) then the mean and std over dim=1": {"over": "batch"},
+    "each other, rewards.view(-1, group_size) then the mean and std over dim=1":
+        {"over": "batch"},
     "the groups were read as rewards.view(group_size, -1), group_size rows of N / group_size rewards: each group "
-    "is a row of rewards.view(-1, group_size), its group_size answers one after another": {"over": "transposed"},
+    "is a row of rewards.view(-1, group_size), its group_size answers one after another":
+        {"over": "transposed"},
     "the groups were taken as interleaved, answer j of every prompt together (the columns of "
     "rewards.view(group_size, -1)): each group is group_size answers one after another, a row of "
-    "rewards.view(-1, group_size), the mean and std over dim=1": {"over": "interleaved"},
+    "rewards.view(-1, group_size), the mean and std over dim=1":
+        {"over": "interleaved"},
     "the mean is each group's but the std is the whole batch's: divide each group by its own std, "
-    "groups.std(dim=1, keepdim=True) + 1e-4 with groups = rewards.view(-1, group_size)": {"batch_std": True},
+    "groups.std(dim=1, keepdim=True) + 1e-4 with groups = rewards.view(-1, group_size)":
+        {"batch_std": True},
     "eps is missing from the denominator: the NaN of the groups whose rewards are all equal was set to 0 (as "
     "nan_to_num does), but every other group is divided by its bare std too; divide every group by (std + 1e-4), "
-    "which also gives the all-equal groups their 0": {"eps": 0.0, "nan_to_zero": True},
+    "which also gives the all-equal groups their 0":
+        {"eps": 0.0, "nan_to_zero": True},
 }
 
 
@@ -119,14 +128,15 @@ def _adv_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         uniform = [p for p, row in enumerate(groups) if bool((row == row[0]).all())]
         raise fail(f"the advantages hold NaN or inf: group(s) {uniform} have all rewards equal, so their std is 0; "
                    "divide by (std + 1e-4), and such a group's advantages are exactly 0 (it teaches nothing)")
-    mistakes = {why: _advantages(rewards, g, **flags) for why, flags in ADV_MISTAKES.items()}
+    mistakes = {why: cache(partial(_advantages, rewards, g, **flags)) for why, flags in ADV_MISTAKES.items()}
     check_close(advantages, expected["advantages"], "the advantages", atol=1e-4, mistakes=mistakes)
     # An all-equal group's float32 mean is off by up to ~1e-8, which / 1e-4 is up to ~1e-4: hence atol=1e-4 above.
     # Elsewhere eps missing moves each advantage by eps / std >= 1.4e-4 of itself (std <= 0.71 for rewards in
     # [0, 1]): the groups whose rewards differ are compared again, tighter than that.
     differ = ~(rewards.view(-1, g) == rewards.view(-1, g)[:, :1]).all(dim=1).repeat_interleave(g)  # (N,)
     check_close(advantages[differ], expected["advantages"][differ], "the advantages of the groups whose rewards "
-                "differ", atol=1e-6, rtol=1e-5, mistakes={why: wrong[differ] for why, wrong in mistakes.items()})
+                "differ", atol=1e-6, rtol=1e-5, mistakes={why: partial(part_of, wrong, differ)
+                                                          for why, wrong in mistakes.items()})
 
 
 def _adv_drawn(p: int, g: int, seed: int, uniform: tuple[int, ...] = ()) -> Inputs:
@@ -303,40 +313,54 @@ def _loss_by_hand(logprobs: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, 
 LOSS_MISTAKES = {
     "the old log-probabilities were not detached: they are the sampling policy's, a constant of the loss. With "
     "a graph back to logprobs (old_logprobs = logprobs on a batch's first update) the ratio's gradient cancels; "
-    "use old_logprobs.detach()": {"detach_old": False},
+    "use old_logprobs.detach()":
+        {"detach_old": False},
     "the whole ratio was detached (exp(logprobs - old_logprobs).detach()): the surrogate has no gradient and only "
     "the KL penalty trains the policy; detach old_logprobs alone, exp(logprobs - old_logprobs.detach())":
         {"detach_ratio": True},
     "the clip is applied to ratio * advantage, not to the ratio: clamp(ratio, 1 - eps, 1 + eps) * advantage":
         {"clip": "product"},
     "only the upper side is clipped: clamp(ratio, 1 - eps, 1 + eps) bounds it below too (it matters when the "
-    "advantage is negative)": {"clip": "upper"},
-    "the ratio is not clipped: -min(ratio * A, clamp(ratio, 1 - eps, 1 + eps) * A)": {"clip": "none"},
+    "advantage is negative)":
+        {"clip": "upper"},
+    "the ratio is not clipped: -min(ratio * A, clamp(ratio, 1 - eps, 1 + eps) * A)":
+        {"clip": "none"},
     "the advantage was clipped, not the ratio: ratio * clamp(A, 1 - eps, 1 + eps); the clip bounds the ratio, "
-    "clamp(ratio, 1 - eps, 1 + eps) * A": {"clip": "advantage"},
+    "clamp(ratio, 1 - eps, 1 + eps) * A":
+        {"clip": "advantage"},
     "the advantage was taken out of the min, A * min(ratio, clipped ratio): right where A > 0, but a negative A "
     "turns the min into a max, so negative advantages were clipped on the wrong side (below 1 - eps instead of "
-    "above 1 + eps); keep A inside, min(ratio * A, clamp(ratio, 1 - eps, 1 + eps) * A)": {"bound": "outside"},
+    "above 1 + eps); keep A inside, min(ratio * A, clamp(ratio, 1 - eps, 1 + eps) * A)":
+        {"bound": "outside"},
     "max where PPO takes min: the surrogate is min(ratio * A, clipped ratio * A), the pessimistic bound, and the "
-    "loss its negative": {"bound": "max"},
-    "the ratio is the log-ratio: ratio = exp(logprobs - old_logprobs)": {"ratio": "log"},
+    "loss its negative":
+        {"bound": "max"},
+    "the ratio is the log-ratio: ratio = exp(logprobs - old_logprobs)":
+        {"ratio": "log"},
     "the ratio is inverted: ratio = exp(logprobs - old_logprobs), the policy over the one that sampled":
         {"ratio": "inverted"},
-    "the KL's log-ratio is the wrong way round: k3 = exp(r) - r - 1 with r = ref_logprobs - logprobs": {"kl_sign": -1},
-    "the KL penalty is missing: add beta * k3 per token": {"kl_sign": 0},
+    "the KL's log-ratio is the wrong way round: k3 = exp(r) - r - 1 with r = ref_logprobs - logprobs":
+        {"kl_sign": -1},
+    "the KL penalty is missing: add beta * k3 per token":
+        {"kl_sign": 0},
     "the KL penalty is subtracted: add + beta * k3, so that the loss grows as the policy leaves the reference":
         {"kl_weight": -1.0},
     "the KL is measured to the old log-probabilities: it is to the reference (ref_logprobs), the model before any "
-    "training, not the policy that sampled": {"kl_to": "old"},
+    "training, not the policy that sampled":
+        {"kl_to": "old"},
     "the tokens of the whole batch are averaged together (TRL's 'bnpo'): GRPO averages each answer's tokens, "
-    "then the answers": {"reduce": "tokens"},
+    "then the answers":
+        {"reduce": "tokens"},
     "the padding positions are counted: average each row over its real tokens, (per_token * mask).sum(-1) / "
-    "mask.sum(-1), then over the rows": {"reduce": "padded"},
+    "mask.sum(-1), then over the rows":
+        {"reduce": "padded"},
     "each row is divided by T, the padded length, not by its own number of real tokens, mask.sum(-1)":
         {"reduce": "length T"},
-    "each answer's tokens are summed, not averaged: (per_token * mask).sum(-1) / mask.sum(-1)": {"reduce": "sum"},
+    "each answer's tokens are summed, not averaged: (per_token * mask).sum(-1) / mask.sum(-1)":
+        {"reduce": "sum"},
     "the answers' losses were summed, not averaged: the loss grows with the number of answers B; average each "
-    "answer's tokens, then the answers, .mean()": {"reduce": "answers summed"},
+    "answer's tokens, then the answers, .mean()":
+        {"reduce": "answers summed"},
 }
 
 
@@ -352,22 +376,20 @@ def _loss_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "the padding positions are counted (they hold ratios and KL terms of about e^30 here). Mask each "
                    "token's whole loss, the surrogate and the KL penalty, before summing, (per_token * mask).sum(-1), "
                    "and divide by the real tokens, mask.sum(-1)")
-    mistakes = {why: _loss_by_hand(*args, **flags) for why, flags in LOSS_MISTAKES.items()}
+    mistakes = {why: partial(_loss_by_hand, *args, **flags) for why, flags in LOSS_MISTAKES.items()}
     check_close(got["loss"], expected["loss"], "the loss", atol=1e-5, mistakes=mistakes)
     check_differentiable(got["differentiable"], "compute it from `logprobs` with torch operations, without .item() "
                                                 "or .detach() on the policy's log-probabilities")
-
-    def grads_of(flags: dict[str, Any]) -> Outputs:
-        return _loss_call(lambda *a: _loss_by_hand(*a, **flags), inputs)
 
     pads = inputs["mask"] == 0
     if bool((got["grad"][pads] != 0).any()):
         raise fail("the loss has a gradient at the padding positions: they are not tokens of any answer; mask "
                    "each token's loss before summing (the tokens' loss times the mask)")
-    wrong = {why: grads_of(flags) for why, flags in LOSS_MISTAKES.items()}
+    wrong = {why: cache(partial(_loss_call, partial(_loss_by_hand, **flags), inputs))
+             for why, flags in LOSS_MISTAKES.items()}
     for grad in ("grad_plain", "grad"):  # old log-probabilities without a graph first: the ratio's own gradient
         check_close(got[grad], expected[grad], "the gradient of the loss with respect to logprobs", atol=1e-5,
-                    mistakes={why: outputs[grad] for why, outputs in wrong.items()})
+                    mistakes={why: partial(part_of, outputs, grad) for why, outputs in wrong.items()})
 
 
 def _loss_hidden(seed: int) -> Inputs:
@@ -462,7 +484,8 @@ def _by_hand_step(policy: GPT, reference: GPT, optimizer: torch.optim.Optimizer,
 STEP_MISTAKES = {
     STALE_GRADIENTS: {"zero_grad": False},
     "each token was scored with the logits at its own position: the logits at position j predict the token at "
-    "j + 1, so log_softmax(logits[:, :-1]) gathered at ids[:, 1:]": {"shift": 0},
+    "j + 1, so log_softmax(logits[:, :-1]) gathered at ids[:, 1:]":
+        {"shift": 0},
     "the batch's old log-probabilities were not used: the ratio compares the policy with the one that sampled "
     "(batch[3]); with the policy's own log-probabilities it is 1 and nothing is ever clipped":
         {"old_from_policy": True},
@@ -470,11 +493,14 @@ STEP_MISTAKES = {
     "its own prediction; the logits at position j predict the token at j + 1, so gather at ids[:, 1:]":
         {"targets": "current"},
     "the prompt's tokens are counted in the loss: attention_mask[:, 1:] covers the prompt as well as the answer; "
-    "the loss's mask is completion_mask (batch[2]), 1 on the answer's tokens only": {"loss_mask": "attention"},
+    "the loss's mask is completion_mask (batch[2]), 1 on the answer's tokens only":
+        {"loss_mask": "attention"},
     "the log_softmax ran over the positions (dim=1), not the vocabulary: a token's log-probability is normalised "
-    "over the V tokens it could have been, F.log_softmax(logits[:, :-1], dim=-1)": {"normalise": "positions"},
+    "over the V tokens it could have been, F.log_softmax(logits[:, :-1], dim=-1)":
+        {"normalise": "positions"},
     "the raw logits were gathered as log-probabilities: take F.log_softmax(logits[:, :-1], dim=-1) first, so that "
-    "each position's scores become log-probabilities over the vocabulary": {"normalise": "none"},
+    "each position's scores become log-probabilities over the vocabulary":
+        {"normalise": "none"},
 }
 
 

@@ -18,14 +18,14 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ...checks import Mistake, check_close, check_known_mistakes, fail, fmt_shape, mistake_key
+from ...checks import Mistake, fail, fmt_shape, mistake_key
 from ...model.config import GPTConfig, MoESpec
 from ...model.gpt import GPT
 from ...model.load_balancing import load_balancing_loss
 from ...model.mixture_of_experts import MoE, top_k_routing
 from ..cases import Inputs, Outputs, sized, tensor_rng
 from ..fixtures import check_close_lazily
-from ..piece import Piece, declare
+from ..piece import Piece, Rows, declare
 from ..student import TensorsMade, as_number, as_tensor
 
 # Each piece forbids its own references: a student who imports one loses that piece alone. MoE both routes and
@@ -316,7 +316,7 @@ def _lb_expected(inputs: Inputs) -> Outputs:
     return {"loss": loss.double()}
 
 
-def _balance(logits: torch.Tensor, k: int, mask: torch.Tensor | None, *, probs_of: str = "all",
+def _balance(logits: torch.Tensor, k: int, mask: torch.Tensor | None = None, *, probs_of: str = "all",
              counts: str = "top-k", masked: str = "both", times_e: bool = True) -> torch.Tensor:
     """E sum_e f_e P_e, right or with one of the usual mistakes: P_e from the top-k probabilities (`probs_of`
     "top-k": as they are, "renormalised": divided by their sum) or from the logits ("logits"); f_e from the first
@@ -349,68 +349,72 @@ def _balance(logits: torch.Tensor, k: int, mask: torch.Tensor | None, *, probs_o
     return (e if times_e else 1) * (share * mean).sum()
 
 
-def _lb_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
-    logits, k, mask = inputs["logits"], inputs["top_k"], inputs["mask"]
-    mistakes = {
-        Mistake("16.balance_p_top_k",
+# why -> the switches of `_balance` that make that mistake
+_BALANCE_MISTAKES = {
+    Mistake("16.balance_p_top_k",
             "P_e was averaged over the top-k probabilities only (0 for the experts not chosen): P_e is the mean of the "
             "router's full softmax over all E experts, which is what gives every expert a gradient"):
-            _balance(logits, k, mask, probs_of="top-k"),
-        Mistake("16.balance_p_renormalised",
-              "P_e was averaged over the renormalised top-k weights: P_e is the mean of the router's full softmax over "
-              "all E experts, before top-k"): _balance(logits, k, mask, probs_of="renormalised"),
-        Mistake("16.balance_p_logits",
-                "P_e was averaged over the logits: take the softmax first, P_e is a mean probability"):
-            _balance(logits, k, mask, probs_of="logits"),
-        Mistake("16.balance_f_first",
-                "f_e counts only each token's first choice: a token is routed to all of its k experts, and f_e counts "
-                "each of them (the shares sum to k)"): _balance(logits, k, mask, counts="first"),
-        Mistake("16.balance_f_first_k_times",
-               "f_e counts each token's first choice (argmax) k times: a token is routed to its top k experts, and f_e "
-               "counts each of them once (the shares sum to k)"): _balance(logits, k, mask, counts="first k times"),
-        Mistake("16.balance_f_per_slot",
-             "f_e was divided by k (shares that sum to 1): transformers' and Mixtral's f_e count a token once for each "
-             "of its k experts, so the shares sum to k"): _balance(logits, k, mask, counts="per slot"),
-        Mistake("16.balance_f_soft",
-                "f_e is k P_e, the probabilities standing in for the counts: f_e is the share of the tokens routed to "
-        "expert e by top-k, counted (it has no gradient; P_e carries it)"): _balance(logits, k, mask, counts="soft"),
-        Mistake("16.balance_f_one_share",
-                "f_e is one number for every expert, all the routed slots over the tokens (k): count each expert's own "
-                "share, f_e = (tokens routed to e) / tokens, a vector of E shares (counts.sum(0), not counts.sum()); "
-                "with one share for all, the loss is E k sum_e P_e = E k whatever the router does"):
-            _balance(logits, k, mask, counts="one share"),
-        Mistake("16.balance_no_e",
-                "the factor E is missing: the loss is E * sum_e f_e P_e (1 at perfect balance with k = 1)"):
-            _balance(logits, k, mask, times_e=False),
-    }
-    if mask is not None:
-        mistakes |= {
-            Mistake("16.balance_padding_counted",
-                    "the padding tokens were counted: f_e and P_e are means over the real tokens only, where "
-                    "attention_mask is 1"): _balance(logits, k, mask, masked="none"),
-            Mistake("16.balance_mask_f_only",
-                 "the mask was applied to f_e only, P_e averaged the padding too: both are means over the real tokens, "
-                 "where attention_mask is 1"): _balance(logits, k, mask, masked="counts only"),
-            Mistake("16.balance_mask_p_only",
-                  "the mask was applied to P_e only, f_e counted the padding too: both are means over the real tokens, "
-                  "where attention_mask is 1"): _balance(logits, k, mask, masked="probs only"),
-            Mistake("16.balance_divided_by_all_positions",
-               "the padding was masked out of both sums, but they were divided by every position, pads included (B T): "
-               "divide by the number of real tokens, attention_mask.sum()"): _balance(logits, k, mask,
-                                                                                  masked="all positions"),
-            Mistake("16.balance_mask_transposed",
-                 "the (B, T) mask was flattened column by column (attention_mask.T), so it no longer lines up with the "
-                 "tokens, which are B T row by row: attention_mask.reshape(-1)"): _balance(logits, k, mask,
-                                                                                      masked="transposed"),
-        }
-    return mistakes
+        {"probs_of": "top-k"},
+    Mistake("16.balance_p_renormalised",
+            "P_e was averaged over the renormalised top-k weights: P_e is the mean of the router's full softmax over "
+            "all E experts, before top-k"):
+        {"probs_of": "renormalised"},
+    Mistake("16.balance_p_logits",
+            "P_e was averaged over the logits: take the softmax first, P_e is a mean probability"):
+        {"probs_of": "logits"},
+    Mistake("16.balance_f_first",
+            "f_e counts only each token's first choice: a token is routed to all of its k experts, and f_e counts "
+            "each of them (the shares sum to k)"):
+        {"counts": "first"},
+    Mistake("16.balance_f_first_k_times",
+            "f_e counts each token's first choice (argmax) k times: a token is routed to its top k experts, and f_e "
+            "counts each of them once (the shares sum to k)"):
+        {"counts": "first k times"},
+    Mistake("16.balance_f_per_slot",
+            "f_e was divided by k (shares that sum to 1): transformers' and Mixtral's f_e count a token once for each "
+            "of its k experts, so the shares sum to k"):
+        {"counts": "per slot"},
+    Mistake("16.balance_f_soft",
+            "f_e is k P_e, the probabilities standing in for the counts: f_e is the share of the tokens routed to "
+            "expert e by top-k, counted (it has no gradient; P_e carries it)"):
+        {"counts": "soft"},
+    Mistake("16.balance_f_one_share",
+            "f_e is one number for every expert, all the routed slots over the tokens (k): count each expert's own "
+            "share, f_e = (tokens routed to e) / tokens, a vector of E shares (counts.sum(0), not counts.sum()); "
+            "with one share for all, the loss is E k sum_e P_e = E k whatever the router does"):
+        {"counts": "one share"},
+    Mistake("16.balance_no_e",
+            "the factor E is missing: the loss is E * sum_e f_e P_e (1 at perfect balance with k = 1)"):
+        {"times_e": False},
+}
+# with an attention_mask: why -> the switches of `_balance` that make that mistake
+_PADDING_MISTAKES = {
+    Mistake("16.balance_padding_counted",
+            "the padding tokens were counted: f_e and P_e are means over the real tokens only, where "
+            "attention_mask is 1"):
+        {"masked": "none"},
+    Mistake("16.balance_mask_f_only",
+            "the mask was applied to f_e only, P_e averaged the padding too: both are means over the real tokens, "
+            "where attention_mask is 1"):
+        {"masked": "counts only"},
+    Mistake("16.balance_mask_p_only",
+            "the mask was applied to P_e only, f_e counted the padding too: both are means over the real tokens, "
+            "where attention_mask is 1"):
+        {"masked": "probs only"},
+    Mistake("16.balance_divided_by_all_positions",
+            "the padding was masked out of both sums, but they were divided by every position, pads included (B T): "
+            "divide by the number of real tokens, attention_mask.sum()"):
+        {"masked": "all positions"},
+    Mistake("16.balance_mask_transposed",
+            "the (B, T) mask was flattened column by column (attention_mask.T), so it no longer lines up with the "
+            "tokens, which are B T row by row: attention_mask.reshape(-1)"):
+        {"masked": "transposed"},
+}
 
 
-def _lb_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    if not torch.allclose(got["loss"], expected["loss"], atol=1e-5, rtol=1e-5):
-        check_known_mistakes(got["loss"], expected["loss"], _lb_mistakes(inputs), "the load-balancing loss",
-                             atol=1e-5, rtol=1e-5)
-    check_close(got["loss"], expected["loss"], "the load-balancing loss", atol=1e-5, rtol=1e-5)
+def _lb_rows(inputs: Inputs) -> Rows:
+    """The known mistakes of a case, the padding's only where it has an attention_mask."""
+    return _BALANCE_MISTAKES | (_PADDING_MISTAKES if inputs["mask"] is not None else {})
 
 
 @sized
@@ -504,13 +508,15 @@ def _counts(config: GPTConfig, *, shared_as_routed: bool = False, no_shared_acti
 COUNT_MISTAKES = {
     Mistake("16.count_all_active",
             "the active count holds every expert: a token runs through only top_k of the n_experts, so the active "
-    "count has top_k experts per sparse block (the total has all of them)"): {"all_active": True},
+    "count has top_k experts per sparse block (the total has all of them)"):
+        {"all_active": True},
     Mistake("16.count_no_shared_active",
             "the shared expert was left out of the active count: every token goes through it, so it is active"):
         {"no_shared_active": True},
     Mistake("16.count_shared_as_routed",
            "the shared expert was counted as a routed expert, of the routed experts' width: it has a width of its own, "
-           "moe.shared_d_ff, 3 C shared_d_ff parameters"): {"shared_as_routed": True},
+           "moe.shared_d_ff, 3 C shared_d_ff parameters"):
+        {"shared_as_routed": True},
     Mistake("16.count_no_router",
             "the router was left out: each sparse block has one, a C x E matrix (no bias), and every token uses it"):
         {"no_router": True},
@@ -522,31 +528,39 @@ COUNT_MISTAKES = {
         {"two_matrices": True},
     Mistake("16.count_no_embeddings_active",
             "the embeddings and the output projection were left out of the active count: the published active counts "
-            "(Mixtral's 12.9B) count them, as every token uses the table and the head"): {"no_embeddings_active": True},
+            "(Mixtral's 12.9B) count them, as every token uses the table and the head"):
+        {"no_embeddings_active": True},
     Mistake("16.count_untied",
             "the output projection was counted though tie_weights=True: a tied model's head is its token table, V x C "
-            "counted once"): {"untied": True},
+            "counted once"):
+        {"untied": True},
     Mistake("16.count_all_heads_kv",
             "the attention was counted with as many key and value heads as query heads (4 C^2): with grouped-query "
-            "attention the key and value projections are C x n_kv_heads d_head each"): {"all_heads_kv": True},
+            "attention the key and value projections are C x n_kv_heads d_head each"):
+        {"all_heads_kv": True},
     Mistake("16.count_width_4c",
             "the MLP width for d_ff=None was taken as 4 C: the width is config.hidden_width, d_ff or the MLP's default "
-            "(2 C for SwiGLU), and an expert's is moe.d_ff or that same hidden_width"): {"width_4c": True},
+            "(2 C for SwiGLU), and an expert's is moe.d_ff or that same hidden_width"):
+        {"width_4c": True},
     Mistake("16.count_router_bias",
             "the router was counted with a bias, C x E + E: the model has no biases, the router is a C x E matrix"):
         {"router_bias": True},
     Mistake("16.count_kv_without_d_head",
             "the key and value projections were counted as C x n_kv_heads each, without the head width: each is C x "
-            "(n_kv_heads d_head)"): {"kv_without_d_head": True},
+            "(n_kv_heads d_head)"):
+        {"kv_without_d_head": True},
     Mistake("16.count_router_active_k",
             "the active count has only the router's k columns of the chosen experts (C k): the router scores all E "
-            "experts for every token, so all of it, C x E, is active"): {"router_active_k": True},
+            "experts for every token, so all of it, C x E, is active"):
+        {"router_active_k": True},
     Mistake("16.count_dense_expert_width",
            "the dense blocks' SwiGLU was given the experts' width moe.d_ff: the first moe.dense_layers blocks keep the "
-           "dense MLP of config.hidden_width"): {"dense_expert_width": True},
+           "dense MLP of config.hidden_width"):
+        {"dense_expert_width": True},
     Mistake("16.count_one_norm",
             "one RMSNorm was counted per block: a pre-norm block has two, before the attention and before the MLP, 2 C "
-            "per block"): {"one_norm": True},
+            "per block"):
+        {"one_norm": True},
 }
 
 
@@ -637,7 +651,8 @@ PIECES = declare(
                   ("hidden_all", "dispatch_combine with top_k = n_experts",
                    lambda seed: _dispatch_inputs(6, 4, 3, 3, seed)),
                   ("hidden_sizes", "dispatch_combine with other sizes", _dispatch_hidden)]),
-    Piece("16", "load_balancing_loss", None, _lb_call, expected=_lb_expected, judge=_lb_judge, forbidden=_BALANCE,
+    Piece("16", "load_balancing_loss", None, _lb_call, expected=_lb_expected, mistakes=_lb_rows, by_hand=_balance,
+          label="the load-balancing loss", rtol=1e-5, forbidden=_BALANCE,
           visible=[("visible", "load_balancing_loss of 2 x 6 tokens right-padded to 5 and 4 real ones, 4 experts, "
                                "top_k=2, a router that favours expert 0",
                     lambda seed: _lb_inputs(2, 6, 4, 2, seed, padded=True, skew=1.5))],
