@@ -466,15 +466,15 @@ def _count_causes(config: GPTConfig) -> list[tuple[str | None, int, str, Mistake
 
 def _explain_difference(diff: int, config: GPTConfig, component: str | None = None) -> tuple[str, list[str]]:
     """What the usual mistakes say of a count off by `diff` (of `component`, or (None) of the total), and the keys
-    of the mistakes it names, in order ([] when none explains it)."""
+    of the mistakes it names, in order (None for a cause without one; [] when none explains it)."""
     causes = [(a, f, w) for k, a, f, w in _count_causes(config) if component is None or k == component]
     single = [(formula, why) for amount, formula, why in causes if amount == diff]
     if single:  # two mistakes can be off by the same amount: name both
         return (f"{diff:+,} = " + "; or ".join(f"{formula}: {why}" for formula, why in single),
-                [why.key for _, why in single])
+                [mistake_key(why) for _, why in single])
     for (a1, f1, w1), (a2, f2, w2) in combinations(causes, 2):
         if a1 + a2 == diff:
-            return f"{diff:+,} = {a1:+,} ({f1}: {w1}) {a2:+,} ({f2}: {w2})", [w1.key, w2.key]
+            return f"{diff:+,} = {a1:+,} ({f1}: {w1}) {a2:+,} ({f2}: {w2})", [mistake_key(w1), mistake_key(w2)]
     return f"{diff:+,}: no single common mistake explains it; compare component by component", []
 
 
@@ -493,7 +493,7 @@ def check_parameter_count(got: int | Mapping[str, int], config: GPTConfig, name:
         wrong = [(k, int(got[k]), v, *_explain_difference(int(got[k]) - v, config, k))
                  for k, v in expected.items() if int(got[k]) != v]
         if wrong:
-            named = Counter(key for *_, keys in wrong for key in dict.fromkeys(keys))
+            named = Counter(key for *_, keys in wrong for key in dict.fromkeys(keys) if key)
             raise fail(f"{name}: {len(wrong)} component(s) wrong: "
                        + "; ".join(f"{k} is {g:,}, expected {v:,} ({why})" for k, g, v, why, _ in wrong) + ".",
                        named.most_common(1)[0][0] if named else None)
@@ -503,7 +503,7 @@ def check_parameter_count(got: int | Mapping[str, int], config: GPTConfig, name:
         parts = ", ".join(f"{k} {v:,}" for k, v in expected.items())
         why, keys = _explain_difference(got - total, config)
         raise fail(f"{name}: {got:,}, expected {total:,}: {why}. Expected by component: {parts}.",
-                   keys[0] if keys else None)
+                   next(filter(None, keys), None))
 
 
 GPT_COMPONENTS = {  # first matching prefix of a GPT parameter name -> parameter_breakdown key
