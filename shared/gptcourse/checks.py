@@ -464,7 +464,7 @@ def _count_causes(config: GPTConfig) -> list[tuple[str | None, int, str, Mistake
     return causes
 
 
-def _explain_difference(diff: int, config: GPTConfig, component: str | None = None) -> tuple[str, list[str]]:
+def _explain_difference(diff: int, config: GPTConfig, component: str | None = None) -> tuple[str, list[str | None]]:
     """What the usual mistakes say of a count off by `diff` (of `component`, or (None) of the total), and the keys
     of the mistakes it names, in order (None for a cause without one; [] when none explains it)."""
     causes = [(a, f, w) for k, a, f, w in _count_causes(config) if component is None or k == component]
