@@ -378,7 +378,8 @@ def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "which is recursive (model.children() sees only the model's direct children, and the adapters "
                    "sit inside its blocks), and set .enabled = False on each")
     check_close(got["inside"], base, "the logits inside the with block", atol=1e-5, mistakes={
-        "the adapters are still on inside the block: set every LoRALinear's .enabled to False": adapted})
+        Mistake("13.adapters_still_on", "the adapters are still on inside the block: set every LoRALinear's "
+                                        ".enabled to False"): adapted})
     before = expected["after_states"]
     _check_restored(got["after_states"], before, "after the block",
                     "Set each layer's .enabled back to its own value when the block ends")
