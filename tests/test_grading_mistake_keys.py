@@ -140,13 +140,13 @@ def test_every_lesson_row_is_a_declared_key_and_one_heading_of_its_lesson():
     assert set(mistake_lessons.mistake_sections(ROOT, mistake_lessons.TAUGHT_IN)) == set(mistake_lessons.TAUGHT_IN)
 
 
-def test_lab_02_04_06_09_and_the_attention_catalogues_keys_have_rows():
-    """The attention catalogue, the shared checks' and lab 02's, 04's, 06's and 09's named mistakes each have their
-    lesson's section (lab 09's by-hand switches by their function)."""
+def test_the_shared_checks_and_labs_02_04_06_07_09_10_13s_keys_have_rows():
+    """The attention catalogue, the shared checks' and lab 02's, 04's, 06's, 07's, 09's, 10's and 13's named
+    mistakes each have their lesson's section (lab 09's by-hand switches by their function)."""
     keys, _ = declared_keys()
-    covered = [key for key in keys if key.split(".")[0] in ("attention", "mask", "softmax", "params", "loss", "02",
-                                                             "04", "06", "09") and not key.startswith("04.count_")]
-    assert len(covered) > 60
+    covered = [key for key in keys if key.split(".")[0] in ("attention", "mask", "softmax", "shape", "params", "loss",
+                                                             "02", "04", "06", "07", "09", "10", "13")]
+    assert len(covered) > 140
     missing = sorted(key for key in covered if mistake_lessons.row_of(key) is None)
     assert not missing, missing
     assert mistake_lessons.row_of("09.adamw_step:decay=gradient") == ("09", "AdamW, line by line")

@@ -78,6 +78,10 @@ TAUGHT_IN: dict[str, tuple[str, str]] = {
     "04.norm1_twice": _BLOCK,
     "04.no_norms": _BLOCK,
     "04.rope_not_passed": _BLOCK,
+    **dict.fromkeys(("04.count_attention_bias_missing", "04.count_attention_bias_extra", "04.count_w_in_unfused",
+                     "04.count_swiglu_four_matrices", "04.count_swiglu_bias_extra", "04.count_mlp_bias_extra",
+                     "04.count_mlp_bias_missing", "04.count_norm_missing", "04.count_norm_bias"),
+                    ("04", "The seed's $2d^2$ row")),
     # a parameter count's (checks.check_parameter_count: labs 05 and 06)
     "params.untied_head": ("05", "Tied or untied output projection"),
     "params.head_counted_tied": ("05", "Tied or untied output projection"),
@@ -127,6 +131,37 @@ TAUGHT_IN: dict[str, tuple[str, str]] = {
     "09.step_not_restored": ("09", "Checkpoints that resume exactly"),
     "09.restore_training_state:": ("09", "Checkpoints that resume exactly"),
     "09.state_wrong_generator": ("09", "Checkpoints that resume exactly"),
+    # lab 07
+    **dict.fromkeys(("07.targets_not_shifted", "07.x_y_swapped", "07.softmax_before_loss", "07.loss_summed",
+                     "07.last_position_only", "07.targets_flattened_transposed", "07.targets_shifted_twice"),
+                    ("07", "The loss")),
+    "07.train_step:": ("07", "Training, with a live loss curve"),
+    **dict.fromkeys(("07.temperature_after_softmax", "07.temperature_power_after_softmax", "07.no_temperature",
+                     "07.temperature_multiplied", "07.temperature_twice", "07.softmax_over_batch", "07.top_k_minus_1",
+                     "07.top_k_plus_1", "07.top_k_fill_zero", "07.top_k_zeroed_after_softmax",
+                     "07.top_k_batch_threshold", "07.first_position", "07.argmax_sampling",
+                     "07.sampling_unfiltered"), ("07", "Sampling: temperature and top-k")),
+    # lab 10
+    **dict.fromkeys(("10.mask_not_causal", "10.mask_pad_queries", "10.mask_inverted", "10.mask_pad_query_sees_nothing",
+                     "10.mask_no_head_axis"), ("10", "Padding, and the wrong answer first")),
+    **dict.fromkeys(("10.pool_position_minus_one", "10.pool_mask_sum", "10.pool_first_real", "10.pool_row_index",
+                     "10.pool_averaged"), ("10", "A classifier")),
+    **dict.fromkeys(("10.labels_mask_response", "10.labels_padding_kept", "10.labels_fill_zero",
+                     "10.labels_last_prompt_kept", "10.labels_first_response_masked", "10.labels_prompt_from_zero",
+                     "10.labels_shifted"), ("10", "Instruction tuning")),
+    **dict.fromkeys(("10.bt_log_of_sigmoid", "10.bt_swapped", "10.bt_no_minus", "10.bt_no_log", "10.bt_summed",
+                     "10.bt_mean_before_log_sigmoid", "10.bt_clamped_before_log"), ("10", "A reward model")),
+    **dict.fromkeys(("10.lora_base_trainable", "10.lora_a_zero", "10.lora_b_not_zero", "10.lora_scaled_by_alpha",
+                     "10.lora_unscaled", "10.lora_rank_over_alpha", "10.lora_rslora", "10.lora_no_base",
+                     "10.lora_full_matrix"), ("10", "LoRA")),
+    # lab 13
+    **dict.fromkeys(("13.logps_averaged", "13.logps_prompt_counted", "13.logps_unshifted", "13.logps_shifted_wrong_way",
+                     "13.logps_probabilities_summed", "13.logps_softmax_over_positions", "13.logps_ignored_counted"),
+                    ("13", "The log-probability of a response")),
+    **dict.fromkeys(("13.dpo_swapped", "13.dpo_no_reference", "13.dpo_beta_on_loss", "13.dpo_no_beta",
+                     "13.dpo_beta_divides", "13.dpo_beta_on_chosen_only", "13.dpo_beta_on_rejected_only",
+                     "13.dpo_summed", "13.reward_no_beta", "13.reward_no_reference"), ("13", "From Bradley")),
+    "13.adapters_still_on": ("13", "The reference: a frozen copy"),
 }
 
 
