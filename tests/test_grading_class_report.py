@@ -152,7 +152,8 @@ def test_compare_shows_what_changed_since_another_round(tmp_path):
 def test_every_mistake_key_is_one_the_report_reads():
     """Each `Mistake("key", ...)` of the checks and the lab modules: a key the report keeps (`_MISTAKE`), declared
     in one module (twice there for two wordings of one mistake, lab 07's unshifted targets), a lab's own starting
-    with its number (lab 04: "04.") and the shared checks' and the attention catalogue's with their topic."""
+    with its number (lab 04: "04.") and the shared checks' and the attention catalogue's with their topic (a
+    parameter count's "params.", a shape's "shape.", a log's eps "loss.")."""
     import ast
 
     grading = ROOT / "shared" / "gptcourse"
@@ -163,12 +164,13 @@ def test_every_mistake_key_is_one_the_report_reads():
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Mistake" \
                     and isinstance(node.args[0], ast.Constant):  # not `fixtures.switch_key`'s, tested below
                 found.setdefault(node.args[0].value, []).append(path.stem)
-    assert {"attention.unscaled", "04.post_norm", "mask.wrong_triangle"} <= set(found)
+    assert {"attention.unscaled", "04.post_norm", "mask.wrong_triangle", "params.untied_head",
+            "loss.eps_in_log", "shape.whole_position_table"} <= set(found)
     twice = {key: where for key, where in found.items() if len(set(where)) > 1}
     assert not twice, twice
     bad = {key: where for key, where in found.items() if not class_report._MISTAKE.fullmatch(key)
            or not key.startswith(where[0][3:] + "." if where[0].startswith("lab")
-                                 else ("mask.", "softmax.", "attention."))}
+                                 else ("mask.", "softmax.", "attention.", "shape.", "params.", "loss."))}
     assert not bad, bad
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from lab_roundtrip import BlindStudents, NamedMistakes, RoundTrip, Validation
 
 LAB = "06_parameter_counting"
@@ -164,3 +165,17 @@ class TestLab06(RoundTrip, NamedMistakes, BlindStudents):
         case = get_case("06.count_parameters.visible")
         totals = case.expected(case.inputs(case_seed(case)))
         assert {k: totals[k] for k in ("0.total", "1.total")} == {"0.total": 24_096, "1.total": 27_296}
+
+    @pytest.mark.slow
+    def test_the_graders_records_name_each_count_mistake_by_its_key(self, course, scores):
+        """The judge's verdict records in the autograded notebooks, as `gptcourse report` reads them, key each planted
+        count mistake (`checks.check_parameter_count`'s causes): each student under its mistake's key."""
+        from gptcourse.grading.classroom import class_report
+
+        named = {m.key: set(m.students) for m in class_report.build(course.root, LAB).mistakes()}
+        planted = {"params.untied_head": {"always-untied", "total-counts-the-tied-head-twice"},
+                   "params.swiglu_two_matrices": {"swiglu-two-matrices"},
+                   "params.layernorm_no_beta": {"layernorm-without-bias"},
+                   "params.position_table_counted": {"positions-always-counted"},
+                   "06.counted_built_tensors": {"built-on-meta"}}
+        assert {key: students & named.get(key, set()) for key, students in planted.items()} == planted, named

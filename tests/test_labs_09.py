@@ -272,3 +272,13 @@ TOTAL, VALIDATE = 34, Validation("no-bias-correction", 2, "09.adamw_step.visible
 
 class TestLab09(RoundTrip, NamedMistakes, BlindStudents):
     """Lab 09's round trip and in-process checks, from the tables above."""
+
+    @pytest.mark.slow
+    def test_the_graders_records_name_the_eps_in_the_log_by_its_key(self, course, scores):
+        """The judge's verdict records in the autograded notebooks, as `gptcourse report` reads them, key the eps
+        inside the log (`checks.eps_in_log_mistakes`) and a by-hand switch (`fixtures.switch_key`)."""
+        from gptcourse.grading.classroom import class_report
+
+        named = {m.key: set(m.students) for m in class_report.build(course.root, LAB).mistakes()}
+        assert "log-plus-eps" in named.get("loss.eps_in_log", set()), named
+        assert "coupled-decay" in named.get("09.adamw_step:decay=gradient", set()), named

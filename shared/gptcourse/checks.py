@@ -16,6 +16,7 @@ Pure functions of tensors and numbers: the grader runs them outside the student'
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from itertools import combinations
 
@@ -70,14 +71,17 @@ def fmt_index(index: Sequence[int]) -> str:
     return fmt_shape(index)
 
 
-# Likely causes of a wrong size: (symbol expected, symbol found) -> cause.
+# Likely causes of a wrong size: (symbol expected, symbol found) -> cause, each a keyed `Mistake`.
 SHAPE_CAUSES: dict[tuple[str, str], str] = {
-    ("V", "C"): "the output projection (C -> V) is missing",
-    ("D", "C"): "a projection to the head width is missing: nn.Linear(d_model, d_head) maps C -> D",
-    ("C", "D"): "only one head's width: the heads are not merged back to C = H x D",
-    ("C", "3C"): "q, k and v are not split apart: the fused projection gives 3C features",
-    ("C", "F"): "the MLP's output projection (F -> C) is missing",
-    ("T", "T_max"): "the whole position table was used instead of its first T rows",
+    ("V", "C"): Mistake("shape.no_output_projection", "the output projection (C -> V) is missing"),
+    ("D", "C"): Mistake("shape.no_head_projection", "a projection to the head width is missing: nn.Linear(d_model, "
+                                                    "d_head) maps C -> D"),
+    ("C", "D"): Mistake("shape.heads_not_merged", "only one head's width: the heads are not merged back to C = H x D"),
+    ("C", "3C"): Mistake("shape.qkv_not_split", "q, k and v are not split apart: the fused projection gives 3C "
+                                                "features"),
+    ("C", "F"): Mistake("shape.no_mlp_output_projection", "the MLP's output projection (F -> C) is missing"),
+    ("T", "T_max"): Mistake("shape.whole_position_table", "the whole position table was used instead of its first T "
+                                                          "rows"),
 }
 
 
@@ -203,11 +207,12 @@ LOG_EPSILONS = (1e-6, 1e-8, 1e-9, 1e-10, 1e-12)  # what students add inside a lo
 
 
 def eps_in_log_mistakes(probability: torch.Tensor, written: str, each: str, advice: str) -> dict[str, torch.Tensor]:
-    """The mean loss -log(probability + eps) for each eps of LOG_EPSILONS, named as a known mistake: the eps keeps
-    the loss finite and caps each `each`'s loss at -log(eps) (`written`: how the probability reads in the
-    message, `advice`: how to compute its log without forming it)."""
-    return {f"log({written} + {eps:g}) caps each {each}'s loss at -log({eps:g}) = {-math.log(eps):.1f}: {advice}":
-            -(probability + eps).log().mean() for eps in LOG_EPSILONS}
+    """The mean loss -log(probability + eps) for each eps of LOG_EPSILONS, named as a known mistake (one key,
+    "loss.eps_in_log", whatever the eps): the eps keeps the loss finite and caps each `each`'s loss at -log(eps)
+    (`written`: how the probability reads in the message, `advice`: how to compute its log without forming it)."""
+    return {Mistake("loss.eps_in_log", f"log({written} + {eps:g}) caps each {each}'s loss at -log({eps:g}) = "
+                                       f"{-math.log(eps):.1f}: {advice}"): -(probability + eps).log().mean()
+            for eps in LOG_EPSILONS}
 
 
 def check_close(
@@ -379,80 +384,104 @@ def check_causal(outputs: torch.Tensor, name: str, dim: int = 1, atol: float = 1
                    f"{describe_leaks(leaks)}.")
 
 
-def _count_causes(config: GPTConfig) -> list[tuple[str | None, int, str, str]]:
-    """(component, amount, formula, likely cause): what a parameter count is commonly off by, sign included. The
-    component is the one the mistake changes (None: several, so only a total is off by that amount)."""
+def _count_causes(config: GPTConfig) -> list[tuple[str | None, int, str, Mistake]]:
+    """(component, amount, formula, likely cause): what a parameter count is commonly off by, sign included, each
+    cause a `Mistake` with its key. The component is the one the mistake changes (None: several, so only a total is
+    off by that amount)."""
     c, v, n, f, t = config.d_model, config.vocab_size, config.n_layers, config.hidden_width, config.context_length
     kv = config.kv_heads * config.d_head  # the width of k and of v
     norm = 2 * c if config.norm == "layernorm" and config.norm_bias else c
     mlp_bias = 2 * f + c if config.mlp == "swiglu" else f + c
     causes = [
-        ("output_projection", v * c, "V x d", "untied output projection? With tie_weights=True the output projection "
-                                              "is the token embedding matrix, counted once") if config.tie_weights else
-        ("output_projection", -v * c, "V x d", "output projection counted as tied? With tie_weights=False it has its "
-                                               "own V x d matrix"),
-        ("attention", -n * c * c, "N x d^2", "the attention output projection (d x d per block) is missing?"),
-        ("final_norm", -norm, "one norm", "the final norm is missing?"),
-        ("block_norms", -2 * n * norm, "2N norms", "the two norms of every block are missing?"),
-        ("block_norms", -n * norm, "N norms", "one norm per block counted? Each block has two, one before attention "
-                                              "and one before the MLP"),
-        ("position_embedding", -t * c, "T_max x d", "the learned position table is missing?")
+        ("output_projection", v * c, "V x d", Mistake("params.untied_head", "untied output projection? With "
+                                                      "tie_weights=True the output projection is the token embedding "
+                                                      "matrix, counted once")) if config.tie_weights else
+        ("output_projection", -v * c, "V x d", Mistake("params.head_counted_tied", "output projection counted as "
+                                                       "tied? With tie_weights=False it has its own V x d matrix")),
+        ("attention", -n * c * c, "N x d^2", Mistake("params.no_attention_output", "the attention output projection "
+                                                     "(d x d per block) is missing?")),
+        ("final_norm", -norm, "one norm", Mistake("params.no_final_norm", "the final norm is missing?")),
+        ("block_norms", -2 * n * norm, "2N norms", Mistake("params.no_block_norms", "the two norms of every block "
+                                                           "are missing?")),
+        ("block_norms", -n * norm, "N norms", Mistake("params.one_norm_per_block", "one norm per block counted? Each "
+                                                      "block has two, one before attention and one before the MLP")),
+        ("position_embedding", -t * c, "T_max x d", Mistake("params.no_position_table", "the learned position table "
+                                                            "is missing?"))
         if config.position == "learned" else
-        ("position_embedding", t * c, "T_max x d", f"a learned position table counted, but positions are "
-                                                   f"{config.position!r} (no parameters)"),
+        ("position_embedding", t * c, "T_max x d", Mistake("params.position_table_counted", f"a learned position "
+                                                           f"table counted, but positions are {config.position!r} "
+                                                           "(no parameters)")),
     ]
-    for component, present, amount, formula, what in (
-        ("attention", config.attn_bias, n * (2 * c + 2 * kv), "N x 4d", "the attention biases"),
-        ("mlp", config.mlp_bias, mlp_bias * n, "the MLP biases", "the MLP biases"),
-        ("output_projection", config.lm_head_bias, v, "V", "the output projection's bias (lm_head_bias)"),
+    for component, present, amount, formula, missing, counted in (
+        ("attention", config.attn_bias, n * (2 * c + 2 * kv), "N x 4d",
+         Mistake("params.attention_bias_missing", "the attention biases not counted?"),
+         Mistake("params.attention_bias_counted", "the attention biases counted, but this config has none")),
+        ("mlp", config.mlp_bias, mlp_bias * n, "the MLP biases",
+         Mistake("params.mlp_bias_missing", "the MLP biases not counted?"),
+         Mistake("params.mlp_bias_counted", "the MLP biases counted, but this config has none")),
+        ("output_projection", config.lm_head_bias, v, "V",
+         Mistake("params.head_bias_missing", "the output projection's bias (lm_head_bias) not counted?"),
+         Mistake("params.head_bias_counted", "the output projection's bias (lm_head_bias) counted, but this config "
+                                             "has none")),
     ):
-        causes.append((component, -amount, formula, f"{what} not counted?") if present
-                      else (component, amount, formula, f"{what} counted, but this config has none"))
+        causes.append((component, -amount, formula, missing) if present else (component, amount, formula, counted))
     if config.attn_bias:
-        causes.append(("attention", -n * (c + 2 * kv), "N x 3d", "one attention bias per block counted? Each of "
-                       "the four projections (q, k, v and the output) has its own bias, 4d per block"))
+        causes.append(("attention", -n * (c + 2 * kv), "N x 3d", Mistake(
+            "params.one_attention_bias", "one attention bias per block counted? Each of the four projections (q, k, v "
+                                         "and the output) has its own bias, 4d per block")))
     if config.mlp == "swiglu":
-        causes.append(("mlp", -n * c * f, "N x d x F", "SwiGLU has three matrices (gate, value, output), not two"))
-        causes.append(("mlp", n * c * f, "N x d x F", "SwiGLU has three d x F matrices, not four"))
+        causes.append(("mlp", -n * c * f, "N x d x F", Mistake("params.swiglu_two_matrices", "SwiGLU has three "
+                                                               "matrices (gate, value, output), not two")))
+        causes.append(("mlp", n * c * f, "N x d x F", Mistake("params.swiglu_four_matrices", "SwiGLU has three d x F "
+                                                              "matrices, not four")))
         if config.mlp_bias:
-            causes.append(("mlp", -n * f, "N x F", "SwiGLU's biases counted as a GELU MLP's, F + d: its fused "
-                                                   "gate-and-value matrix d -> 2F has 2F biases, so 2F + d per block"))
+            causes.append(("mlp", -n * f, "N x F", Mistake(
+                "params.swiglu_bias_as_gelu", "SwiGLU's biases counted as a GELU MLP's, F + d: its fused "
+                                              "gate-and-value matrix d -> 2F has 2F biases, so 2F + d per block")))
         if config.d_ff is None:  # F = 4d, the ReLU/GELU default, where SwiGLU's is 2d
             wide = 4 * c - f
-            causes.append(("mlp", n * (3 * c * wide + (2 * wide if config.mlp_bias else 0)), "F = 4d",
-                           "d_ff=None means F = 2d for SwiGLU, not 4d (the ReLU/GELU default): read F from "
-                           "config.hidden_width, which knows each MLP's default"))
+            causes.append(("mlp", n * (3 * c * wide + (2 * wide if config.mlp_bias else 0)), "F = 4d", Mistake(
+                "params.swiglu_default_4d", "d_ff=None means F = 2d for SwiGLU, not 4d (the ReLU/GELU default): read "
+                                            "F from config.hidden_width, which knows each MLP's default")))
     if config.norm == "layernorm" and config.norm_bias:
-        causes.append((None, -(2 * n + 1) * c, "(2N + 1) x d", "LayerNorm's bias (beta) is not counted?"))
-        causes.append(("block_norms", -2 * n * c, "2N x d", "the block norms' LayerNorm bias (beta) is not counted?"))
-        causes.append(("final_norm", -c, "d", "the final LayerNorm's bias (beta) is not counted?"))
+        causes.append((None, -(2 * n + 1) * c, "(2N + 1) x d", Mistake(
+            "params.layernorm_no_beta", "LayerNorm's bias (beta) is not counted?")))
+        causes.append(("block_norms", -2 * n * c, "2N x d", Mistake(
+            "params.layernorm_no_beta", "the block norms' LayerNorm bias (beta) is not counted?")))
+        causes.append(("final_norm", -c, "d", Mistake(
+            "params.layernorm_no_beta", "the final LayerNorm's bias (beta) is not counted?")))
     if config.norm == "rmsnorm":
-        rms = ("a bias counted in each RMSNorm? norm='rmsnorm' never has one, only its gain, d per norm (norm_bias is "
-               "LayerNorm's beta)")
+        rms = Mistake("params.rmsnorm_bias", "a bias counted in each RMSNorm? norm='rmsnorm' never has one, only its "
+                                             "gain, d per norm (norm_bias is LayerNorm's beta)")
         causes += [(None, (2 * n + 1) * c, "(2N + 1) x d", rms), ("block_norms", 2 * n * c, "2N x d", rms),
                    ("final_norm", c, "d", rms)]
     total = sum(parameter_breakdown(config).values())
+    estimate = Mistake("params.estimate_12nd2", "the usual estimate of the blocks (4d^2 attention + 8d^2 MLP, no norms "
+                                                "or biases) is not the count: add up every component of this config "
+                                                "exactly, as your parameter_breakdown does")
     for extra, formula in ((0, ""), (v * c, " + V d"), (v * c + t * c, " + V d + T_max d")):
-        causes.append((None, 12 * n * c * c + extra - total, f"12 N d^2{formula}, not the count",
-                       "the usual estimate of the blocks (4d^2 attention + 8d^2 MLP, no norms or biases) is not the "
-                       "count: add up every component of this config exactly, as your parameter_breakdown does"))
+        causes.append((None, 12 * n * c * c + extra - total, f"12 N d^2{formula}, not the count", estimate))
     return causes
 
 
-def _explain_difference(diff: int, config: GPTConfig, component: str | None = None) -> str:
-    """What the usual mistakes say of a count off by `diff`: of `component`, or (None) of the total."""
+def _explain_difference(diff: int, config: GPTConfig, component: str | None = None) -> tuple[str, list[str | None]]:
+    """What the usual mistakes say of a count off by `diff` (of `component`, or (None) of the total), and the keys
+    of the mistakes it names, in order (None for a cause without one; [] when none explains it)."""
     causes = [(a, f, w) for k, a, f, w in _count_causes(config) if component is None or k == component]
-    single = [f"{formula}: {why}" for amount, formula, why in causes if amount == diff]
+    single = [(formula, why) for amount, formula, why in causes if amount == diff]
     if single:  # two mistakes can be off by the same amount: name both
-        return f"{diff:+,} = " + "; or ".join(single)
+        return (f"{diff:+,} = " + "; or ".join(f"{formula}: {why}" for formula, why in single),
+                [mistake_key(why) for _, why in single])
     for (a1, f1, w1), (a2, f2, w2) in combinations(causes, 2):
         if a1 + a2 == diff:
-            return f"{diff:+,} = {a1:+,} ({f1}: {w1}) {a2:+,} ({f2}: {w2})"
-    return f"{diff:+,}: no single common mistake explains it; compare component by component"
+            return f"{diff:+,} = {a1:+,} ({f1}: {w1}) {a2:+,} ({f2}: {w2})", [mistake_key(w1), mistake_key(w2)]
+    return f"{diff:+,}: no single common mistake explains it; compare component by component", []
 
 
 def check_parameter_count(got: int | Mapping[str, int], config: GPTConfig, name: str = "parameter count") -> None:
-    """Compare a total or a per-component count with `parameter_breakdown(config)`; explain a mismatch."""
+    """Compare a total or a per-component count with `parameter_breakdown(config)`; explain a mismatch. Its key is
+    the mistake named in the most wrong components (the first named where that is a tie): LayerNorm's beta left out
+    makes the block norms look like one norm per block, and the final norm tells them apart."""
     expected = parameter_breakdown(config)
     total = sum(expected.values())
     if isinstance(got, Mapping):
@@ -461,16 +490,20 @@ def check_parameter_count(got: int | Mapping[str, int], config: GPTConfig, name:
         if unknown or missing:
             raise fail(f"{name}: components {sorted(got)}; expected exactly {list(expected)}"
                        + (f" (missing: {missing})" if missing else "") + (f" (unknown: {unknown})" if unknown else ""))
-        wrong = [(k, int(got[k]), v) for k, v in expected.items() if int(got[k]) != v]
+        wrong = [(k, int(got[k]), v, *_explain_difference(int(got[k]) - v, config, k))
+                 for k, v in expected.items() if int(got[k]) != v]
         if wrong:
-            lines = [f"{k} is {g:,}, expected {v:,} ({_explain_difference(g - v, config, k)})" for k, g, v in wrong]
-            raise fail(f"{name}: {len(wrong)} component(s) wrong: " + "; ".join(lines) + ".")
+            named = Counter(key for *_, keys in wrong for key in dict.fromkeys(keys) if key)
+            raise fail(f"{name}: {len(wrong)} component(s) wrong: "
+                       + "; ".join(f"{k} is {g:,}, expected {v:,} ({why})" for k, g, v, why, _ in wrong) + ".",
+                       named.most_common(1)[0][0] if named else None)
         return
     got = int(got)
     if got != total:
         parts = ", ".join(f"{k} {v:,}" for k, v in expected.items())
-        raise fail(f"{name}: {got:,}, expected {total:,}: {_explain_difference(got - total, config)}. "
-                   f"Expected by component: {parts}.")
+        why, keys = _explain_difference(got - total, config)
+        raise fail(f"{name}: {got:,}, expected {total:,}: {why}. Expected by component: {parts}.",
+                   next(filter(None, keys), None))
 
 
 GPT_COMPONENTS = {  # first matching prefix of a GPT parameter name -> parameter_breakdown key

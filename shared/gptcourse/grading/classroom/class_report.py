@@ -10,8 +10,9 @@ kept only on a grade cell whose restored source names its case) and writes, unde
 
     index.html        the score histogram, pass rates per piece and per case (visible and hidden), the students
                       who passed every visible case of a piece and failed a hidden one, the named mistakes ranked
-                      by how many students made them (each with its message and lesson section), the submissions
-                      that did not run to the end and why, and with `--compare` what changed since another round
+                      by how many students made them (each with its message and the lesson section that teaches
+                      it: `mistake_lessons.py`, else its piece's), the submissions that did not run to the end and
+                      why, and with `--compare` what changed since another round
     report.csv        one row per student and case (a spreadsheet pivots it); no cell reads as a formula
     students/ID.html  one student's pieces, mistakes and messages, for office hours (not written with --anonymous)
 
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .mistake_lessons import mistake_sections
 from .spreadsheet import spreadsheet_safe
 
 KEY = "gptcourse"  # steps/report.py's KEY: the course's namespace in notebook metadata
@@ -202,6 +204,11 @@ class ClassReport:
     max_score: float
     names: dict[str, str]  # student id -> the name shown (itself, or a pseudonym)
     sections: dict[str, str]  # piece -> the lesson section it comes from
+    taught: dict[str, str] = field(default_factory=dict)  # mistake key -> the section that teaches it
+
+    def section_of(self, mistake: str | None, piece: str) -> str:
+        """The lesson section that teaches `mistake` (`mistake_lessons.TAUGHT_IN`), else its piece's."""
+        return self.taught.get(mistake or "") or self.sections.get(piece, "")
 
     @property
     def graded(self) -> list[Submission]:
@@ -346,7 +353,9 @@ def build(root: Path, lab: str, anonymous: bool = False, grading: Path | None = 
     pieces = dict.fromkeys(v.piece for s in submissions for v in s.verdicts)
     students = [s.student for s in submissions]
     names = pseudonyms(students, course_secret(root)) if anonymous else {s: s for s in students}
-    return ClassReport(lab, submissions, max_score, names, lesson_sections(root, lab, pieces))
+    keys = dict.fromkeys(v.mistake for s in submissions for v in s.verdicts if v.mistake)
+    return ClassReport(lab, submissions, max_score, names, lesson_sections(root, lab, pieces),
+                       mistake_sections(root, keys))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -447,7 +456,7 @@ def page(report: ClassReport, previous: ClassReport | None = None, anonymous: bo
         out.append("<table><tr><th>mistake</th><th>students</th><th>piece</th><th>lesson</th><th>what the grader "
                    "told them (first occurrence)</th></tr>")
         for row in mistakes:
-            sections = "; ".join(dict.fromkeys(report.sections.get(p, "") for p in row.pieces))
+            sections = "; ".join(dict.fromkeys(report.section_of(row.key, p) for p in row.pieces))
             out.append(f"<tr><td>{e(row.key)}</td><td>{len(row.students)}</td><td>{e(', '.join(row.pieces))}</td>"
                        f"<td>{e(sections)}</td><td><pre>{e(row.message)}</pre></td></tr>")
         out.append("</table>")
@@ -550,7 +559,7 @@ def student_page(report: ClassReport, sub: Submission) -> str:
     for v in sub.verdicts:
         verdict = f"<span class='{'ok' if v.passed else 'fail'}'>{e(OUTCOME_WORDS[v.outcome])}</span>"
         out.append(f"<tr><td>{e(v.case)}{' (hidden)' if v.hidden else ''}</td><td>{verdict}</td>"
-                   f"<td>{e(v.mistake or '')}</td><td>{e(report.sections.get(v.piece, ''))}</td>"
+                   f"<td>{e(v.mistake or '')}</td><td>{e(report.section_of(v.mistake, v.piece))}</td>"
                    f"<td>{'' if v.passed else f'<pre>{e(unwrapped(v.message))}</pre>'}</td></tr>")
     out.append("</table></body></html>")
     return "".join(out)
@@ -561,14 +570,15 @@ def write_csv(path: Path, report: ClassReport) -> None:
     with open(path, "w", newline="", encoding="utf-8") as out:
         writer = csv.writer(out)
         writer.writerow(["student", "score", "case", "piece", "visibility", "passed", "outcome", "mistake",
-                         "points"])
+                         "points", "lesson"])
         for sub in report.submissions:
             name = spreadsheet_safe(report.names[sub.student])
             if not sub.verdicts:
-                writer.writerow([name, "", "", "", "", "", spreadsheet_safe("; ".join(sub.stopped())), "", ""])
+                writer.writerow([name, "", "", "", "", "", spreadsheet_safe("; ".join(sub.stopped())), "", "", ""])
             for v in sub.verdicts:
                 writer.writerow([name, f"{sub.score:g}", v.case, v.piece, "hidden" if v.hidden else "visible",
-                                 v.passed, v.outcome, v.mistake or "", f"{v.points:g}"])
+                                 v.passed, v.outcome, v.mistake or "", f"{v.points:g}",
+                                 spreadsheet_safe(report.section_of(v.mistake, v.piece))])
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ...checks import Mistake, fail
+from ...checks import Mistake, fail, mistake_key
 from ...model.block import DecoderBlock
 from ...model.config import GPTConfig
 from ...model.mlp import SwiGLU
@@ -132,39 +132,47 @@ def block_mistakes(
             (plain := x + attn_without_rope(norm1(x))) + mlp(norm2(plain))})
 
 
-def _block_count_causes(config: GPTConfig) -> dict[str, list[tuple[int, str]]]:
+def _block_count_causes(config: GPTConfig) -> dict[str, list[tuple[int, Mistake]]]:
     """Per block component: (amount a count is commonly off by, likely cause)."""
     c, f = config.d_model, config.hidden_width
     norm = block_breakdown(config)["norms"] // 2
-    attn_bias = [(-4 * c, "the attention biases are missing (qkv and out have bias=True here)")] if config.attn_bias \
-        else [(4 * c, "the attention has biases, but this config has none")]
+    attn_bias = [(-4 * c, Mistake("04.count_attention_bias_missing", "the attention biases are missing (qkv and out "
+                                                                     "have bias=True here)"))] if config.attn_bias \
+        else [(4 * c, Mistake("04.count_attention_bias_extra", "the attention has biases, but this config has none"))]
     if config.mlp == "swiglu":
         mlp = [
-            (-c * f, "w_in maps C -> d_ff, but it holds the gate and the value: C -> 2 d_ff"),
-            (c * f, "SwiGLU has three C x d_ff matrices (gate, value, output), not four"),
-            (2 * f + c, "SwiGLU's linear layers have biases, but this config has none: use bias=False"),
+            (-c * f, Mistake("04.count_w_in_unfused", "w_in maps C -> d_ff, but it holds the gate and the value: C -> "
+                                                      "2 d_ff")),
+            (c * f, Mistake("04.count_swiglu_four_matrices", "SwiGLU has three C x d_ff matrices (gate, value, "
+                                                             "output), not four")),
+            (2 * f + c, Mistake("04.count_swiglu_bias_extra", "SwiGLU's linear layers have biases, but this config "
+                                                              "has none: use bias=False")),
         ]
     else:
-        mlp = [(f + c, "the MLP has biases, but this config has none"), (-(f + c), "the MLP biases are missing")]
-    norms = [(-norm, "a norm is missing: one before attention (norm1), one before the MLP (norm2)"),
-             (2 * c, "a bias (beta) in each norm: RMSNorm has only a gain" if config.norm == "rmsnorm"
-              else "a bias (beta) in each norm, but this config has none")]
+        mlp = [(f + c, Mistake("04.count_mlp_bias_extra", "the MLP has biases, but this config has none")),
+               (-(f + c), Mistake("04.count_mlp_bias_missing", "the MLP biases are missing"))]
+    norms = [(-norm, Mistake("04.count_norm_missing", "a norm is missing: one before attention (norm1), one before "
+                                                      "the MLP (norm2)")),
+             (2 * c, Mistake("04.count_norm_bias", "a bias (beta) in each norm: RMSNorm has only a gain"
+                             if config.norm == "rmsnorm" else "a bias (beta) in each norm, but this config has none"))]
     return {"attention": attn_bias, "mlp": mlp, "norms": norms}
 
 
 def check_block_parameter_count(got: Mapping[str, int], config: GPTConfig, name: str = "decoder block") -> None:
-    """Compare a block's parameters by component ({"attention", "mlp", "norms"}) with `block_breakdown(config)`."""
+    """Compare a block's parameters by component ({"attention", "mlp", "norms"}) with `block_breakdown(config)`;
+    the key of a mismatch is the first mistake it names."""
     expected = block_breakdown(config)
     causes = _block_count_causes(config)
-    wrong = []
+    wrong, keys = [], []
     for component, want in expected.items():
         have = int(got.get(component, 0))
         if have != want:
             why = next((why for amount, why in causes[component] if amount == have - want), "")
+            keys.append(mistake_key(why))
             wrong.append(f"{component} has {have:,}, expected {want:,} ({have - want:+,}" + (f": {why})" if why
                                                                                             else ")"))
     if wrong:
-        raise fail(f"{name} parameters: " + "; ".join(wrong) + ".")
+        raise fail(f"{name} parameters: " + "; ".join(wrong) + ".", next(filter(None, keys), None))
 
 
 # ---- RMSNorm(d, eps): x / sqrt(mean(x^2) + eps) * weight

@@ -235,9 +235,10 @@ def _bt_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
             -F.logsigmoid(d.mean()),
     } | eps_in_log_mistakes(torch.sigmoid(d), "sigmoid(d)", "pair", "for a pair far the wrong way round sigmoid(d) "
                             "is 0 in float32. Use F.logsigmoid(d), which never forms sigmoid(d)") | {
-        f"sigmoid(d) was clamped to at least {eps:g} before the log: finite, but it caps each pair's loss at "
-        f"-log({eps:g}) = {-math.log(eps):.1f} and gives that pair no gradient. Use F.logsigmoid(d), which never "
-        "forms sigmoid(d)": -torch.sigmoid(d).clamp(min=eps).log().mean() for eps in CLAMPS}
+        Mistake("10.bt_clamped_before_log", f"sigmoid(d) was clamped to at least {eps:g} before the log: finite, "
+                f"but it caps each pair's loss at -log({eps:g}) = {-math.log(eps):.1f} and gives that pair no "
+                "gradient. Use F.logsigmoid(d), which never forms sigmoid(d)"):
+            -torch.sigmoid(d).clamp(min=eps).log().mean() for eps in CLAMPS}
     check_close(loss.double(), expected["loss"].double(), "the loss", atol=1e-5, mistakes=mistakes)
     check_differentiable(got["differentiable"], "return the tensor computed from the rewards (not .item() or a "
                          "detached copy), so that loss.backward() reaches the reward model")

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ...checks import check_close, check_shape, fail, fmt_shape
+from ...checks import Mistake, check_close, check_shape, fail, fmt_shape
 from ...finetuning.dpo import dpo_loss
 from ...finetuning.dpo_training import dpo_step
 from ...finetuning.log_likelihood import sequence_logprobs
@@ -137,21 +137,28 @@ def _logps_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     logits, labels, ids, mask = inputs["logits"], inputs["labels"], inputs["ids"], inputs["mask"]
     check_shape(got["logps"], "B", inputs["sizes"], "the log-probabilities")
     check_close(got["logps"], expected["logps"], "the log-probabilities", atol=1e-4, mistakes={
-        "the log-probabilities are averaged over the response's tokens: sum them, the log-probability of a "
-        "sequence is the sum of its tokens'": _logprobs(logits, labels, mean=True),
-        "the prompt's tokens are counted: only the labelled tokens (labels != -100) belong to the response":
+        Mistake("13.logps_averaged", "the log-probabilities are averaged over the response's tokens: sum them, the "
+                                     "log-probability of a sequence is the sum of its tokens'"):
+            _logprobs(logits, labels, mean=True),
+        Mistake("13.logps_prompt_counted", "the prompt's tokens are counted: only the labelled tokens (labels != "
+                                           "-100) belong to the response"):
             _logprobs(logits, ids.masked_fill(mask == 0, IGNORE_INDEX)),
-        "label t is read from the logits at t: the logits at position t - 1 predict the token at t, so compare "
-        "logits[:, :-1] with labels[:, 1:]": _logprobs(logits, labels, shift=0),
-        "label t is read from the logits at t + 1 (logits[:, 1:] with labels[:, :-1]): the logits at position "
-        "t - 1 predict the token at t, so compare logits[:, :-1] with labels[:, 1:]": _logprobs(logits, labels,
-                                                                                              shift=-1),
-        "the probabilities are summed, not their logs: use log_softmax": _logprobs(logits, labels, probs=True),
-        "the softmax runs over the positions (dim=1): each position's logits are a distribution over the "
-        "vocabulary, log_softmax(dim=-1)": _logprobs(logits, labels, dim=1),
-        "the -100 positions are counted: the clamped label 0 is gathered there, so every prompt and pad position "
-        "adds log p(token 0); zero those entries after the gather (where labels == -100)": _logprobs(
-            logits, labels, zeroed=False),
+        Mistake("13.logps_unshifted", "label t is read from the logits at t: the logits at position t - 1 predict "
+                                      "the token at t, so compare logits[:, :-1] with labels[:, 1:]"):
+            _logprobs(logits, labels, shift=0),
+        Mistake("13.logps_shifted_wrong_way", "label t is read from the logits at t + 1 (logits[:, 1:] with "
+                                              "labels[:, :-1]): the logits at position t - 1 predict the token at t, "
+                                              "so compare logits[:, :-1] with labels[:, 1:]"):
+            _logprobs(logits, labels, shift=-1),
+        Mistake("13.logps_probabilities_summed", "the probabilities are summed, not their logs: use log_softmax"):
+            _logprobs(logits, labels, probs=True),
+        Mistake("13.logps_softmax_over_positions", "the softmax runs over the positions (dim=1): each position's "
+                                                   "logits are a distribution over the vocabulary, "
+                                                   "log_softmax(dim=-1)"): _logprobs(logits, labels, dim=1),
+        Mistake("13.logps_ignored_counted", "the -100 positions are counted: the clamped label 0 is gathered there, "
+                                            "so every prompt and pad position adds log p(token 0); zero those "
+                                            "entries after the gather (where labels == -100)"):
+            _logprobs(logits, labels, zeroed=False),
     })
 
 
@@ -201,20 +208,25 @@ def _dpo_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         raise fail("the loss is inf or NaN: for a margin far below zero sigmoid(margin) rounds to 0 and log(0) is "
                    "-inf. Use F.logsigmoid(margin), which never forms sigmoid(margin)")
     mistakes = {
-        "chosen and rejected are swapped: the loss must be small when the chosen answer's log-ratio is the larger, "
-        "-logsigmoid(beta * (chosen log-ratio - rejected log-ratio))": -F.logsigmoid(-margin).mean(),
-        "the reference is missing: each log-ratio is log pi(y) - log pi_ref(y), the policy's minus the "
-        "reference's": -F.logsigmoid(beta * (pc - pr)).mean(),
-        "beta multiplies the loss, not the margin: -logsigmoid(beta * margin)":
+        Mistake("13.dpo_swapped", "chosen and rejected are swapped: the loss must be small when the chosen "
+                                  "answer's log-ratio is the larger, -logsigmoid(beta * (chosen log-ratio - rejected "
+                                  "log-ratio))"): -F.logsigmoid(-margin).mean(),
+        Mistake("13.dpo_no_reference", "the reference is missing: each log-ratio is log pi(y) - log pi_ref(y), the "
+                                       "policy's minus the reference's"): -F.logsigmoid(beta * (pc - pr)).mean(),
+        Mistake("13.dpo_beta_on_loss", "beta multiplies the loss, not the margin: -logsigmoid(beta * margin)"):
             -beta * F.logsigmoid(chosen - rejected).mean(),
-        "beta is missing: -logsigmoid(beta * margin)": -F.logsigmoid(chosen - rejected).mean(),
-        "beta divides the log-ratios: it multiplies them, the implicit reward is beta * (log pi - log pi_ref)":
-            -F.logsigmoid((chosen - rejected) / beta).mean(),
-        "beta multiplies the chosen log-ratio only: it scales both, -logsigmoid(beta * (chosen log-ratio - "
-        "rejected log-ratio))": -F.logsigmoid(beta * chosen - rejected).mean(),
-        "beta multiplies the rejected log-ratio only: it scales both, -logsigmoid(beta * (chosen log-ratio - "
-        "rejected log-ratio))": -F.logsigmoid(chosen - beta * rejected).mean(),
-        "the loss is summed over the pairs: average it with .mean()": -F.logsigmoid(margin).sum(),
+        Mistake("13.dpo_no_beta", "beta is missing: -logsigmoid(beta * margin)"):
+            -F.logsigmoid(chosen - rejected).mean(),
+        Mistake("13.dpo_beta_divides", "beta divides the log-ratios: it multiplies them, the implicit reward is beta "
+                                       "* (log pi - log pi_ref)"): -F.logsigmoid((chosen - rejected) / beta).mean(),
+        Mistake("13.dpo_beta_on_chosen_only", "beta multiplies the chosen log-ratio only: it scales both, "
+                                              "-logsigmoid(beta * (chosen log-ratio - rejected log-ratio))"):
+            -F.logsigmoid(beta * chosen - rejected).mean(),
+        Mistake("13.dpo_beta_on_rejected_only", "beta multiplies the rejected log-ratio only: it scales both, "
+                                                "-logsigmoid(beta * (chosen log-ratio - rejected log-ratio))"):
+            -F.logsigmoid(chosen - beta * rejected).mean(),
+        Mistake("13.dpo_summed", "the loss is summed over the pairs: average it with .mean()"):
+            -F.logsigmoid(margin).sum(),
     }
     check_close(loss.double(), expected["loss"].double(), "the loss", atol=1e-5, mistakes=mistakes)
     if not got["differentiable"]:
@@ -222,9 +234,10 @@ def _dpo_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "not .item() or a detached copy")
     for name, ratio in (("chosen_rewards", chosen), ("rejected_rewards", rejected)):
         check_close(got[name].double(), expected[name].double(), f"the {name}", atol=1e-4, mistakes={
-            "the implicit reward is beta times the log-ratio, beta * (log pi - log pi_ref)": ratio,
-            "the implicit reward is beta times the log-ratio of the policy to the *reference*": beta * (
-                pc if name == "chosen_rewards" else pr)})
+            Mistake("13.reward_no_beta", "the implicit reward is beta times the log-ratio, beta * (log pi - log "
+                                         "pi_ref)"): ratio,
+            Mistake("13.reward_no_reference", "the implicit reward is beta times the log-ratio of the policy to the "
+                                              "*reference*"): beta * (pc if name == "chosen_rewards" else pr)})
     if got["rewards_graph"]:
         raise fail("the rewards require grad: return them detached (beta * log_ratio.detach(), or .detach() on "
                    "the product). They are for reporting; a reward that carries the graph keeps the step's "
@@ -365,7 +378,8 @@ def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "which is recursive (model.children() sees only the model's direct children, and the adapters "
                    "sit inside its blocks), and set .enabled = False on each")
     check_close(got["inside"], base, "the logits inside the with block", atol=1e-5, mistakes={
-        "the adapters are still on inside the block: set every LoRALinear's .enabled to False": adapted})
+        Mistake("13.adapters_still_on", "the adapters are still on inside the block: set every LoRALinear's "
+                                        ".enabled to False"): adapted})
     before = expected["after_states"]
     _check_restored(got["after_states"], before, "after the block",
                     "Set each layer's .enabled back to its own value when the block ends")
