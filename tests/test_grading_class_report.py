@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import stat
 
 import pytest
 from synthetic_class import CELLS, HOSTILE, LAB, PLANTED, ROOT, STOPPED, course_with, score
@@ -120,6 +121,8 @@ def test_files_are_written_escaped_and_formula_safe(root, monkeypatch, capsys):
     assert "unscaled-1.html" in pages and len(pages) == len(PLANTED) + 2
     mine = (folder / "students" / "unscaled-2.html").read_text()
     assert "02.unscaled" in mine and "unscaled-1" not in mine and "triangle" not in mine
+    # a report with ids is the instructor's alone: no other user can open its folder
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700 == stat.S_IMODE((folder / "students").stat().st_mode)
 
 
 def test_anonymous_pseudonyms_are_stable_and_hide_every_id(root, monkeypatch):

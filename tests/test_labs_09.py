@@ -173,6 +173,16 @@ WRONG = {
                                                                   "(loss / micro_batches).backward()")},
         {"test_cross_entropy", "test_cross_entropy_large", "test_cross_entropy_hidden", "test_accumulate_gradients",
          "test_accumulate_gradients_hidden"}),
+    # lesson 11's fine-tuning loss, fed the N rows as one sequence shifted by a padding row: it passed every cell
+    # before cross_entropy forbade it (fixtures.LOG_SOFTMAX_FUNCTIONS); accumulate_gradients calls this
+    # cross_entropy, whose masked_lm_loss is a stub in the graded kernel
+    "ce-from-the-finetuning-loss": (
+        {"cross_entropy": "def cross_entropy(logits, targets):\n    from gptcourse import masked_lm_loss\n"
+                          "    pad = torch.zeros_like(logits[:1])  # (1, V): the row the shift drops\n"
+                          "    return masked_lm_loss(torch.cat([logits, pad])[None], "
+                          "torch.cat([targets[:1], targets])[None])"},
+        {"test_cross_entropy", "test_cross_entropy_large", "test_cross_entropy_hidden", "test_accumulate_gradients",
+         "test_accumulate_gradients_hidden"}),
 }
 
 

@@ -23,6 +23,13 @@ from .cases import Inputs, Outputs, tensor_rng
 from .piece import Probe
 from .student import as_tensor, build_module, load_weights
 
+# The package's functions that take a log-softmax of logits for their caller (a loss, the log-probabilities of
+# tokens or of continuations): each gives a next-token cross-entropy in one call, so the labs that teach the
+# cross-entropy or the shift forbid them all (lab 07's next_token_loss, lab 09's cross_entropy).
+LOG_SOFTMAX_FUNCTIONS = ("gptcourse.training.loop.lm_loss", "gptcourse.estimate_loss", "gptcourse.masked_lm_loss",
+                         "gptcourse.sequence_logprobs", "gptcourse.finetuning.grpo_training.token_logprobs",
+                         "gptcourse.evaluation.continuations.loglikelihood")
+
 
 def gpt_config(v: int, c: int, h: int, n: int, t_max: int, **changes: Any) -> GPTConfig:
     """A case's small model: vocabulary v, width c, h heads, n layers, context t_max (and any other `changes`)."""

@@ -602,10 +602,13 @@ def write_report(root: Path, lab: str, compare: Path | None = None, anonymous: b
         previous.names = report.names | {s: n for s, n in previous.names.items() if s not in report.names}
     folder = root / "grading" / "reports" / lab
     folder.mkdir(parents=True, exist_ok=True)
+    if not anonymous:  # ids, scores and each student's own page: the instructor's alone (owner only: rwx------)
+        folder.chmod(0o700)
     (folder / "index.html").write_text(page(report, previous, anonymous), encoding="utf-8")
     write_csv(folder / "report.csv", report)
     if not anonymous:
-        (folder / "students").mkdir(exist_ok=True)
+        (folder / "students").mkdir(mode=0o700, exist_ok=True)
+        (folder / "students").chmod(0o700)
         for sub in report.submissions:
             (folder / "students" / student_page_name(sub.student, report.names)).write_text(
                 student_page(report, sub), encoding="utf-8")

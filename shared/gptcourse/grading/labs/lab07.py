@@ -23,6 +23,7 @@ from ...model.config import GPTConfig
 from ...training.loop import lm_loss, train_step
 from ..cases import Inputs, Outputs, sized, sizes_rng, tensor_rng
 from ..fixtures import (
+    LOG_SOFTMAX_FUNCTIONS,
     case_gpt,
     check_close_lazily,
     check_differentiable,
@@ -42,12 +43,9 @@ from ..student import as_number, as_tensor, returns
 # the loss is not the step's point (zero_grad, backward, clip, step) nor the filter the sample's (the last
 # position, greedy at 0, one draw from the generator): neither forbids its part's reference. (In a graded kernel
 # every reference the lab names is a stub, so a step that calls lm_loss still fails, by its error.)
-# The loss's point is the shift (position t predicts token t + 1); the later lessons' functions that shift for
-# the student (the fine-tuning loss, sequence and token log-probabilities, evaluation's log-likelihood) are its
-# references too.
-_LOSS = ("gptcourse.training.loop.lm_loss", "gptcourse.estimate_loss", "gptcourse.masked_lm_loss",
-         "gptcourse.sequence_logprobs", "gptcourse.finetuning.grpo_training.token_logprobs",
-         "gptcourse.evaluation.continuations.loglikelihood")
+# The loss's point is the shift (position t predicts token t + 1): the later lessons' functions that shift for the
+# student are its references too.
+_LOSS = LOG_SOFTMAX_FUNCTIONS
 _STEP = ("gptcourse.training.loop.train_step", "gptcourse.train")
 _PROBS = ("gptcourse.filter_logits",)
 _SAMPLE = ("gptcourse.generate", "gptcourse.widgets.TemperatureSampler")

@@ -28,7 +28,15 @@ from ...training.loop import TrainConfig, lm_loss, lr_at
 from ...training.losses import cross_entropy
 from ...training.optim import AdamW
 from ..cases import Inputs, Outputs, given, sized, tensor_rng
-from ..fixtures import case_gpt, check_close_lazily, check_differentiable, check_scalar_loss, gpt_inputs, mistaken
+from ..fixtures import (
+    LOG_SOFTMAX_FUNCTIONS,
+    case_gpt,
+    check_close_lazily,
+    check_differentiable,
+    check_scalar_loss,
+    gpt_inputs,
+    mistaken,
+)
 from ..piece import Piece, declare
 from ..student import as_number, as_tensor
 
@@ -39,13 +47,14 @@ _CROSS_ENTROPY = ("gptcourse.cross_entropy", "gptcourse.training.losses", "torch
                   "torch.nn.NLLLoss", "torch._C._nn.nll_loss", "torch._C._nn.nll_loss_nd",
                   "torch.nn.functional.log_softmax", "torch.log_softmax", "torch.special.log_softmax",
                   "torch._log_softmax", "torch.nn.LogSoftmax", "torch.Tensor.log_softmax", "torch.logsumexp",
-                  "torch.special.logsumexp", "torch.Tensor.logsumexp", "gptcourse.training.loop.lm_loss")
+                  "torch.special.logsumexp", "torch.Tensor.logsumexp", *LOG_SOFTMAX_FUNCTIONS)
 # Each piece forbids what computes its own answer, named one by one (the modules gptcourse.training.loop and
 # .checkpoint define the references of several pieces). lm_loss is F.cross_entropy behind a model: a model that
-# returns the logits makes it the loss, so it is cross_entropy's. accumulate_gradients calls the student's
-# cross_entropy, but the loss is not its point (k micro-batches, each loss / k): it does not forbid cross_entropy's
-# references. make_optimizer builds torch's AdamW, the update adamw_step writes. The checkpoint's halves are graded
-# apart (each with the reference's other half): each forbids the package's half it is.
+# returns the logits makes it the loss, so it is cross_entropy's, as are the other LOG_SOFTMAX_FUNCTIONS.
+# accumulate_gradients calls the student's cross_entropy, but the loss is not its point (k micro-batches, each
+# loss / k): it does not forbid cross_entropy's references. make_optimizer builds torch's AdamW, the update
+# adamw_step writes. The checkpoint's halves are graded apart (each with the reference's other half): each forbids
+# the package's half it is.
 _ADAMW = ("gptcourse.AdamW", "gptcourse.training.optim", "torch.optim.AdamW", "torch.optim.Adam",
           "torch.optim._functional", "torch.optim._functional.adam", "torch.optim._functional.adamw",
           "torch._fused_adam_", "torch._fused_adamw_", "gptcourse.training.loop.make_optimizer")
