@@ -122,6 +122,7 @@ c.Autograde.autograde_preprocessors = [
     STEPS + "judge.JudgeTestCells",  # re-judges the recorded results here, where no student code ran
     STEPS + "active_content.SanitizeOutputs",  # outputs and student text as data: no script, no widgets
     "nbgrader.preprocessors.SaveAutoGrades",
+    STEPS + "verdict_comments.CommentVerdicts",  # each piece's verdict as its solution cell's comment (gradebook)
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",
     STEPS + "report.WriteGradingReport",  # grading/reports/<lab>/<student>.txt and a cell atop the notebook

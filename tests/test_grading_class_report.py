@@ -223,6 +223,18 @@ def test_round_trip_students_are_judged_with_their_mistakes_key(student, case, k
     assert class_report._MISTAKE.fullmatch(key)
 
 
+def test_the_batchs_resume_records_are_no_submission(root):
+    """`gptcourse autograde` (one machine or --cluster) keeps a record per graded submission in
+    autograded/.gptcourse-batch/LAB/: no student of the report, no lab."""
+    records = root / "grading" / "autograded" / ".gptcourse-batch" / LAB
+    records.mkdir(parents=True)
+    (records / "ok-1.json").write_text('{"fingerprint": "0", "graded": 0}')
+    (root / "grading" / "autograded" / ".gptcourse-batch" / "99_not_a_lab").mkdir()
+    report = class_report.build(root, LAB)
+    assert ".gptcourse-batch" not in report.names and len(report.submissions) == len(PLANTED) + len(STOPPED) + 1
+    assert class_report.graded_labs(root) == [LAB]
+
+
 def test_an_unreadable_autograded_notebook_is_listed_not_fatal(root):
     folder = root / "grading" / "autograded"
     for student, text in (("not-json", "{"), ("a-list", "[1, 2]"), ("odd-cells", '{"cells": [1, {"metadata": 2}]}')):
@@ -232,3 +244,103 @@ def test_an_unreadable_autograded_notebook_is_listed_not_fatal(root):
     assert stopped["not-json"] == ["unreadable: JSONDecodeError"]
     assert stopped["a-list"][0].startswith("no test was recorded") and stopped["odd-cells"][0] == stopped["a-list"][0]
     assert class_report.write_report(root, LAB).report.max_score == 15
+
+
+def gradebook_of_the_class(root, failing: dict[str, dict]) -> str:
+    """grading/gradebook.db holding what autograde gives the planted class (each cell all or nothing, from CELLS),
+    made with nbgrader's API as autograde's SaveAutoGrades does: the course's gradebook URL."""
+    from nbgrader.api import Gradebook
+
+    url = f"sqlite:///{root / 'grading' / 'gradebook.db'}"
+    with Gradebook(url) as gb:
+        gb.add_assignment(LAB)
+        gb.add_notebook(LAB, LAB)
+        for cell, (points, _) in CELLS.items():
+            gb.add_grade_cell(cell, LAB, LAB, max_score=points, cell_type="code")
+        for student, cases in failing.items():
+            gb.add_student(student)
+            gb.add_submission(LAB, student)
+            for cell, (points, checked) in CELLS.items():
+                grade = gb.find_grade(cell, LAB, LAB, student)
+                grade.auto_score, grade.needs_manual_grade = (0.0 if set(checked) & set(cases) else points), False
+        gb.db.commit()
+    return url
+
+
+@pytest.fixture
+def graded(root):
+    """The planted class with its gradebook (the stopped student's unrun cells score 0)."""
+    stopped = dict.fromkeys(CELLS["test_attention"][1] + CELLS["test_AttentionHead"][1])
+    return root, gradebook_of_the_class(root, PLANTED | {"stopped-1": stopped})
+
+
+def test_gradebook_scores_agree_with_the_verdicts_when_nothing_changed(graded):
+    root, url = graded
+    report = class_report.build(root, LAB, db_url=url)
+    assert report.gradebook.differences == () and report.gradebook.students == len(PLANTED) + 1
+    assert {s.student: s.score for s in report.graded} == {s.student: s.score for s in class_report.build(
+        root, LAB).graded}
+    assert report.gradebook.only_gradebook == report.gradebook.only_notebooks == ()
+
+
+def test_a_manual_regrade_in_the_gradebook_changes_the_reports_score(graded, monkeypatch):
+    """An instructor gives unscaled-3 full marks for test_attention in formgrader (a manual score, as its API
+    saves one) and takes a point of ok-1's test_causal_mask: the report's scores and histogram are the gradebook's,
+    the page lists both cells; the mistakes are still the grader's."""
+    from nbgrader.api import Gradebook
+
+    root, url = graded
+    with Gradebook(url) as gb:
+        gb.find_grade("test_attention", LAB, LAB, "unscaled-3").manual_score = 3.0
+        gb.find_grade("test_causal_mask", LAB, LAB, "ok-1").manual_score = 1.0
+        gb.db.commit()
+    monkeypatch.chdir(root)
+    assert cli.main(["report", LAB]) == 0  # the course's gradebook, grading/gradebook.db, by default
+    page = (root / "grading" / "reports" / LAB / "index.html").read_text()
+    assert "2 cells differ" in page
+    assert "<tr><td>unscaled-3</td><td>test_attention</td><td>0</td><td>3 / 3</td><td>a manual score" in page
+    assert "<tr><td>ok-1</td><td>test_causal_mask</td><td>2</td><td>1 / 2</td><td>a manual score" in page
+    report = class_report.build(root, LAB, db_url=url)
+    scores = {s.student: s.score for s in report.graded}
+    assert scores["unscaled-3"] == score(PLANTED["unscaled-3"]) + 3 == 15
+    assert scores["ok-1"] == 14
+    ok_1 = next(s for s in report.graded if s.student == "ok-1")
+    assert [v.points for v in ok_1.verdicts if v.cell == "test_causal_mask"] == [1.0]
+    expected = {student: score(failing) for student, failing in PLANTED.items()} | {"unscaled-3": 15, "ok-1": 14}
+    stopped = score(dict.fromkeys(CELLS["test_attention"][1] + CELLS["test_AttentionHead"][1]))
+    assert report.histogram() == class_report.score_bins([*expected.values(), stopped], 15)
+    assert report.histogram()[-1][2] == 3 + len(HOSTILE)  # [14, 15]: ok-1 (14 now), ok-2, unscaled-3 (15 now)
+    assert "unscaled-3" in dict((m.key, m.students) for m in report.mistakes())["02.unscaled"]
+    assert cli.main(["report", LAB, "--db", "none"]) == 0
+    assert "cells differ" not in (root / "grading" / "reports" / LAB / "index.html").read_text()
+
+
+def test_a_gradebook_that_is_not_there_is_an_error_not_a_new_file(root, tmp_path):
+    missing = tmp_path / "typo.db"
+    with pytest.raises(SystemExit, match="no such SQLite gradebook"):
+        class_report.build(root, LAB, db_url=f"sqlite:///{missing}")
+    assert not missing.exists()
+    with pytest.raises(SystemExit, match=r"expected nbgrader's db_url"):
+        class_report.build(root, LAB, db_url="mysql://user:pw@host/db")
+
+
+def test_gradebook_scores_are_nbgrader_s(graded):
+    """The report's SELECT counts a cell as nbgrader's `Grade.score` does: a manual score wins, extra credit is added,
+    a cell with neither score is 0 (nbgrader's API, the reference)."""
+    from nbgrader.api import Gradebook
+
+    from gptcourse.grading.classroom.gradebook_verdicts import gradebook_scores
+
+    url = graded[1]
+    edits = {("ok-1", "test_attention"): (None, 1.5, 0.5), ("heads-1", "test_attention_hidden"): (None, None, 1.0),
+             ("triangle-1", "test_causal_mask"): (0.0, None, 0.25), ("ok-2", "test_AttentionHead"): (None, 0.0, None)}
+    with Gradebook(url) as gb:
+        for (student, cell), (auto, manual, extra) in edits.items():
+            grade = gb.find_grade(cell, LAB, LAB, student)
+            grade.auto_score, grade.manual_score, grade.extra_credit = auto, manual, extra
+        gb.db.commit()
+        expected = {sub.student.id: {g.name: (g.score, g.max_score) for nb in sub.notebooks for g in nb.grades}
+                    for sub in gb.find_assignment(LAB).submissions}
+    read = gradebook_scores(url, LAB)
+    assert {s: {c: (v.score, v.max_score) for c, v in cells.items()} for s, cells in read.items()} == expected
+    assert [read[s][c].score for s, c in edits] == [2.0, 0.0, 0.25, 0.0]

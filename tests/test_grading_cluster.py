@@ -13,6 +13,7 @@ reference) and on a scheduler and two `dask worker` processes this test starts, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -32,7 +33,7 @@ from test_grading_batch import LAB
 from test_grading_intake import ROOT_ONLY, hostile_folder, leaks
 from test_grading_intake import SECRET as INTAKE_SECRET
 from test_grading_postgres import postgres_url  # noqa: F401 (the module's throwaway PostgreSQL server)
-from test_labs_02 import WRONG
+from test_labs_02 import PLANTED_MISTAKES, WRONG
 
 from gptcourse.grading.box.zygote import Zygote
 from gptcourse.grading.classroom.bench_grading import answered
@@ -233,6 +234,64 @@ def test_what_a_submission_holds_besides_code_is_refused_under_both_graders(refe
             assert f"- not graded: {name} (a symbolic link, to '" in report, (name, report)
         assert "- not graded: pipe.txt (a FIFO, not a file)" in report, report
         assert "- not graded: hard.txt (a hard link to a file outside the submission)" in report, report
+
+
+# The class report after --cluster grading: the mistakes planted in this class (lab 02's round trip's keys, and the
+# attacks' unscaled attention: NO_SCALING under patched checks or edited locked cells) and the one hidden failure
+# (kernel-dies dies in the 4-d hidden case).
+PLANTED_KEYS = {key: students & set(MISTAKES) for key, students in PLANTED_MISTAKES.items() if students & set(MISTAKES)}
+PLANTED_KEYS["attention.unscaled"] = {"patch-torch", "edited-locked-cells"}
+
+
+def test_class_report_after_cluster_grading_counts_what_was_planted(reference, killed_worker):
+    """`gptcourse report` reads the shared PostgreSQL gradebook and the autograded notebooks the Dask workers wrote:
+    each planted mistake with its students, every score the gradebook's (no cell differs from the verdicts), and
+    the same numbers as the one-machine report of the class graded by plain nbgrader (SQLite, the course's
+    default gradebook)."""
+    from gptcourse.grading.classroom import class_report
+    from gptcourse.grading.classroom.gradebook_verdicts import course_db_url
+
+    course, db_url, *_ = killed_worker
+    start = time.perf_counter()
+    cluster = class_report.build(course.root, LAB, db_url=db_url)
+    one_machine = class_report.build(reference[0].root, LAB, db_url=course_db_url(reference[0].root))
+    seconds = time.perf_counter() - start
+    assert {m.key: set(m.students) for m in cluster.mistakes()} == PLANTED_KEYS
+    assert {row.piece: row.visible_not_hidden for row in cluster.pieces()} == {
+        "causal_mask": (), "attention": ("kernel-dies",), "AttentionHead": ()}
+    totals = {student: sum(by_cell.values()) for student, by_cell in reference[2].items()}
+    assert {s.student: s.score for s in cluster.graded} == {s: t for s, t in totals.items() if s in cluster.names}
+    assert cluster.gradebook.differences == () and cluster.gradebook.only_notebooks == ()
+    assert cluster.gradebook.students == STUDENTS
+    for numbers in ("mistakes", "pieces", "histogram"):
+        assert getattr(cluster, numbers)() == getattr(one_machine, numbers)(), numbers
+    # kernel-dies's kernel exits right after its hidden_single payload, which the kernel may or may not have sent
+    # (ipykernel sends from a thread that os._exit stops): passed or not run, its cell fails either way
+    def without_kernel_dies(report: class_report.ClassReport) -> class_report.ClassReport:
+        return dataclasses.replace(report, submissions=[s for s in report.submissions if s.student != "kernel-dies"])
+
+    for numbers in ("cases", "stopped"):
+        assert getattr(without_kernel_dies(cluster), numbers)() == getattr(without_kernel_dies(one_machine), numbers)()
+    assert {s.student: s.score for s in cluster.graded} == {s.student: s.score for s in one_machine.graded}
+    assert one_machine.gradebook.url.endswith("grading/gradebook.db")
+    print(f"two class reports with their gradebooks in {seconds:.2f} s")
+
+
+def test_each_pieces_verdict_is_its_solution_cells_comment(killed_worker):
+    """nbgrader holds comments for solution cells only (`verdict_comments`): each piece's verdict is there, in the
+    cluster's gradebook, after nbgrader's own "No response." for an answer left as released."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(killed_worker[1]) as gb:
+        def comment(piece: str, student: str) -> str:
+            return gb.find_comment(piece, LAB, LAB, student).auto_comment or ""
+
+        assert comment("attention", "softmax-wrong-axis") == (  # T = 1: a softmax over one query is over one key
+            "Grader's verdict on `attention`: 1 of 4 cases passed. Failed: `02.attention.visible`, "
+            "`02.attention.causal`, `02.attention.hidden_heads`. Mistakes named: `attention.softmax_dim`.")
+        assert comment("causal_mask", "softmax-wrong-axis") == "Grader's verdict on `causal_mask`: all 3 cases passed."
+        assert "Mistakes named: `02.no_value_projection`." in comment("AttentionHead", "no-value-projection")
+        assert comment("AttentionHead", PARTIAL).startswith("No response.\n\nGrader's verdict on `AttentionHead`: 0 of")
 
 
 def test_local_cluster_resumes_and_grades_only_a_resubmission(reference, killed_worker):

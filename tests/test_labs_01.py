@@ -97,6 +97,10 @@ class TestLab01(RoundTrip, NamedMistakes, BlindStudents):
         course.nbgrader("generate_feedback", LAB)
         feedback = (course.root / "grading" / "feedback" / "no-positions" / LAB / f"{LAB}.html").read_text()
         assert "the positions are missing" in feedback and "Traceback (most recent call last)" not in feedback
+        # each piece's verdict, nbgrader's comment on its solution cell (steps/verdict_comments.py), under the answer
+        assert "verdict on <code>TokenAndPositionEmbedding</code>: 0 of " in feedback
+        assert "Failed: <code>01.TokenAndPositionEmbedding.visible</code>" in feedback
+        assert "verdict on <code>CharTokenizer</code>: all " in feedback
         course.nbgrader("export")
         rows = (course.root / "grading" / "grades.csv").read_text().splitlines()
         header = rows[0].split(",")

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .gradebook_verdicts import GradebookJoin, course_db_url, gradebook_scores, gradebook_section, join_gradebook
 from .mistake_lessons import mistake_sections
 from .spreadsheet import spreadsheet_safe
 
@@ -71,6 +72,7 @@ class Verdict:
     points: float
     max_points: float
     message: str
+    cell: str = ""  # the grade cell that holds the record (its grade_id)
 
 
 @dataclass
@@ -105,7 +107,7 @@ def _text(value: Any, limit: int = MAX_TEXT) -> str:
     return value[:limit] if isinstance(value, str) else ""
 
 
-def _verdict(record: Any, cell_ids: set[str], lab: str) -> Verdict | None:
+def _verdict(record: Any, cell_ids: set[str], lab: str, cell: str = "") -> Verdict | None:
     """A record as a Verdict, or None when it is not one the grader wrote for this cell and lab."""
     if not isinstance(record, dict) or not isinstance(record.get("case"), str) or record["case"] not in cell_ids:
         return None
@@ -119,7 +121,7 @@ def _verdict(record: Any, cell_ids: set[str], lab: str) -> Verdict | None:
     return Verdict(record["case"], match.group(2), match.group(3).startswith("hidden"), record["passed"],
                    record.get("outcome") if record.get("outcome") in OUTCOME_WORDS else "wrong",
                    mistake if isinstance(mistake, str) and _MISTAKE.fullmatch(mistake) else None,
-                   float(numbers[0]), float(numbers[1]), _text(record.get("message")))
+                   float(numbers[0]), float(numbers[1]), _text(record.get("message")), cell)
 
 
 def read_submission(student: str, path: Path, lab: str) -> Submission:
@@ -150,7 +152,7 @@ def read_submission(student: str, path: Path, lab: str) -> Submission:
         records = cell_meta.get(KEY, {}).get("verdicts") if isinstance(cell_meta.get(KEY), dict) else None
         ids = set(_CHECK.findall(source))
         for record in records if isinstance(records, list) else []:
-            verdict = _verdict(record, ids, lab)
+            verdict = _verdict(record, ids, lab, _text(grading.get("grade_id"), 200))
             if verdict is not None:
                 sub.verdicts.append(verdict)
     return sub
@@ -158,13 +160,15 @@ def read_submission(student: str, path: Path, lab: str) -> Submission:
 
 def read_class(grading: Path, lab: str) -> list[Submission]:
     """Every submission of `lab` under `grading`/autograded (and those submitted but never autograded), by
-    student id."""
+    student id; a dot-name is none (nbgrader's globs skip them: `gptcourse autograde` keeps its resume records in
+    autograded/.gptcourse-batch/LAB/)."""
     number = lab_number(lab)
     folders = {}
     for step in ("submitted", "autograded"):
         base = grading / step
         if base.is_dir():
-            folders |= {p.name: p for p in base.iterdir() if (p / lab).is_dir() and not p.is_symlink()}
+            folders |= {p.name: p for p in base.iterdir()
+                        if (p / lab).is_dir() and not p.is_symlink() and not p.name.startswith(".")}
     return [read_submission(student, grading / "autograded" / student / lab / f"{lab}.ipynb", number)
             for student in sorted(folders)]
 
@@ -205,6 +209,7 @@ class ClassReport:
     names: dict[str, str]  # student id -> the name shown (itself, or a pseudonym)
     sections: dict[str, str]  # piece -> the lesson section it comes from
     taught: dict[str, str] = field(default_factory=dict)  # mistake key -> the section that teaches it
+    gradebook: GradebookJoin | None = None  # the scores' source when a gradebook was read
 
     def section_of(self, mistake: str | None, piece: str) -> str:
         """The lesson section that teaches `mistake` (`mistake_lessons.TAUGHT_IN`), else its piece's."""
@@ -346,16 +351,19 @@ def lesson_sections(root: Path, lab: str, pieces: Iterable[str]) -> dict[str, st
     return sections
 
 
-def build(root: Path, lab: str, anonymous: bool = False, grading: Path | None = None) -> ClassReport:
-    """The report's numbers for `lab` of the course at `root` (or of another round's `grading` folder)."""
+def build(root: Path, lab: str, anonymous: bool = False, grading: Path | None = None,
+          db_url: str | None = None) -> ClassReport:
+    """The report's numbers for `lab` of the course at `root` (or of another round's `grading` folder), with the
+    scores of the gradebook at `db_url` where one is given (`gradebook_verdicts`)."""
     submissions = read_class(grading or root / "grading", lab)
+    joined = join_gradebook(submissions, gradebook_scores(db_url, lab), db_url) if db_url else None
     max_score = max((round(sum(v.max_points for v in s.verdicts), 6) for s in submissions), default=0.0)
     pieces = dict.fromkeys(v.piece for s in submissions for v in s.verdicts)
     students = [s.student for s in submissions]
     names = pseudonyms(students, course_secret(root)) if anonymous else {s: s for s in students}
     keys = dict.fromkeys(v.mistake for s in submissions for v in s.verdicts if v.mistake)
     return ClassReport(lab, submissions, max_score, names, lesson_sections(root, lab, pieces),
-                       mistake_sections(root, keys))
+                       mistake_sections(root, keys), joined)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -436,7 +444,8 @@ def page(report: ClassReport, previous: ClassReport | None = None, anonymous: bo
     out = [_head(f"class report: {report.lab}"), f"<h1>What the class got wrong: {e(report.lab)}</h1>",
            f"<p>{len(graded)} submissions graded of {len(report.submissions)}; the lab is worth "
            f"{report.max_score:g} points. From the verdicts the grader recorded in the autograded notebooks."
-           + (" Students are shown by pseudonym." if anonymous else "") + "</p>", summary(report),
+           + (" Students are shown by pseudonym." if anonymous else "") + "</p>",
+           gradebook_section(report.gradebook, report.names), summary(report),
            "<h2>Scores</h2>", pics["histogram"], bins_table(report.histogram())]
     out += ["<h2>Pieces</h2>", pics.get("pieces", ""),
             "<table><tr><th>piece</th><th>lesson</th><th>passed every visible case</th>"
@@ -588,10 +597,12 @@ class Written:
     seconds: float
 
 
-def write_report(root: Path, lab: str, compare: Path | None = None, anonymous: bool = False) -> Written:
-    """Build the report of `lab` and write it under grading/reports/LAB/."""
+def write_report(root: Path, lab: str, compare: Path | None = None, anonymous: bool = False,
+                 db_url: str | None = None) -> Written:
+    """Build the report of `lab` (its scores from the gradebook at `db_url`, if given) and write it under
+    grading/reports/LAB/."""
     start = time.perf_counter()
-    report = build(root, lab, anonymous)
+    report = build(root, lab, anonymous, db_url=db_url)
     if not report.submissions:
         raise SystemExit(f"no autograded submissions of {lab} in {root / 'grading' / 'autograded'}/*/{lab}")
     previous = None
@@ -618,7 +629,8 @@ def write_report(root: Path, lab: str, compare: Path | None = None, anonymous: b
 def graded_labs(root: Path) -> list[str]:
     """The labs with autograded submissions in the course at `root`."""
     base = root / "grading" / "autograded"
-    found = {p.name for student in base.iterdir() if student.is_dir() for p in student.iterdir()
+    found = {p.name for student in base.iterdir() if student.is_dir() and not student.name.startswith(".")
+             for p in student.iterdir()
              if p.is_dir() and re.fullmatch(r"\d\d_[a-z0-9_]+", p.name)} if base.is_dir() else set()
     return sorted(found)
 
@@ -629,8 +641,9 @@ def command(args: argparse.Namespace) -> int:
     labs = args.lab or graded_labs(root)
     if not labs:
         raise SystemExit(f"no autograded labs in {root / 'grading' / 'autograded'}: run from the course's root folder")
+    db_url = course_db_url(root) if args.db is None else None if args.db == "none" else args.db
     for lab in labs:
-        written = write_report(root, lab, Path(args.compare) if args.compare else None, args.anonymous)
+        written = write_report(root, lab, Path(args.compare) if args.compare else None, args.anonymous, db_url)
         report = written.report
         top = report.mistakes()[:3]
         print(f"{lab}: {len(report.graded)} of {len(report.submissions)} submissions graded; most common mistakes: "
@@ -647,3 +660,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="another round's grading folder (holding autograded/): what changed since")
     parser.add_argument("--anonymous", action="store_true",
                         help="stable pseudonyms for student ids, and no per-student pages (to show the class)")
+    parser.add_argument("--db", metavar="URL",
+                        help="the gradebook whose scores count (nbgrader's db_url: sqlite:///PATH or "
+                             "postgresql://user@host/db); default: the course's (nbgrader_config.py's db_url, or "
+                             "grading/gradebook.db) when there is one; none: the autograded notebooks' verdicts only")

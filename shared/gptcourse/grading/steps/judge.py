@@ -17,7 +17,8 @@ For every autograded test cell (a grade cell whose source, restored from the gra
 6. beside them, in the cell's metadata under the course's key, a record per test of the grader's own verdict (lab,
    piece, case, passed, outcome, points, the key of the mistake recognised: `verdict_records`), which
    `gptcourse report` reads (`classroom/class_report.py`); the key is first dropped from every cell, so nothing
-   the submission held there survives (`sanitize.trusted_metadata` already drops it).
+   the submission held there survives (`sanitize.trusted_metadata` already drops it); the same records go in
+   nbconvert's resources (`VERDICTS`), from which `verdict_comments` writes each piece's summary in the gradebook.
 A piece whose reference implementation the student uses (its `Piece.forbidden`, see `forbidden.py`) scores 0 in
 every test of it, with a report line that says why. Two independent findings lead there:
 - the static scan of the cells' source (`find_forbidden`), here: imports, aliases, subclasses, attribute chains;
@@ -48,6 +49,7 @@ STOP_REASON_CHARS = 300
 AFTER_FAILURE = "an earlier test of this cell failing"  # why a test after a failing one has no result
 RECORDED_MESSAGE_CHARS = 1200  # of a verdict's message, kept in the cell's record for the class report
 FORGED = "ForgedOutput"  # the ename of the error output RobustExecute gives a cell whose kernel sent forged messages
+VERDICTS = "gptcourse_verdicts"  # in nbconvert's resources: this run's records, for `verdict_comments`
 
 
 def expected_test_ids(source: str) -> list[str]:
@@ -204,10 +206,14 @@ class JudgeTestCells(NbGraderPreprocessor):
                                  f"a piece you must write: 0 points for {prefix}.{piece}.*")
         for cell in nb.cells:  # the course's namespace in a cell's metadata is the grader's alone
             cell.get("metadata", {}).pop(KEY, None)
+        records = []
         for _, cell, ids in tests:
             passed, verdicts = cell_verdicts(cell, ids, banned, student)
             _rewrite(cell, passed, [verdict.message for verdict in verdicts])
             cell.metadata[KEY] = {"verdicts": verdict_records(cell, ids, passed, verdicts)}
+            records += cell.metadata[KEY]["verdicts"]
+        if resources is not None:
+            resources[VERDICTS] = records
         return nb, resources
 
     def _banned_pieces(self, nb: NotebookNode, forbidden: dict[str, tuple[str, ...]],
