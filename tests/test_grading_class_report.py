@@ -283,6 +283,24 @@ def test_gradebook_scores_agree_with_the_verdicts_when_nothing_changed(graded):
     assert report.gradebook.only_gradebook == report.gradebook.only_notebooks == ()
 
 
+def test_a_cell_without_verdicts_counts_its_gradebook_score(graded):
+    """ok-2's notebook lost the records of test_AttentionHead_hidden (2 points): the gradebook's score still counts,
+    and the page says the cell had no verdict."""
+    root, url = graded
+    path = root / "grading" / "autograded" / "ok-2" / LAB / f"{LAB}.ipynb"
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        if cell["metadata"].get("nbgrader", {}).get("grade_id") == "test_AttentionHead_hidden":
+            del cell["metadata"]["gptcourse"]
+    path.write_text(json.dumps(nb))
+    assert next(s for s in class_report.build(root, LAB).graded if s.student == "ok-2").score == 13
+    report = class_report.build(root, LAB, db_url=url)
+    assert next(s for s in report.graded if s.student == "ok-2").score == 15
+    [difference] = report.gradebook.differences
+    assert (difference.student, difference.cell, difference.verdicts) == ("ok-2", "test_AttentionHead_hidden", None)
+    assert "<td>-</td><td>2 / 2</td><td>no verdict recorded for the cell</td>" in class_report.page(report)
+
+
 def test_a_manual_regrade_in_the_gradebook_changes_the_reports_score(graded, monkeypatch):
     """An instructor gives unscaled-3 full marks for test_attention in formgrader (a manual score, as its API
     saves one) and takes a point of ok-1's test_causal_mask: the report's scores and histogram are the gradebook's,
