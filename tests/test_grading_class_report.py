@@ -177,18 +177,22 @@ def test_every_mistake_key_is_one_the_report_reads():
     assert not bad, bad
 
 
-def test_the_report_imports_neither_torch_nor_nbgrader(root):
-    """It reads JSON: seconds of imports saved on every run (nbgrader alone took 4 s; `spreadsheet.py` exists for
-    this)."""
+@pytest.mark.parametrize("gradebook", [False, True])
+def test_the_report_imports_neither_torch_nor_nbgrader(root, gradebook):
+    """It reads JSON, and the gradebook with one SELECT: seconds of imports saved on every run (nbgrader alone took
+    4 s; `spreadsheet.py` and `gradebook_verdicts.SCORES` exist for this)."""
     import subprocess
     import sys
 
+    if gradebook:
+        gradebook_of_the_class(root, PLANTED)
     code = ("import sys\nfrom gptcourse.cli import main\nmain(['report', '02_causal_attention'])\n"
             "print(' '.join(sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout
     modules = set(out.splitlines()[-1].split())
     assert "gptcourse.grading.classroom.class_report" in modules and "matplotlib" in modules
     assert not {"torch", "nbgrader", "nbformat"} & modules
+    assert ("sqlalchemy" in modules) == gradebook  # the course's gradebook, read by default
     with pytest.raises(SystemExit, match="not a lab name"):
         cli.main(["report", "lab02"])
 
