@@ -378,5 +378,15 @@ def test_graded_notebooks_run_no_student_script(tab: LabPage, instructor: Instru
         else:
             with step(f"grace's figure shows in the {where} page"):
                 assert _figure_shows(page), f"grace's figure did not decode in the {where} page"
+        with step(f"the grader's verdict on each piece is {student}'s comment in the {where}"):
+            # steps/verdict_comments.py: nbgrader's auto_comment of each solution cell, which the formgrader's API
+            # serves to its comment boxes and the feedback shows as "Comments:" under each answer
+            if where == "formgrader":
+                submission = _submission_page(course, student).split("/")[2]
+                served = page.request.get(tab.url(f"formgrader/api/comments?submission_id={submission}")).json()
+                comments = [c["auto_comment"] or "" for c in served]
+            else:
+                comments = page.locator(".panel-footer").all_text_contents()
+            assert sum("Grader's verdict on " in c for c in comments) == 3, comments  # lab 02's 3 pieces
         page.screenshot(path=str(shots.with_name(f"{shots.stem}-{student}-{where}.png")), full_page=True)
         page.close()

@@ -6,7 +6,8 @@ passed, its outcome, the points earned and the key of the known mistake it recog
 the course's key in the cell's metadata of the autograded notebook. Only the grader writes there: intake drops a
 submission's metadata and the judge drops the course's key from every cell before it writes its own. This module
 reads those records from `grading/autograded/*/LAB/LAB.ipynb` (nothing else of a notebook counts: a record is
-kept only on a grade cell whose restored source names its case) and writes, under `grading/reports/LAB/`:
+kept only on a grade cell whose restored source names its case), takes the scores from the gradebook where there is
+one (`--db`, by default the course's: `gradebook_verdicts.py`), and writes, under `grading/reports/LAB/`:
 
     index.html        the score histogram, pass rates per piece and per case (visible and hidden), the students
                       who passed every visible case of a piece and failed a hidden one, the named mistakes ranked
@@ -444,8 +445,8 @@ def page(report: ClassReport, previous: ClassReport | None = None, anonymous: bo
     out = [_head(f"class report: {report.lab}"), f"<h1>What the class got wrong: {e(report.lab)}</h1>",
            f"<p>{len(graded)} submissions graded of {len(report.submissions)}; the lab is worth "
            f"{report.max_score:g} points. From the verdicts the grader recorded in the autograded notebooks."
-           + (" Students are shown by pseudonym." if anonymous else "") + "</p>",
-           gradebook_section(report.gradebook, report.names), summary(report),
+           + (" Students are shown by pseudonym." if anonymous else "") + "</p>", summary(report),
+           gradebook_section(report.gradebook, report.names),
            "<h2>Scores</h2>", pics["histogram"], bins_table(report.histogram())]
     out += ["<h2>Pieces</h2>", pics.get("pieces", ""),
             "<table><tr><th>piece</th><th>lesson</th><th>passed every visible case</th>"
