@@ -175,8 +175,9 @@ def killed_worker(postgres_url, tmp_path_factory) -> tuple[Course, str, str, set
                                    "--db", db_url], cwd=course.root, text=True, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT)
 
-        def grading_now() -> set[str]:  # started (autograded folder made) and not finished (no record)
-            started = {p.parent.name for p in autograded.glob(f"*/{LAB}")}
+        def grading_now() -> set[str]:  # started (autograded folder made) and not finished (no record); pathlib's
+            # "*" matches the records' own folder, .gptcourse-batch, which nbgrader's glob skips
+            started = {p.parent.name for p in autograded.glob(f"*/{LAB}") if not p.parent.name.startswith(".")}
             return {s for s in started if not (records / f"{s}.json").exists()}
 
         deadline = time.monotonic() + 600
