@@ -344,6 +344,10 @@ def test_a_gradebook_that_is_not_there_is_an_error_not_a_new_file(root, tmp_path
     assert not missing.exists()
     with pytest.raises(SystemExit, match=r"expected nbgrader's db_url"):
         class_report.build(root, LAB, db_url="mysql://user:pw@host/db")
+    with pytest.raises(SystemExit, match=r"^--db postgresql://user:\*\*\*@127.0.0.1:1/db: the gradebook could not be "
+                                         r"read \(OperationalError.*--db none") as refused:
+        class_report.build(root, LAB, db_url="postgresql://user:s3cret@127.0.0.1:1/db")  # nothing listens on port 1
+    assert "s3cret" not in str(refused.value)
 
 
 def test_gradebook_scores_are_nbgrader_s(graded):

@@ -123,7 +123,8 @@ def gradebook_scores(db_url: str, lab: str) -> dict[str, dict[str, CellScore]]:
             rows = connection.execute(text(SCORES), {"lab": lab}).all()
     except SQLAlchemyError as err:
         raise SystemExit(f"--db {shown_url(db_url)}: the gradebook could not be read ({type(err).__name__}: "
-                         f"{str(err).strip().splitlines()[0]}); expected an nbgrader gradebook") from None
+                         f"{str(err).strip().splitlines()[0]}); expected an nbgrader gradebook (or --db none: the "
+                         "autograded notebooks' verdicts alone)") from None
     finally:
         engine.dispose()
     scores: dict[str, dict[str, CellScore]] = defaultdict(dict)
