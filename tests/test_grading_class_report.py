@@ -337,6 +337,23 @@ def test_a_manual_regrade_in_the_gradebook_changes_the_reports_score(graded, mon
     assert "cells differ" not in (root / "grading" / "reports" / LAB / "index.html").read_text()
 
 
+def test_an_anonymous_page_names_no_student_and_no_gradebook_path(root, monkeypatch):
+    """A student in the gradebook with no autograded notebook, and a manual regrade, on an --anonymous page: both by
+    pseudonym, and the gradebook's URL (a path that may name people) left out."""
+    from nbgrader.api import Gradebook
+
+    monkeypatch.setenv("GPTCOURSE_SECRET", "s3cret")
+    url = gradebook_of_the_class(root, PLANTED | {"gradebook-only-student": {}})
+    with Gradebook(url) as gb:
+        gb.find_grade("test_attention", LAB, LAB, "unscaled-3").manual_score = 3.0
+        gb.db.commit()
+    report = class_report.build(root, LAB, anonymous=True, db_url=url)
+    page = class_report.page(report, anonymous=True)
+    assert report.gradebook.only_gradebook == ("gradebook-only-student",) and "1 cells differ" in page
+    assert not any(s in page for s in ("gradebook-only-student", "unscaled-3", "gradebook.db", str(root)))
+    assert report.names["gradebook-only-student"] in page and report.names["unscaled-3"] in page
+
+
 def test_a_gradebook_that_is_not_there_is_an_error_not_a_new_file(root, tmp_path):
     missing = tmp_path / "typo.db"
     with pytest.raises(SystemExit, match="no such SQLite gradebook"):

@@ -360,7 +360,7 @@ def build(root: Path, lab: str, anonymous: bool = False, grading: Path | None = 
     joined = join_gradebook(submissions, gradebook_scores(db_url, lab), db_url) if db_url else None
     max_score = max((round(sum(v.max_points for v in s.verdicts), 6) for s in submissions), default=0.0)
     pieces = dict.fromkeys(v.piece for s in submissions for v in s.verdicts)
-    students = [s.student for s in submissions]
+    students = [s.student for s in submissions] + sorted(joined.only_gradebook if joined else ())
     names = pseudonyms(students, course_secret(root)) if anonymous else {s: s for s in students}
     keys = dict.fromkeys(v.mistake for s in submissions for v in s.verdicts if v.mistake)
     return ClassReport(lab, submissions, max_score, names, lesson_sections(root, lab, pieces),
@@ -446,7 +446,7 @@ def page(report: ClassReport, previous: ClassReport | None = None, anonymous: bo
            f"<p>{len(graded)} submissions graded of {len(report.submissions)}; the lab is worth "
            f"{report.max_score:g} points. From the verdicts the grader recorded in the autograded notebooks."
            + (" Students are shown by pseudonym." if anonymous else "") + "</p>", summary(report),
-           gradebook_section(report.gradebook, report.names),
+           gradebook_section(report.gradebook, report.names, anonymous),
            "<h2>Scores</h2>", pics["histogram"], bins_table(report.histogram())]
     out += ["<h2>Pieces</h2>", pics.get("pieces", ""),
             "<table><tr><th>piece</th><th>lesson</th><th>passed every visible case</th>"

@@ -162,17 +162,19 @@ def join_gradebook(submissions: Iterable[Any], scores: dict[str, dict[str, CellS
     return GradebookJoin(shown_url(url), len(scores), tuple(differences), tuple(only_gradebook), tuple(only_notebooks))
 
 
-def gradebook_section(join: GradebookJoin | None, names: dict[str, str]) -> str:
+def gradebook_section(join: GradebookJoin | None, names: dict[str, str], anonymous: bool = False) -> str:
     """The page's paragraph on the gradebook: where its scores came from, and each cell where the gradebook's score
-    is not the grader's verdicts' (a manual grade in formgrader, or a gradebook and notebooks of different runs)."""
+    is not the grader's verdicts' (a manual grade in formgrader, or a gradebook and notebooks of different runs).
+    Anonymous: every student by the pseudonym in `names`, and the gradebook not named (its path may name people)."""
     if join is None:
         return ""
     e = html.escape
 
     def name(student: str) -> str:
-        return e(names.get(student, student))
+        return e(names[student])
 
-    out = [f"<h2>Gradebook</h2><p>Scores from the gradebook {e(join.url)} ({join.students} submissions); where a "
+    where = "" if anonymous else f" {e(join.url)}"
+    out = [f"<h2>Gradebook</h2><p>Scores from the gradebook{where} ({join.students} submissions); where a "
            f"cell's score there is not the points of the grader's verdicts, the gradebook's counts: "
            f"{len(join.differences)} cells differ.</p>"]
     if join.differences:
