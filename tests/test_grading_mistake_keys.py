@@ -24,9 +24,7 @@ from gptcourse.grading.classroom import class_report, mistake_lessons
 
 # descriptions that pass through mistake_key but name no mistake: the rule itself, where no known mistake matched
 RULES = {"each token's position is its index in the sequence"}  # lab 11's positions with a cache
-LABS = [pytest.param("15", marks=pytest.mark.xfail(strict=True, reason="lab 15's tables are plain descriptions so "
-                                                   "far: key them (Mistake) and drop this mark"))
-        if n == 15 else f"{n:02d}" for n in range(1, 17)]
+LABS = [f"{n:02d}" for n in range(1, 17)]
 
 
 def judged_with_unkeyed(lab: str, monkeypatch: pytest.MonkeyPatch) -> tuple[int, dict[str, set[str]]]:
