@@ -6,8 +6,8 @@ sqrt(D)" whichever lab's attention it was found in, `params.untied_head` where l
 projection. A row is `(lesson, phrase)`, the phrase a piece of exactly one heading (any level) of that lesson's
 notebook, so rewording a heading keeps a row that still matches and a renamed one fails
 tests/test_grading_mistake_keys.py. The table (`TEACHES`) lists each section once with the keys it teaches;
-`TAUGHT_IN` is its inverse, key -> row. A key of a by-hand function's switches ("09.adamw_step:decay=gradient") is found
-by its function ("09.adamw_step:"). A key without a row falls back to its piece's section
+`TAUGHT_IN` is its inverse, key -> row. A key of a by-hand function's switches ("09.adamw_step:decay=gradient") is
+found by its function ("09.adamw_step:"). A key without a row falls back to its piece's section
 (`class_report.lesson_sections`).
 """
 
