@@ -21,13 +21,12 @@ CELLS = {"test_causal_mask": (2, ["02.causal_mask.visible"]),
          "test_AttentionHead_hidden": (2, ["02.AttentionHead.hidden_single", "02.AttentionHead.hidden_square",
                                            "02.AttentionHead.hidden_sizes"])}
 WRONG = ("wrong", None)
-# student -> {case: (outcome, mistake)}: what was planted
+# student -> {case: (outcome, mistake)}: what was planted, with keys lab 02's grader gives
 PLANTED = {
     "ok-1": {}, "ok-2": {},
-    "unscaled-1": dict.fromkeys(["02.attention.visible", "02.attention.hidden_heads"], ("wrong", "02.unscaled")),
-    "unscaled-2": {"02.attention.visible": ("wrong", "02.unscaled"), "02.AttentionHead.visible": ("wrong",
-                                                                                               "02.unscaled")},
-    "unscaled-3": {"02.attention.visible": ("wrong", "02.unscaled")},
+    "unscaled-1": dict.fromkeys(["02.attention.visible", "02.attention.hidden_heads"], ("wrong", "attention.unscaled")),
+    "unscaled-2": dict.fromkeys(["02.attention.visible", "02.AttentionHead.visible"], ("wrong", "attention.unscaled")),
+    "unscaled-3": {"02.attention.visible": ("wrong", "attention.unscaled")},
     "triangle-1": {"02.causal_mask.visible": ("wrong", "mask.wrong_triangle")},
     "triangle-2": {"02.causal_mask.visible": ("wrong", "mask.wrong_triangle"),
                    "02.causal_mask.hidden_single": ("wrong", "mask.wrong_triangle")},
@@ -37,8 +36,8 @@ PLANTED = {
     # of AttentionHead: 1 student, whose hidden mistake is named
     "square-1": {"02.AttentionHead.hidden_square": ("wrong", "02.no_value_projection")},
     # two mistakes named in one piece: counted for the first (visible) only
-    "swapped-1": {"02.AttentionHead.visible": ("wrong", "02.swapped"),
-                  "02.AttentionHead.hidden_single": ("wrong", "02.unscaled")},
+    "swapped-1": {"02.AttentionHead.visible": ("wrong", "attention.swapped"),
+                  "02.AttentionHead.hidden_single": ("wrong", "attention.unscaled")},
     **{name: {"02.causal_mask.hidden_sizes": WRONG} for name in HOSTILE},
 }
 STOPPED = {"stopped-1": ("the kernel was restarted 3 times: the remaining cells were not run",)}

@@ -33,11 +33,11 @@ def test_cells_table_is_the_labs():
 def test_each_planted_mistake_is_counted_by_student(root):
     report = class_report.build(root, LAB)
     ranked = [(m.key, m.students) for m in report.mistakes()]
-    assert ranked == [("02.unscaled", ("unscaled-1", "unscaled-2", "unscaled-3")),
+    assert ranked == [("attention.unscaled", ("unscaled-1", "unscaled-2", "unscaled-3")),
                       ("mask.wrong_triangle", ("triangle-1", "triangle-2")),
-                      ("02.no_value_projection", ("square-1",)), ("02.swapped", ("swapped-1",))]
+                      ("02.no_value_projection", ("square-1",)), ("attention.swapped", ("swapped-1",))]
     assert report.mistakes()[0].pieces == ("attention", "AttentionHead")
-    assert report.mistakes()[0].message == "02.unscaled: what to do"  # the diagnosis, the case's line cut
+    assert report.mistakes()[0].message == "attention.unscaled: what to do"  # the diagnosis, the case's line cut
 
 
 def test_passed_visible_failed_hidden_per_piece(root):
@@ -102,14 +102,14 @@ def test_records_the_grader_did_not_write_for_that_cell_are_ignored(root):
 def test_files_are_written_escaped_and_formula_safe(root, monkeypatch, capsys):
     monkeypatch.chdir(root)
     assert cli.main(["report"]) == 0  # every lab graded: lab 02
-    assert "02.unscaled (3)" in capsys.readouterr().out
+    assert "attention.unscaled (3)" in capsys.readouterr().out
     folder = root / "grading" / "reports" / LAB
     page = (folder / "index.html").read_text()
     assert "<script" not in page.lower() and "onerror=alert" not in page.replace("onerror=alert(1)&gt;", "")
     assert "&lt;img src=x onerror=alert(1)&gt;" in page
     assert "default-src 'none'" in page and "http://" not in page and "https://" not in page
     assert page.count("<img alt='figure' src='data:image/png;base64,") == 3
-    assert "<li>the most common named mistake: 02.unscaled, 3 students</li>" in page
+    assert "<li>the most common named mistake: attention.unscaled, 3 students</li>" in page
     assert "failed a hidden one (are the instructions clear?): causal_mask 6, attention 2, AttentionHead 1" in page
     assert "lesson 02, 3. Why divide by" in page or "lesson 02, 2. The causal mask" in page
     with open(folder / "report.csv", encoding="utf-8", newline="") as f:
@@ -120,7 +120,7 @@ def test_files_are_written_escaped_and_formula_safe(root, monkeypatch, capsys):
     pages = {p.name for p in (folder / "students").iterdir()}
     assert "unscaled-1.html" in pages and len(pages) == len(PLANTED) + 2
     mine = (folder / "students" / "unscaled-2.html").read_text()
-    assert "02.unscaled" in mine and "unscaled-1" not in mine and "triangle" not in mine
+    assert "attention.unscaled" in mine and "unscaled-1" not in mine and "triangle" not in mine
     # a report with ids is the instructor's alone: no other user can open its folder
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700 == stat.S_IMODE((folder / "students").stat().st_mode)
 
@@ -140,13 +140,14 @@ def test_anonymous_pseudonyms_are_stable_and_hide_every_id(root, monkeypatch):
 
 def test_compare_shows_what_changed_since_another_round(tmp_path):
     first = course_with(tmp_path / "first", PLANTED)
-    fixed = PLANTED | {"unscaled-1": {}, "unscaled-2": {}, "heads-1": {"02.attention.visible": ("wrong", "02.swapped")}}
+    fixed = PLANTED | {"unscaled-1": {}, "unscaled-2": {},
+                       "heads-1": {"02.attention.visible": ("wrong", "attention.swapped")}}
     second = course_with(tmp_path / "second", fixed)
     written = class_report.write_report(second, LAB, compare=first / "grading")
     page = (written.folder / "index.html").read_text()
     section = page.split("Since the other round", 1)[1]
-    assert "<tr><td>02.unscaled</td><td>3</td><td>1</td></tr>" in section
-    assert "<tr><td>02.swapped</td><td>1</td><td>2</td></tr>" in section  # swapped-1, and heads-1 now
+    assert "<tr><td>attention.unscaled</td><td>3</td><td>1</td></tr>" in section
+    assert "<tr><td>attention.swapped</td><td>1</td><td>2</td></tr>" in section  # swapped-1, and heads-1 now
     assert "3 students in both rounds changed their score" in section
     with pytest.raises(SystemExit, match="holding autograded/"):
         class_report.write_report(second, LAB, compare=tmp_path)
@@ -332,7 +333,7 @@ def test_a_manual_regrade_in_the_gradebook_changes_the_reports_score(graded, mon
     stopped = score(dict.fromkeys(CELLS["test_attention"][1] + CELLS["test_AttentionHead"][1]))
     assert report.histogram() == class_report.score_bins([*expected.values(), stopped], 15)
     assert report.histogram()[-1][2] == 3 + len(HOSTILE)  # [14, 15]: ok-1 (14 now), ok-2, unscaled-3 (15 now)
-    assert "unscaled-3" in dict((m.key, m.students) for m in report.mistakes())["02.unscaled"]
+    assert "unscaled-3" in dict((m.key, m.students) for m in report.mistakes())["attention.unscaled"]
     assert cli.main(["report", LAB, "--db", "none"]) == 0
     assert "cells differ" not in (root / "grading" / "reports" / LAB / "index.html").read_text()
 

@@ -3,9 +3,10 @@
     python -m gptcourse.grading.classroom.bench_class_report [--lab 02_causal_attention] [--students 500] [--course .]
 
 Writes, into a temporary course, what autograde leaves for each student: the released notebook with the grader's
-verdict records on its test cells (`steps/judge.py`), each case failed with a random named mistake of its piece at
-random (a tenth of the students stopped early), and times the command on them. Prints the machine's cores and
-load, the command's wall-clock and CPU time. `write_autograded` is also the tests' way to make a synthetic class.
+verdict records on its test cells (`steps/judge.py`), each case failed at random with one of three named mistakes
+of its piece, keys that the lab's lesson teaches (a tenth of the students stopped early), and times the command on
+them. Prints the machine's cores and load, the command's wall-clock and CPU time. `write_autograded` is also the
+tests' way to make a synthetic class.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from .bench_grading import bench_parser, gptcourse, load_average, parse_bench_arguments, run
+from .mistake_lessons import TAUGHT_IN
 
 TARGET_SECONDS = 10.0
 _CHECK = re.compile(r"""check\("([^"]+)\"""")
@@ -66,16 +68,18 @@ def write_autograded(course: Path, lab: str, student: str, failing: dict[str, tu
 
 def synthetic_class(course: Path, lab: str, students: int, seed: int = 0) -> None:
     """`students` submissions, each case failed with probability 0.15 by one of three named mistakes of its
-    piece (or raising, 1 in 4); every tenth student's notebook stopped early."""
+    piece, keys the grader gives that the lab's lesson teaches (or raising, 1 in 4); every tenth student's notebook
+    stopped early."""
     rng = random.Random(seed)
     cases = [case for _, ids in test_cells(course, lab) for case in ids]
+    taught = sorted(key for key, (lesson, _) in TAUGHT_IN.items() if lesson == lab[:2] and not key.endswith(":"))
+    named = {piece: rng.sample(taught, 3) for piece in sorted({case.split(".")[1] for case in cases})}
     for k in range(students):
         failing = {}
         for case in cases:
             if rng.random() < 0.15:
-                piece = case.split(".")[1]
                 failing[case] = ("error", None) if rng.random() < 0.25 else \
-                    ("wrong", f"{lab[:2]}.{piece}_mistake_{rng.randint(1, 3)}")
+                    ("wrong", rng.choice(named[case.split(".")[1]]))
         lines = ("the kernel was restarted 3 times: the remaining cells were not run",) if k % 10 == 9 else ()
         if lines:
             failing |= dict.fromkeys(cases[len(cases) // 2:], ("not_run", None))

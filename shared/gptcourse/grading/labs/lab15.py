@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ...checks import check_close, check_shape, fail, fmt_shape
+from ...checks import Mistake, check_close, check_shape, fail, fmt_shape
 from ...finetuning.group_baseline import group_advantages
 from ...finetuning.grpo_objective import grpo_loss
 from ...finetuning.grpo_training import grpo_step, token_logprobs
@@ -89,29 +89,37 @@ def _advantages(rewards: torch.Tensor, g: int, *, eps: float = EPS, unbiased: bo
 
 
 ADV_MISTAKES = {
-    "the sign is flipped: an answer better than its group's mean gets a positive advantage, reward - mean":
+    Mistake("15.adv_sign_flipped",
+            "the sign is flipped: an answer better than its group's mean gets a positive advantage, reward - mean"):
         {"sign": -1},
-    "the advantages are not divided by the group's standard deviation (plus eps = 1e-4)":
+    Mistake("15.adv_not_scaled",
+            "the advantages are not divided by the group's standard deviation (plus eps = 1e-4)"):
         {"scale": False},
-    "the standard deviation is the population one (unbiased=False, divides by G): use torch's default .std(), "
-    "Bessel-corrected (divides by G - 1), as TRL and the DeepSeekMath paper do":
+    Mistake("15.adv_population_std",
+            "the standard deviation is the population one (unbiased=False, divides by G): use torch's default "
+            ".std(), Bessel-corrected (divides by G - 1), as TRL and the DeepSeekMath paper do"):
         {"unbiased": False},
-    "the mean and the std are over the whole batch, not over each group: each prompt's answers are compared with "
-    "each other, rewards.view(-1, group_size) then the mean and std over dim=1":
+    Mistake("15.adv_over_batch",
+            "the mean and the std are over the whole batch, not over each group: each prompt's answers are compared "
+            "with each other, rewards.view(-1, group_size) then the mean and std over dim=1"):
         {"over": "batch"},
-    "the groups were read as rewards.view(group_size, -1), group_size rows of N / group_size rewards: each group "
-    "is a row of rewards.view(-1, group_size), its group_size answers one after another":
+    Mistake("15.adv_groups_transposed",
+            "the groups were read as rewards.view(group_size, -1), group_size rows of N / group_size rewards: each "
+            "group is a row of rewards.view(-1, group_size), its group_size answers one after another"):
         {"over": "transposed"},
-    "the groups were taken as interleaved, answer j of every prompt together (the columns of "
-    "rewards.view(group_size, -1)): each group is group_size answers one after another, a row of "
-    "rewards.view(-1, group_size), the mean and std over dim=1":
+    Mistake("15.adv_groups_interleaved",
+            "the groups were taken as interleaved, answer j of every prompt together (the columns of "
+            "rewards.view(group_size, -1)): each group is group_size answers one after another, a row of "
+            "rewards.view(-1, group_size), the mean and std over dim=1"):
         {"over": "interleaved"},
-    "the mean is each group's but the std is the whole batch's: divide each group by its own std, "
-    "groups.std(dim=1, keepdim=True) + 1e-4 with groups = rewards.view(-1, group_size)":
+    Mistake("15.adv_batch_std",
+            "the mean is each group's but the std is the whole batch's: divide each group by its own std, "
+            "groups.std(dim=1, keepdim=True) + 1e-4 with groups = rewards.view(-1, group_size)"):
         {"batch_std": True},
-    "eps is missing from the denominator: the NaN of the groups whose rewards are all equal was set to 0 (as "
-    "nan_to_num does), but every other group is divided by its bare std too; divide every group by (std + 1e-4), "
-    "which also gives the all-equal groups their 0":
+    Mistake("15.adv_no_eps_nan_to_zero",
+            "eps is missing from the denominator: the NaN of the groups whose rewards are all equal was set to 0 (as "
+            "nan_to_num does), but every other group is divided by its bare std too; divide every group by (std + "
+            "1e-4), which also gives the all-equal groups their 0"):
         {"eps": 0.0, "nan_to_zero": True},
 }
 
@@ -186,14 +194,24 @@ def _k3(logprobs: torch.Tensor, ref: torch.Tensor, *, estimator: str = "k3", dir
 
 
 KL_MISTAKES = {
-    "the log-ratio is the wrong way round: r = ref_logprobs - logprobs (log reference / policy at the policy's "
-    "samples), then exp(r) - r - 1; with r = logprobs - ref_logprobs the estimate is not of KL(policy || "
-    "reference)": {"direction": -1},
-    "this is k1, logprobs - ref_logprobs: unbiased too, but negative for about half the tokens; k3 is exp(r) - "
-    "r - 1 with r = ref_logprobs - logprobs, never negative": {"estimator": "k1"},
-    "this is k2, r^2 / 2: always positive but biased; k3 is exp(r) - r - 1": {"estimator": "k2"},
-    "this is |k1|, the absolute log-ratio: biased; k3 is exp(r) - r - 1": {"estimator": "abs"},
-    "the - 1 is missing: k3 is exp(r) - r - 1 (0 where the policy and the reference agree)": {"estimator": "no -1"},
+    Mistake("15.kl_ratio_reversed",
+            "the log-ratio is the wrong way round: r = ref_logprobs - logprobs (log reference / policy at the "
+            "policy's samples), then exp(r) - r - 1; with r = logprobs - ref_logprobs the estimate is not of "
+            "KL(policy || reference)"):
+        {"direction": -1},
+    Mistake("15.kl_k1",
+            "this is k1, logprobs - ref_logprobs: unbiased too, but negative for about half the tokens; k3 is exp(r) "
+            "- r - 1 with r = ref_logprobs - logprobs, never negative"):
+        {"estimator": "k1"},
+    Mistake("15.kl_k2",
+            "this is k2, r^2 / 2: always positive but biased; k3 is exp(r) - r - 1"):
+        {"estimator": "k2"},
+    Mistake("15.kl_abs_k1",
+            "this is |k1|, the absolute log-ratio: biased; k3 is exp(r) - r - 1"):
+        {"estimator": "abs"},
+    Mistake("15.kl_no_minus_one",
+            "the - 1 is missing: k3 is exp(r) - r - 1 (0 where the policy and the reference agree)"):
+        {"estimator": "no -1"},
 }
 
 
@@ -311,55 +329,75 @@ def _loss_by_hand(logprobs: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, 
 
 
 LOSS_MISTAKES = {
-    "the old log-probabilities were not detached: they are the sampling policy's, a constant of the loss. With "
-    "a graph back to logprobs (old_logprobs = logprobs on a batch's first update) the ratio's gradient cancels; "
-    "use old_logprobs.detach()":
+    Mistake("15.loss_old_not_detached",
+            "the old log-probabilities were not detached: they are the sampling policy's, a constant of the loss. "
+            "With a graph back to logprobs (old_logprobs = logprobs on a batch's first update) the ratio's gradient "
+            "cancels; use old_logprobs.detach()"):
         {"detach_old": False},
-    "the whole ratio was detached (exp(logprobs - old_logprobs).detach()): the surrogate has no gradient and only "
-    "the KL penalty trains the policy; detach old_logprobs alone, exp(logprobs - old_logprobs.detach())":
+    Mistake("15.loss_ratio_detached",
+            "the whole ratio was detached (exp(logprobs - old_logprobs).detach()): the surrogate has no gradient and "
+            "only the KL penalty trains the policy; detach old_logprobs alone, exp(logprobs - old_logprobs.detach())"):
         {"detach_ratio": True},
-    "the clip is applied to ratio * advantage, not to the ratio: clamp(ratio, 1 - eps, 1 + eps) * advantage":
+    Mistake("15.loss_clip_product",
+            "the clip is applied to ratio * advantage, not to the ratio: clamp(ratio, 1 - eps, 1 + eps) * advantage"):
         {"clip": "product"},
-    "only the upper side is clipped: clamp(ratio, 1 - eps, 1 + eps) bounds it below too (it matters when the "
-    "advantage is negative)":
+    Mistake("15.loss_clip_upper_only",
+            "only the upper side is clipped: clamp(ratio, 1 - eps, 1 + eps) bounds it below too (it matters when the "
+            "advantage is negative)"):
         {"clip": "upper"},
-    "the ratio is not clipped: -min(ratio * A, clamp(ratio, 1 - eps, 1 + eps) * A)":
+    Mistake("15.loss_no_clip",
+            "the ratio is not clipped: -min(ratio * A, clamp(ratio, 1 - eps, 1 + eps) * A)"):
         {"clip": "none"},
-    "the advantage was clipped, not the ratio: ratio * clamp(A, 1 - eps, 1 + eps); the clip bounds the ratio, "
-    "clamp(ratio, 1 - eps, 1 + eps) * A":
+    Mistake("15.loss_clip_advantage",
+            "the advantage was clipped, not the ratio: ratio * clamp(A, 1 - eps, 1 + eps); the clip bounds the "
+            "ratio, clamp(ratio, 1 - eps, 1 + eps) * A"):
         {"clip": "advantage"},
-    "the advantage was taken out of the min, A * min(ratio, clipped ratio): right where A > 0, but a negative A "
-    "turns the min into a max, so negative advantages were clipped on the wrong side (below 1 - eps instead of "
-    "above 1 + eps); keep A inside, min(ratio * A, clamp(ratio, 1 - eps, 1 + eps) * A)":
+    Mistake("15.loss_advantage_outside_min",
+            "the advantage was taken out of the min, A * min(ratio, clipped ratio): right where A > 0, but a "
+            "negative A turns the min into a max, so negative advantages were clipped on the wrong side (below 1 - "
+            "eps instead of above 1 + eps); keep A inside, min(ratio * A, clamp(ratio, 1 - eps, 1 + eps) * A)"):
         {"bound": "outside"},
-    "max where PPO takes min: the surrogate is min(ratio * A, clipped ratio * A), the pessimistic bound, and the "
-    "loss its negative":
+    Mistake("15.loss_max_for_min",
+            "max where PPO takes min: the surrogate is min(ratio * A, clipped ratio * A), the pessimistic bound, and "
+            "the loss its negative"):
         {"bound": "max"},
-    "the ratio is the log-ratio: ratio = exp(logprobs - old_logprobs)":
+    Mistake("15.loss_log_ratio",
+            "the ratio is the log-ratio: ratio = exp(logprobs - old_logprobs)"):
         {"ratio": "log"},
-    "the ratio is inverted: ratio = exp(logprobs - old_logprobs), the policy over the one that sampled":
+    Mistake("15.loss_ratio_inverted",
+            "the ratio is inverted: ratio = exp(logprobs - old_logprobs), the policy over the one that sampled"):
         {"ratio": "inverted"},
-    "the KL's log-ratio is the wrong way round: k3 = exp(r) - r - 1 with r = ref_logprobs - logprobs":
+    Mistake("15.loss_kl_reversed",
+            "the KL's log-ratio is the wrong way round: k3 = exp(r) - r - 1 with r = ref_logprobs - logprobs"):
         {"kl_sign": -1},
-    "the KL penalty is missing: add beta * k3 per token":
+    Mistake("15.loss_no_kl",
+            "the KL penalty is missing: add beta * k3 per token"):
         {"kl_sign": 0},
-    "the KL penalty is subtracted: add + beta * k3, so that the loss grows as the policy leaves the reference":
+    Mistake("15.loss_kl_subtracted",
+            "the KL penalty is subtracted: add + beta * k3, so that the loss grows as the policy leaves the "
+            "reference"):
         {"kl_weight": -1.0},
-    "the KL is measured to the old log-probabilities: it is to the reference (ref_logprobs), the model before any "
-    "training, not the policy that sampled":
+    Mistake("15.loss_kl_to_old",
+            "the KL is measured to the old log-probabilities: it is to the reference (ref_logprobs), the model "
+            "before any training, not the policy that sampled"):
         {"kl_to": "old"},
-    "the tokens of the whole batch are averaged together (TRL's 'bnpo'): GRPO averages each answer's tokens, "
-    "then the answers":
+    Mistake("15.loss_tokens_averaged",
+            "the tokens of the whole batch are averaged together (TRL's 'bnpo'): GRPO averages each answer's tokens, "
+            "then the answers"):
         {"reduce": "tokens"},
-    "the padding positions are counted: average each row over its real tokens, (per_token * mask).sum(-1) / "
-    "mask.sum(-1), then over the rows":
+    Mistake("15.loss_padding_counted",
+            "the padding positions are counted: average each row over its real tokens, (per_token * mask).sum(-1) / "
+            "mask.sum(-1), then over the rows"):
         {"reduce": "padded"},
-    "each row is divided by T, the padded length, not by its own number of real tokens, mask.sum(-1)":
+    Mistake("15.loss_divided_by_t",
+            "each row is divided by T, the padded length, not by its own number of real tokens, mask.sum(-1)"):
         {"reduce": "length T"},
-    "each answer's tokens are summed, not averaged: (per_token * mask).sum(-1) / mask.sum(-1)":
+    Mistake("15.loss_tokens_summed",
+            "each answer's tokens are summed, not averaged: (per_token * mask).sum(-1) / mask.sum(-1)"):
         {"reduce": "sum"},
-    "the answers' losses were summed, not averaged: the loss grows with the number of answers B; average each "
-    "answer's tokens, then the answers, .mean()":
+    Mistake("15.loss_answers_summed",
+            "the answers' losses were summed, not averaged: the loss grows with the number of answers B; average "
+            "each answer's tokens, then the answers, .mean()"):
         {"reduce": "answers summed"},
 }
 
