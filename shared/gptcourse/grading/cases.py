@@ -28,7 +28,6 @@ import importlib
 import os
 import pkgutil
 import random
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,42 +35,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from .case_ids import CaseId
+
 PUBLIC_SECRET = "gptcourse-public"
 SECRET_ENV = "GPTCOURSE_SECRET"
 HIDDEN_SEEDS_ENV = "GPTCOURSE_HIDDEN_SEEDS"  # "id=seed id=seed ...", set only in a grading kernel
 
 Inputs = dict[str, Any]
 Outputs = dict[str, Any]
-_CASE_ID = re.compile(r"(\d\d)\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z0-9_]+)")
-
-
-@dataclass(frozen=True)
-class CaseId:
-    """A test id, "NN.piece.variant": the lab, the piece (its student-facing name) and the variant; a hidden
-    case's variant starts with "hidden"."""
-
-    lab: str
-    piece: str
-    variant: str
-
-    @classmethod
-    def parse(cls, text: str) -> CaseId:
-        """The id `text` names; ValueError saying what a test id looks like (it may come from a payload)."""
-        match = _CASE_ID.fullmatch(text) if isinstance(text, str) else None
-        if match is None:
-            raise ValueError(f"{str(text)[:80]!r} is not a test id: expected 'NN.piece.variant', e.g. "
-                             "'10.padding_mask.visible'")
-        return cls(*match.groups())
-
-    @property
-    def hidden(self) -> bool:
-        return self.variant.startswith("hidden")
-
-    def __str__(self) -> str:
-        return f"{self.lab}.{self.piece}.{self.variant}"
-
-
-
 @dataclass(frozen=True)
 class Case:
     """One test of one lab piece.

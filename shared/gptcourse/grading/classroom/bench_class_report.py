@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..case_ids import CaseId
 from .bench_grading import bench_parser, gptcourse, load_average, parse_bench_arguments, run
 from .mistake_lessons import TAUGHT_IN
 
@@ -52,8 +53,9 @@ def write_autograded(course: Path, lab: str, student: str, failing: dict[str, tu
         for case in ids:
             outcome, mistake = ("skipped", None) if stopped else failing.get(case, ("passed", None))
             stopped |= outcome != "passed"
-            verdicts.append({"lab": case[:2], "piece": case.split(".")[1], "case": case,
-                             "hidden": case.split(".")[2].startswith("hidden"), "passed": outcome == "passed",
+            parsed = CaseId.parse(case)
+            verdicts.append({"lab": parsed.lab, "piece": parsed.piece, "case": case,
+                             "hidden": parsed.hidden, "passed": outcome == "passed",
                              "outcome": outcome, "mistake": mistake, "points": 0.0, "max_points": share,
                              "message": f"{case} failed: ...\n{mistake or outcome}: what to do"})
         if not stopped:
@@ -73,13 +75,13 @@ def synthetic_class(course: Path, lab: str, students: int, seed: int = 0) -> Non
     rng = random.Random(seed)
     cases = [case for _, ids in test_cells(course, lab) for case in ids]
     taught = sorted(key for key, (lesson, _) in TAUGHT_IN.items() if lesson == lab[:2] and not key.endswith(":"))
-    named = {piece: rng.sample(taught, 3) for piece in sorted({case.split(".")[1] for case in cases})}
+    named = {piece: rng.sample(taught, 3) for piece in sorted({CaseId.parse(case).piece for case in cases})}
     for k in range(students):
         failing = {}
         for case in cases:
             if rng.random() < 0.15:
                 failing[case] = ("error", None) if rng.random() < 0.25 else \
-                    ("wrong", rng.choice(named[case.split(".")[1]]))
+                    ("wrong", rng.choice(named[CaseId.parse(case).piece]))
         lines = ("the kernel was restarted 3 times: the remaining cells were not run",) if k % 10 == 9 else ()
         if lines:
             failing |= dict.fromkeys(cases[len(cases) // 2:], ("not_run", None))

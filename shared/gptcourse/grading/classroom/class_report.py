@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..case_ids import CaseId
 from .gradebook_verdicts import GradebookJoin, course_db_url, gradebook_scores, gradebook_section, join_gradebook
 from .mistake_lessons import mistake_sections
 from .spreadsheet import spreadsheet_safe
@@ -50,7 +51,6 @@ MAX_NOTEBOOK_BYTES = 20_000_000  # a larger autograded notebook is listed as unr
 MAX_TEXT = 1200  # characters of a recorded message or report line shown
 STOPPED = ("not_run", "forged")  # outcomes of a case whose cell did not run to the end
 PUBLIC_SECRET = "gptcourse-public"  # cases.PUBLIC_SECRET: pseudonyms when the course has no secret
-_CASE_ID = re.compile(r"(\d\d)\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z0-9_]+)")
 _CHECK = re.compile(r"""check\(\s*["'](\d\d\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z0-9_]+)["']""")
 _MISTAKE = re.compile(r"[A-Za-z0-9_.:=+-]{1,160}")  # checks.Mistake's keys, fixtures.switch_key's
 _SAFE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")  # intake.STUDENT_ID: a page is named by an id only if it is one
@@ -112,14 +112,17 @@ def _verdict(record: Any, cell_ids: set[str], lab: str, cell: str = "") -> Verdi
     """A record as a Verdict, or None when it is not one the grader wrote for this cell and lab."""
     if not isinstance(record, dict) or not isinstance(record.get("case"), str) or record["case"] not in cell_ids:
         return None
-    match = _CASE_ID.fullmatch(record["case"])
-    if match is None or match.group(1) != lab:
+    try:
+        case = CaseId.parse(record["case"])
+    except ValueError:
+        return None
+    if case.lab != lab:
         return None
     mistake = record.get("mistake")
     numbers = [record.get("points"), record.get("max_points")]
     if not all(type(n) in (int, float) and 0 <= n < 1e6 for n in numbers) or type(record.get("passed")) is not bool:
         return None
-    return Verdict(record["case"], match.group(2), match.group(3).startswith("hidden"), record["passed"],
+    return Verdict(record["case"], case.piece, case.hidden, record["passed"],
                    record.get("outcome") if record.get("outcome") in OUTCOME_WORDS else "wrong",
                    mistake if isinstance(mistake, str) and _MISTAKE.fullmatch(mistake) else None,
                    float(numbers[0]), float(numbers[1]), _text(record.get("message")), cell)
