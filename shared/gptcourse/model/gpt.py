@@ -136,13 +136,13 @@ class GPT(nn.Module):
     def from_hf(cls, hf_model: nn.Module) -> GPT:
         """Build a GPT from a Hugging Face GPT2LMHeadModel, LlamaForCausalLM or MistralForCausalLM (see
         `gptcourse.model.hf`)."""
-        from .hf import from_hf
+        from .hf import from_hf  # here, not at the top: hf.py imports this module (and transformers, slow to load)
 
         return from_hf(hf_model)
 
     def to_hf(self, family: str | None = None) -> nn.Module:
         """The equivalent Hugging Face model with the same weights; `family="mistral"` for a MistralForCausalLM
         (see `gptcourse.model.hf`)."""
-        from .hf import to_hf
+        from .hf import to_hf  # lazy, as in from_hf
 
         return to_hf(self, family)
