@@ -53,6 +53,27 @@ class AttentionHead(nn.Module):
     def forward(self, x):
         return attention(self.query(x), self.key(x), x)
 '''}, {"test_AttentionHead", "test_AttentionHead_hidden"}),
+    # lesson 12's flash_attention gives the weights too, through the identity as its values (q scaled for the padding)
+    "attention-by-flash-attention": ({"attention": '''
+import torch.nn.functional as F
+from gptcourse import flash_attention
+
+def attention(q, k, v):
+    T, D = q.shape[-2:]
+    W = max(T, D)
+    flat = lambda x: F.pad(x.reshape(-1, 1, *x.shape[-2:]), (0, W - x.size(-1)))  # (N, 1, T, W)
+    eye = torch.eye(T, dtype=q.dtype).expand(*q.shape[:-2], T, T)
+    weights = flash_attention(flat(q) * math.sqrt(W / D), flat(k), flat(eye))[..., :T].reshape(*q.shape[:-1], T)
+    return weights @ v, weights
+'''}, ATTENTION_TESTS | {"test_attention_causal", "test_causal_mask", "test_causal_mask_hidden"}),
+    # the tiled attention's own tile mask, for one tile of the whole square (None when nothing is masked, at T = 1)
+    "mask-by-tiled-attention": ({"causal_mask": '''
+from gptcourse.model.tiled_attention import _allowed
+
+def causal_mask(T):
+    mask = _allowed((0, T, 0, T), 0, True, None, None, "cpu")
+    return torch.ones(T, T, dtype=torch.bool) if mask is None else mask
+'''}, ATTENTION_TESTS | {"test_attention_causal", "test_causal_mask", "test_causal_mask_hidden"}),
     **copied_references(LAB),  # the reference copied by routes the scan does not follow
 }
 

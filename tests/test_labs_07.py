@@ -101,6 +101,19 @@ WRONG = {
             "gptcourse.filter_logits(logits / temperature, top_k=top_k).softmax(dim=-1)")},
         {"test_next_token_probs", "test_next_token_probs_top_k", "test_next_token_probs_hidden",
          "test_sample_next_token", "test_sample_next_token_hidden"}),
+    # lesson 16's router keeps the top k of each row and takes their softmax (it passed every cell before
+    # next_token_probs forbade it); a stub in the graded kernel, so the sampler fails where it cuts to the top k
+    "probs-from-the-moe-router": ({"next_token_probs": '''
+from gptcourse import top_k_routing
+
+def next_token_probs(logits, temperature=1.0, top_k=None):
+    logits = logits / temperature
+    if top_k is None:
+        return logits.softmax(dim=-1)
+    weights, chosen = top_k_routing(logits, top_k, "topk_then_softmax")  # (B, k) each: the k best, renormalised
+    return torch.zeros_like(logits).scatter(-1, chosen, weights.to(logits.dtype))
+'''}, {"test_next_token_probs", "test_next_token_probs_top_k", "test_next_token_probs_hidden",
+          "test_sample_next_token", "test_sample_next_token_hidden"}),
     # lesson 11's fine-tuning loss does the shift for the student (it passed every cell before the loss forbade it);
     # train_step calls this loss, which is a stub in the graded kernel, so the steps fail too
     "loss-from-the-finetuning-loss": (

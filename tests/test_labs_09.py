@@ -183,6 +183,17 @@ WRONG = {
                           "torch.cat([targets[:1], targets])[None])"},
         {"test_cross_entropy", "test_cross_entropy_large", "test_cross_entropy_hidden", "test_accumulate_gradients",
          "test_accumulate_gradients_hidden"}),
+    # lesson 16's router z-loss of one row is its logsumexp squared (>= 100 after shifting the row's max to 10, so
+    # the square root's gradient stays finite): it passed every cell before cross_entropy forbade it
+    "ce-from-the-router-z-loss": ({"cross_entropy": '''
+from gptcourse import router_z_loss
+
+def cross_entropy(logits, targets):
+    m = logits.max(dim=-1, keepdim=True).values - 10  # (N, 1): after the shift each row's logsumexp is >= 10
+    log_sum_exp = torch.stack([router_z_loss(row[None]).sqrt() for row in logits - m]) + m.squeeze(-1)  # (N,)
+    return (log_sum_exp - logits.gather(1, targets[:, None]).squeeze(1)).mean()
+'''}, {"test_cross_entropy", "test_cross_entropy_large", "test_cross_entropy_hidden", "test_accumulate_gradients",
+          "test_accumulate_gradients_hidden"}),
 }
 
 

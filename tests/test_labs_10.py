@@ -75,6 +75,22 @@ WRONG = {
     # rank-stabilised LoRA's alpha / sqrt(rank): right only at rank 1 (none of this student's hidden cases)
     "lora-rslora-scale": ({"LoRALinear": LORA.format(**RIGHT_LORA).replace("alpha / rank", "alpha / math.sqrt(rank)")},
                           {"test_LoRALinear", "test_LoRALinear_sequence", "test_LoRALinear_hidden"}),
+    # lesson 12's tiled attention builds the padding mask of one tile; lesson 13's dpo_loss with zero reference
+    # log-probabilities and beta 1 is the Bradley-Terry loss
+    "mask-by-tiled-attention": ({"padding_mask": '''
+from gptcourse.model.tiled_attention import _allowed
+
+def padding_mask(attention_mask):
+    t = attention_mask.size(1)
+    return _allowed((0, t, 0, t), 0, True, None, attention_mask, attention_mask.device)[:, 0]  # (B, 1, T, T)
+'''}, {"test_padding_mask", "test_padding_mask_left", "test_padding_mask_hidden"}),
+    "bt-by-dpo-loss": ({"bradley_terry_loss": '''
+from gptcourse import dpo_loss
+
+def bradley_terry_loss(chosen, rejected):
+    zero = torch.zeros_like(chosen)
+    return dpo_loss(chosen, rejected, zero, zero, beta=1.0).loss
+'''}, {"test_bradley_terry_loss", *BT_TESTS}),
     **copied_references(LAB),  # the reference copied by routes the scan does not follow
 }
 

@@ -88,6 +88,9 @@ POSITIONS_TESTS = {"test_new_positions", "test_new_positions_hidden", *GENERATE_
 REPEAT = "k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)"
 RIGHT_GQA = {"repeat_before": "pass", "repeat_after": REPEAT, "diagonal": "t_k - t"}
 GQA_TESTS = {"test_GroupedQueryAttention_cached", "test_GroupedQueryAttention_hidden"}
+ATTENTION_TESTS = {"test_attend_new_token", "test_attend_new_token_large", "test_attend_new_token_hidden",
+                   "test_repeat_kv", "test_repeat_kv_hidden", "test_GroupedQueryAttention", *GQA_TESTS}
+FLASH_FAILS = ATTENTION_TESTS | GENERATE_TESTS  # the pieces that forbid the attention references
 # student -> ({solution cell grade_id: what they wrote}, test cells it must fail)
 WRONG = {
     # the student's LayerCache holds their generation's keys and values, so its tests fail too
@@ -142,6 +145,18 @@ WRONG = {
     "generate-prompt-counted-twice": ({"generate_cached": GENERATE.format(**RIGHT_GENERATE | {
         "positions": "new_positions(caches[0].length + (prompt.size(1) if caches[0].length else 0), feed.size(1))"})},
         GENERATE_TESTS),
+    # lesson 12's flash_attention aligns the queries to the last keys and groups the kv heads itself; imported, it
+    # costs every piece that forbids the attention references
+    "attend-by-flash-attention": ({"attend_new_token": '''
+from gptcourse import flash_attention
+
+def attend_new_token(q, k, v):
+    return flash_attention(q, k, v)
+'''}, FLASH_FAILS),
+    "gqa-by-flash-attention": ({"GroupedQueryAttention": GQA.format(**RIGHT_GQA | {"repeat_after": "pass"}).replace(
+        "F.scaled_dot_product_attention(q, k, v, attn_mask=mask)", "flash_attention(q, k, v)").replace(
+        "class GroupedQueryAttention", "from gptcourse import flash_attention\n\nclass GroupedQueryAttention")},
+        FLASH_FAILS),
 }
 
 

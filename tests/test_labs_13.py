@@ -90,6 +90,14 @@ WRONG = {
     "dpo-imports-reference": ({"dpo_loss": "from gptcourse import dpo_loss\n"}, DPO_TESTS | STEP_TESTS),
     "adapters-imports-reference": ({"adapters_disabled": "from gptcourse import adapters_disabled\n"},
                                    ADAPTER_TESTS),
+    # lesson 15's token_logprobs shifts and takes the log-softmax: the labelled ones summed are the answer
+    "logps-by-token-logprobs": ({"sequence_logprobs": '''
+from gptcourse.finetuning.grpo_training import token_logprobs
+
+def sequence_logprobs(model, ids, attention_mask, labels):
+    picked = token_logprobs(model, ids, attention_mask)  # (B, T-1)
+    return picked.masked_fill(labels[:, 1:] == -100, 0.0).sum(dim=-1)
+'''}, LOGPS_TESTS | STEP_TESTS),
 }
 
 

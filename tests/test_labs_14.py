@@ -119,6 +119,16 @@ WRONG = {
     # a reference imported costs its own piece alone
     "pass-imports-reference": ({"pass_at_k": "from gptcourse import pass_at_k\n"}, PASS_TESTS),
     "overlap-imports-reference": ({"ngram_overlap": "from gptcourse import ngram_overlap\n"}, OVERLAP_TESTS),
+    # lesson 15's token_logprobs on context + continuation: its last len(continuation) entries are the answer
+    "ll-by-token-logprobs": ({"loglikelihood": '''
+from gptcourse.finetuning.grpo_training import token_logprobs
+
+def loglikelihood(model, context, continuation):
+    ids = torch.tensor([context + continuation])
+    picked = token_logprobs(model, ids, torch.ones_like(ids))[0, -len(continuation):]
+    logits = model(ids[:, :-1])[0, -len(continuation):]
+    return float(picked.sum()), bool((logits.argmax(dim=-1) == torch.tensor(continuation)).all())
+'''}, LL_TESTS),
 }
 
 

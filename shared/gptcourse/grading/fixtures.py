@@ -29,6 +29,11 @@ from .student import as_tensor, build_module, load_weights
 LOG_SOFTMAX_FUNCTIONS = ("gptcourse.training.loop.lm_loss", "gptcourse.estimate_loss", "gptcourse.masked_lm_loss",
                          "gptcourse.sequence_logprobs", "gptcourse.finetuning.grpo_training.token_logprobs",
                          "gptcourse.evaluation.continuations.loglikelihood")
+# Lesson 12's tiled attention: flash_attention is causal attention in one call (it groups the kv heads, aligns the
+# queries to the last keys as a cache needs, and gives the weights too, through an identity as the values), and its
+# `_allowed` builds a causal or padding mask; the labs that teach the mask or attention forbid the whole module
+# (lab 02's causal_mask, attention and AttentionHead, lab 10's padding_mask, lab 11's cached and grouped attention).
+TILED_ATTENTION = ("gptcourse.model.tiled_attention",)
 
 
 def gpt_config(v: int, c: int, h: int, n: int, t_max: int, **changes: Any) -> GPTConfig:

@@ -39,6 +39,7 @@ from ..attention_mistakes import (
     wrong_attentions,
 )
 from ..cases import Inputs, Outputs, random_weights, sized, sizes_rng, tensor_rng
+from ..fixtures import TILED_ATTENTION
 from ..piece import Piece, Probe, declare
 from ..student import describe_error, module_returns, returns
 
@@ -49,7 +50,8 @@ _ATTENTION_ROWS = rows(NO_SCALE, SCALED_BY_D, SOFTMAX_OVER_QUERIES, MASK_AFTER_S
 _ATTENTION = ("gptcourse.attention", "gptcourse.fused_attention",
               "torch.nn.functional.scaled_dot_product_attention", "torch._scaled_dot_product_attention_math",
               "torch._scaled_dot_product_flash_attention_for_cpu", "torch._scaled_dot_product_flash_attention",
-              "torch._scaled_dot_product_efficient_attention", "torch._scaled_dot_product_cudnn_attention")
+              "torch._scaled_dot_product_efficient_attention", "torch._scaled_dot_product_cudnn_attention",
+              *TILED_ATTENTION)
 
 
 def _mask_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
@@ -157,7 +159,7 @@ def _head_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 PIECES = declare(
     Piece("02", "causal_mask", causal_mask, returns("mask", lambda i: f"causal_mask({i['t']})", "t"),
           judge=_mask_judge,
-          forbidden=("gptcourse.causal_mask",),
+          forbidden=("gptcourse.causal_mask", *TILED_ATTENTION),
           visible=[("visible", "causal_mask(4)", lambda seed: {"t": 4})],
           hidden=[("hidden_single", "causal_mask(1)", lambda seed: {"t": 1}),
                   ("hidden_sizes", "causal_mask(T) for a longer T",

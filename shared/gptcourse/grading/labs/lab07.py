@@ -47,7 +47,7 @@ from ..student import as_number, as_tensor, returns
 # student are its references too.
 _LOSS = LOG_SOFTMAX_FUNCTIONS
 _STEP = ("gptcourse.training.loop.train_step", "gptcourse.train")
-_PROBS = ("gptcourse.filter_logits",)
+_PROBS = ("gptcourse.filter_logits", "gptcourse.top_k_routing")  # lesson 16's router: top k, then their softmax
 _SAMPLE = ("gptcourse.generate", "gptcourse.widgets.TemperatureSampler")
 
 # ---- next_token_loss(model, tokens (B, T + 1)) -> the mean cross-entropy of predicting tokens[:, 1:]

@@ -47,7 +47,8 @@ _CROSS_ENTROPY = ("gptcourse.cross_entropy", "gptcourse.training.losses", "torch
                   "torch.nn.NLLLoss", "torch._C._nn.nll_loss", "torch._C._nn.nll_loss_nd",
                   "torch.nn.functional.log_softmax", "torch.log_softmax", "torch.special.log_softmax",
                   "torch._log_softmax", "torch.nn.LogSoftmax", "torch.Tensor.log_softmax", "torch.logsumexp",
-                  "torch.special.logsumexp", "torch.Tensor.logsumexp", *LOG_SOFTMAX_FUNCTIONS)
+                  "torch.special.logsumexp", "torch.Tensor.logsumexp", *LOG_SOFTMAX_FUNCTIONS,
+                  "gptcourse.router_z_loss")  # lesson 16's: a row's logsumexp, squared
 # Each piece forbids what computes its own answer, named one by one (the modules gptcourse.training.loop and
 # .checkpoint define the references of several pieces). lm_loss is F.cross_entropy behind a model: a model that
 # returns the logits makes it the loss, so it is cross_entropy's, as are the other LOG_SOFTMAX_FUNCTIONS.

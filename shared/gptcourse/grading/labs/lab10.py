@@ -33,7 +33,7 @@ from ...finetuning.losses import IGNORE_INDEX, bradley_terry_loss, response_labe
 from ...model.causal_attention import causal_mask, padding_mask
 from ...model.heads import last_real_token
 from ..cases import Inputs, Outputs, sized, sizes_rng, tensor_rng
-from ..fixtures import check_differentiable, check_scalar_loss, loss_outputs
+from ..fixtures import TILED_ATTENTION, check_differentiable, check_scalar_loss, loss_outputs
 from ..piece import Piece, declare
 from ..student import as_tensor, describe_mask, load_weights, module_class, returns
 
@@ -362,7 +362,7 @@ def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
 PIECES = declare(
     Piece("10", "padding_mask", padding_mask,
           returns("allowed", lambda i: f"padding_mask({describe_mask(i['mask'])})", "mask"), judge=_mask_judge,
-          forbidden=("gptcourse.padding_mask", "gptcourse.GPT", "gptcourse.model.gpt"),
+          forbidden=("gptcourse.padding_mask", "gptcourse.GPT", "gptcourse.model.gpt", *TILED_ATTENTION),
           visible=[("visible", "padding_mask of a right-padded batch (B, T) = (3, 5)",
                     lambda seed: _mask_inputs(3, 5, "right", seed)),
                    ("left", "padding_mask of a left-padded batch (B, T) = (3, 6)",
@@ -395,7 +395,7 @@ PIECES = declare(
           hidden=[("hidden_mixed", "response_labels with other sizes, rows padded on either side",
                    sized(lambda r, seed: _labels_inputs(r.randint(3, 5), r.randint(3, 10), "mixed", seed)))]),
     Piece("10", "bradley_terry_loss", bradley_terry_loss, _bt_call, judge=_bt_judge,
-          forbidden=("gptcourse.bradley_terry_loss", "gptcourse.finetuning.losses"),
+          forbidden=("gptcourse.bradley_terry_loss", "gptcourse.finetuning.losses", "gptcourse.finetuning.dpo"),
           visible=[("visible", "bradley_terry_loss of 6 pairs of rewards", lambda seed: _bt_inputs(6, 1.5, seed)),
                    ("large", "bradley_terry_loss with rewards of size 100, one pair far the wrong way round (sigmoid "
                              "rounds to 0: log-sigmoid needed)", lambda seed: _bt_inputs(5, 100.0, seed))],

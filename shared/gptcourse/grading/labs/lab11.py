@@ -41,13 +41,13 @@ from ..attention_mistakes import (
     rows,
 )
 from ..cases import Inputs, Outputs, sized, tensor_rng
-from ..fixtures import gpt_with_tokens, load_gpt_weights, reference_gpt
+from ..fixtures import TILED_ATTENTION, gpt_with_tokens, load_gpt_weights, reference_gpt
 from ..piece import Piece, Rows, declare
 from ..student import as_tensor, as_tensors, build_module, returns
 
 _CACHE = ("gptcourse.LayerCache", "gptcourse.KVCache", "gptcourse.model.kv_cache")
 _ATTENTION = ("gptcourse.attention", "gptcourse.fused_attention", "gptcourse.MultiHeadAttention",
-              "gptcourse.model.causal_attention")
+              "gptcourse.model.causal_attention", *TILED_ATTENTION)
 _SAMPLING = ("gptcourse.filter_logits", "gptcourse.generate", "gptcourse.inference.sampling")
 _WHOLE = ("gptcourse.DecoderBlock", "gptcourse.GPT")
 

@@ -29,6 +29,7 @@ from ...model.config import GPTConfig
 from ...model.gpt import GPT
 from ..cases import Inputs, Outputs, sizes_rng, tensor_rng
 from ..fixtures import (
+    LOG_SOFTMAX_FUNCTIONS,
     STALE_GRADIENTS,
     check_reference_step,
     check_stepped_policy,
@@ -44,7 +45,7 @@ from ..student import as_tensor, as_tensors
 # sequence_logprobs and dpo_loss): a student who imports the reference step loses the step alone, one who imports
 # dpo_loss loses it and the step. By name in finetuning.dpo and dpo_training: their records (DPOLoss,
 # PreferencePair) hold no reference logic, and a learner may build them.
-_LOGPS = ("gptcourse.sequence_logprobs", "gptcourse.finetuning.log_likelihood")
+_LOGPS = ("gptcourse.finetuning.log_likelihood", *LOG_SOFTMAX_FUNCTIONS)  # lesson 15's token_logprobs too
 _DPO = ("gptcourse.dpo_loss",)
 _STEP = ("gptcourse.dpo_step", "gptcourse.train_dpo", *_LOGPS, *_DPO)
 _ADAPTERS = ("gptcourse.adapters_disabled", "gptcourse.finetuning.reference")

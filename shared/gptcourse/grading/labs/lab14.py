@@ -28,6 +28,7 @@ from ...evaluation.continuations import loglikelihood
 from ...evaluation.error_bars import paired_bootstrap
 from ...evaluation.unbiased_pass import pass_at_k
 from ..cases import Inputs, Outputs, sized, tensor_rng
+from ..fixtures import LOG_SOFTMAX_FUNCTIONS
 from ..piece import Piece, Rows, declare
 from ..student import as_number, as_tensor, describe_error
 
@@ -35,7 +36,7 @@ from ..student import as_number, as_tensor, describe_error
 # most, bootstrap differences of at most 1); every mistake is further away than this
 FLOAT32_ROUNDING = 1e-6
 # Each piece forbids its own references (none calls another): a student who imports one loses that piece alone.
-_LOGLIKELIHOOD = ("gptcourse.loglikelihood", "gptcourse.evaluation.continuations")
+_LOGLIKELIHOOD = ("gptcourse.evaluation.continuations", *LOG_SOFTMAX_FUNCTIONS)  # lesson 15's token_logprobs too
 _CHOICES = ("gptcourse.score_choices", "gptcourse.multiple_choice_accuracy", "gptcourse.evaluation.multiple_choice")
 _PASS = ("gptcourse.pass_at_k", "gptcourse.evaluation.unbiased_pass")
 _BOOTSTRAP = ("gptcourse.paired_bootstrap", "gptcourse.bootstrap_interval", "gptcourse.evaluation.error_bars")
