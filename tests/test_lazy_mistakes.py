@@ -1,5 +1,5 @@
 """A known mistake is computed only for a wrong answer. Every case of labs 01-16 is judged (the grader's judge,
-in-process) on the reference's own outputs while the mistake producers are watched (`sys.setprofile`, during the
+in-process) on the solution notebook's outputs while the mistake producers are watched (`sys.setprofile`, during the
 judge: the call runs the student's code, never a mistake), and none may compute anything; judged on wrong outputs
 (every number moved), they do, for every piece that declares mistakes (so that this test can fail).
 
@@ -14,27 +14,31 @@ The producers are found, not listed, in the lab modules, `fixtures` and `attenti
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import inspect
+import io
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
 
 import pytest
 import torch
+from lab_roundtrip import solved_namespace
 
 from gptcourse import checks
 from gptcourse.checks import CheckFailed
 from gptcourse.grading import attention_mistakes, fixtures
-from gptcourse.grading.cases import case_expected, case_inputs, case_seed, lab_cases
+from gptcourse.grading.cases import Case, CaseId, Inputs, Outputs, case_expected, case_inputs, case_seed, lab_cases
 from gptcourse.grading.piece import lab_pieces
 
+ROOT = Path(__file__).resolve().parents[1]
 LABS = [f"{n:02d}" for n in range(1, 17)]
 WITHOUT_KNOWN_MISTAKES = {"06"}  # its judges name mistakes by their symptoms (a count, a dtype), computing none
 NAMED = re.compile(r"_mistakes?$|^mistaken$|^_?wrong_")  # a producer's name, by the labs' convention
@@ -109,7 +113,7 @@ def producers(lab: str) -> dict[CodeType, Producer]:
     return found
 
 
-@contextmanager
+@contextlib.contextmanager
 def watching(found: dict[CodeType, Producer]) -> Iterator[list[str]]:
     """The producers that computed a mistake while in the block, each with the function that called it."""
     seen: list[str] = []
@@ -140,33 +144,42 @@ def _wrong(value: Any) -> Any:
     return value
 
 
-def judged(lab: str, answer: Callable[[Any], Any]) -> dict[str, list[str]]:
-    """Case id -> the producers that computed a mistake while the case was judged on `answer(expected outputs)`."""
+def judged(lab: str, answer: Callable[[Case, Inputs, Outputs], Outputs]) -> dict[str, list[str]]:
+    """Case id -> the producers that computed a mistake while the case was judged on `answer(case, inputs,
+    expected)`, or "failed: ..." where the judge failed it."""
     found, computed = producers(lab), {}
     for case in lab_cases(lab):
         seed = case_seed(case)
         inputs = case_inputs(case, seed)
         expected = case_expected(case, seed, inputs)
-        got = answer(copy.deepcopy(expected))
+        got = answer(case, copy.deepcopy(inputs), copy.deepcopy(expected))
         with watching(found) as seen:
             try:
                 case.judge(got, expected, copy.deepcopy(inputs))
-            except CheckFailed:
-                pass
+            except CheckFailed as failed:
+                seen.append(f"failed: {failed}")
         computed[case.id] = seen
     return computed
 
 
+def solution(lab: str) -> Callable[[Case, Inputs, Outputs], Outputs]:
+    """A right answer: the outputs of the solution notebook's own code, as its kernel runs a case."""
+    [folder] = [path.name for path in (ROOT / "solutions").glob(f"{lab}_*")]
+    with contextlib.redirect_stdout(io.StringIO()):
+        namespace = solved_namespace(folder, {})
+    return lambda case, inputs, expected: case.call(namespace[CaseId.parse(case.id).piece], inputs)
+
+
 @pytest.mark.parametrize("lab", LABS)
-def test_a_right_answer_computes_no_mistake(lab):
-    computed = {case: seen for case, seen in judged(lab, lambda outputs: outputs).items() if seen}
+def test_the_solution_passes_and_computes_no_mistake(lab):
+    computed = {case: seen for case, seen in judged(lab, solution(lab)).items() if seen}
     assert computed == {}
 
 
 @pytest.mark.parametrize("lab", LABS)
 def test_a_wrong_answer_computes_the_mistakes_of_every_piece_that_has_them(lab):
-    computed = judged(lab, _wrong)
-    pieces = {case.split(".")[1] for case, seen in computed.items() if seen}
+    computed = judged(lab, lambda case, inputs, expected: _wrong(expected))
+    pieces = {case.split(".")[1] for case, seen in computed.items() if any(not s.startswith("failed") for s in seen)}
     declared = {piece.name for piece in lab_pieces(lab) if piece.mistakes is not None}
     assert declared <= pieces
     assert bool(pieces) == (lab not in WITHOUT_KNOWN_MISTAKES), pieces
