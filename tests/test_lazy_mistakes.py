@@ -8,7 +8,7 @@ The producers are found, not listed, in the lab modules, `fixtures` and `attenti
 - a by-hand function or class (a piece's `by_hand`, or any function with keyword-only switches), when called
   with a switch set (off its default): that is computing a mistake;
 - a function named for its mistakes (`*_mistakes`, `*_mistake`, `mistaken`, `wrong_*`), when what it returns
-  holds a computed value (not only functions to call, or rows of switches);
+  holds a computed value (anything but functions to call later);
 - a comparison (`check_close`, `check_known_mistakes`) handed a `mistakes` table holding a computed value.
 """
 
@@ -54,7 +54,8 @@ def _computed(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Producer:
-    """A function that computes known mistakes: `when(frame, event, arg)` says whether this call or return did."""
+    """A function that computes known mistakes: at its `event`, `when(frame, arg)` says whether this call (or what
+    it returned, `arg`) computed one."""
 
     name: str
     event: str  # "call" or "return"
