@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+from functools import partial
 from typing import Any
 
 import torch
@@ -59,6 +60,24 @@ def _tokenizer_call(cls: Any, inputs: Inputs) -> Outputs:
     return outputs
 
 
+def _encode_mistakes(ids: torch.Tensor, want: torch.Tensor, text: str, sample: str) -> dict[str, torch.Tensor]:
+    """What encode(sample) gives with the usual mistakes ({why: ids}), for ids that are wrong."""
+    first_seen = {ch: i for i, ch in enumerate(dict.fromkeys(text))}
+    mistakes = {
+        Mistake("01.ids_first_seen_order",
+                "the ids follow the order in which characters first appear in the text: the vocabulary is sorted, "
+                "sorted(set(text)), so ids follow character order"): torch.tensor([first_seen[ch] for ch in sample]),
+        Mistake("01.ids_from_one",
+                "the ids start at 1: the first character of the vocabulary has id 0"): want + 1,
+    }
+    if _same_partition(ids, want):  # one id per character, numbered in another order
+        mistakes[Mistake("01.vocab_unsorted_set",
+                         "each character has an id of its own, but not its place among the sorted characters: the "
+                 "vocabulary is sorted(set(text)). list(set(text)) has no fixed order (it changes from one Python "
+                 "process to the next, with PYTHONHASHSEED), so a saved model would decode nonsense")] = ids
+    return mistakes
+
+
 def _tokenizer_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     text, sample = inputs["text"], inputs["sample"]
     if got["vocab_size"] != expected["vocab_size"]:
@@ -70,20 +89,8 @@ def _tokenizer_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     if got["ids"].numel() != len(sample):
         raise fail(f"encode({sample!r}) returned {got['ids'].numel()} ids for {len(sample)} characters: one id per "
                    "character.", mistake="01.encode_not_per_character")
-    first_seen = {ch: i for i, ch in enumerate(dict.fromkeys(text))}
-    mistakes = {
-        Mistake("01.ids_first_seen_order",
-                "the ids follow the order in which characters first appear in the text: the vocabulary is sorted, "
-                "sorted(set(text)), so ids follow character order"): torch.tensor([first_seen[ch] for ch in sample]),
-        Mistake("01.ids_from_one",
-                "the ids start at 1: the first character of the vocabulary has id 0"): expected["ids"] + 1,
-    }
-    if _same_partition(got["ids"], expected["ids"]):  # one id per character, numbered in another order
-        mistakes[Mistake("01.vocab_unsorted_set",
-                         "each character has an id of its own, but not its place among the sorted characters: the "
-                 "vocabulary is sorted(set(text)). list(set(text)) has no fixed order (it changes from one Python "
-                 "process to the next, with PYTHONHASHSEED), so a saved model would decode nonsense")] = got["ids"]
-    check_close(got["ids"], expected["ids"], f"encode({sample!r})", mistakes=mistakes)
+    check_close(got["ids"], expected["ids"], f"encode({sample!r})",
+                mistakes=partial(_encode_mistakes, got["ids"], expected["ids"], text, sample))
     for name, call in (("decoded", f"decode({inputs['ids']})"), ("roundtrip", f"decode(encode({sample!r}))")):
         if got[name] != expected[name]:
             hint = (": join the characters with ''.join(...), not with a separator"
@@ -170,7 +177,7 @@ def _one_hot_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(got["embedded"], expected["embedded"], label, mistakes={
         Mistake("01.rows_by_position",
                 "row t of the table was taken for position t, not for the token id at position t"):
-            table[torch.arange(ids.size(1))].expand(ids.size(0), -1, -1)})
+            lambda: table[torch.arange(ids.size(1))].expand(ids.size(0), -1, -1)})
     if not got["one_hot_made"]:
         b, t, v = *ids.shape, table.size(0)
         raise fail(f"the embeddings are right, but no ({b}, {t}, {v}) one-hot matrix was made: the rows were looked "

@@ -109,7 +109,7 @@ def _judge_attention_outputs(got: Outputs, expected: Outputs, q: torch.Tensor, k
     check_close(got["weights"], expected["weights"], "attention weights")
     check_close(got["output"], expected["output"], "attention output (weights @ v)",
                 mistakes={Mistake("02.output_from_scores", "the output is the scores times v, not the softmax "
-                                  "weights times v"): q @ k.transpose(-2, -1) @ v / math.sqrt(q.size(-1))})
+                                  "weights times v"): lambda: q @ k.transpose(-2, -1) @ v / math.sqrt(q.size(-1))})
 
 
 def _attention_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from functools import partial
+from collections.abc import Callable
+from functools import cache, partial
 from typing import Any
 
 import torch
@@ -260,13 +261,18 @@ def _tables_expected(inputs: Inputs) -> Outputs:
 
 def _tables_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     sizes = {"T": inputs["t"], "D": inputs["d_head"], "D/2": inputs["d_head"] // 2}
-    wrong_angles = rope_table_mistakes(inputs["d_head"], inputs["t"], inputs["theta"])
+    wrong_angles = cache(partial(rope_table_mistakes, inputs["d_head"], inputs["t"], inputs["theta"]))  # once
     for name, fn in (("cos", torch.cos), ("sin", torch.sin)):
         check_shape(got[name], "T D", sizes, f"the {name} table", causes={
             ("D", "D/2"): Mistake("03.tables_one_angle_per_pair",
                              "one angle per pair gives D/2 columns: repeat them for both halves, cat([a, a], dim=-1)")})
-        check_close(got[name], expected[name], f"the {name} table",
-                    mistakes={what: fn(angles) for what, angles in wrong_angles.items()})
+        check_close(got[name], expected[name], f"the {name} table", mistakes=partial(_tables_of, wrong_angles, fn))
+
+
+def _tables_of(wrong_angles: Callable[[], dict[str, torch.Tensor]],
+               fn: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """{why: the cos or sin table (`fn`) of the angles that mistake gives}, for a table that is wrong."""
+    return {what: fn(angles) for what, angles in wrong_angles().items()}
 
 
 # ---- apply_rope(x, cos, sin): rotate (B, H, T, D) by the (T, D) tables

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+from functools import partial
 from typing import Any
 
 import torch
@@ -300,7 +301,7 @@ def _probs_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         raise fail(f"the probabilities: row {int(empty.nonzero()[0])} is all NaN, every logit was masked: top-k "
                    "keeps the k largest, so mask only the logits below the k-th largest (logits < kth, not <=)")
     check_close(got["probs"], expected["probs"], "the probabilities", atol=1e-6,
-                mistakes=probs_mistakes(inputs["logits"], inputs["temperature"], inputs["top_k"]))
+                mistakes=partial(probs_mistakes, inputs["logits"], inputs["temperature"], inputs["top_k"]))
 
 
 @sized
@@ -355,6 +356,12 @@ def _sample_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         raise fail("the generator was not used: at temperature > 0 draw with torch.multinomial(probs, 1, "
                    "generator=generator), so that the same seed gives the same tokens (without it the draws come from "
                    "torch's global random state, and a check of them passes or fails by chance)")
+    check_close(next_id, expected["next_id"], "the next tokens", atol=0, rtol=0,
+                mistakes=partial(_sample_mistakes, inputs))
+
+
+def _sample_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
+    """The next tokens the usual mistakes draw ({why: next ids}), for next tokens that are wrong."""
     mistakes = {Mistake("07.first_position", "the logits of the first position were used: the next token follows "
                                              "the *last* position, logits[:, -1]"):
             _sample_call(_first_position, inputs)["next_id"]}
@@ -367,7 +374,7 @@ def _sample_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                                               "temperature, top_k)"):
                 _sample_call(_sample_next_token, inputs | {"temperature": 1.0, "top_k": None})["next_id"],
         }
-    check_close(next_id, expected["next_id"], "the next tokens", atol=0, rtol=0, mistakes=mistakes)
+    return mistakes
 
 
 SMALL = gpt_config(23, 16, 2, 1, 8)

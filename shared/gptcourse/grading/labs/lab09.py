@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import math
 import random
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -129,7 +130,7 @@ def _ce_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         raise fail(f"the loss is {float(loss)} for logits as large as {top}: exp() "
                    "overflows float32 past 88. Subtract each row's largest logit m before exp and add it back: "
                    "log(sum exp(z)) = m + log(sum exp(z - m)) (log-sum-exp)", mistake="09.ce_exp_overflow_nan")
-    check_close(loss, expected["loss"], "the loss", atol=1e-4, rtol=1e-5, mistakes=_ce_mistakes(inputs))
+    check_close(loss, expected["loss"], "the loss", atol=1e-4, rtol=1e-5, mistakes=partial(_ce_mistakes, inputs))
     check_differentiable("grad" in got, "compute it from the logits with torch operations (not .item() or a detached "
                                         "copy), so that loss.backward() reaches the model")
     check_close(got["grad"], expected["grad"], "the loss's gradient with respect to the logits", atol=1e-6)
@@ -347,12 +348,11 @@ def _clip_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
 
 def _clip_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(got["grads"], expected["grads"], "the gradients after clipping", atol=1e-6, rtol=1e-5,
-                mistakes=_clip_mistakes(inputs))
-    clipped = torch.linalg.vector_norm(expected["grads"]).double().reshape(1)
+                mistakes=partial(_clip_mistakes, inputs))
     check_close(got["norm"], expected["norm"], "the returned norm", atol=1e-5, rtol=1e-5, mistakes={
         Mistake("09.clip_norm_after",
                 "the norm after clipping was returned: return the norm the gradients had before (it shows how large "
-        "the spikes were)"): clipped})
+        "the spikes were)"): lambda: torch.linalg.vector_norm(expected["grads"]).double().reshape(1)})
 
 
 @sized
@@ -424,8 +424,8 @@ def _accumulate_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close_lazily(got["grads"], expected["grads"], "the accumulated gradients",
                        lambda: mistaken(_accumulate_call, _wrong_accumulation, mistakes, inputs, "grads"))
     check_close(got["loss"], expected["loss"], "the returned loss", atol=1e-5, mistakes={
-        Mistake("09.accumulate_loss_summed",
-                f"the returned loss is the sum over the {k} micro-batches: return their mean"): expected["loss"] * k})
+        Mistake("09.accumulate_loss_summed", f"the returned loss is the sum over the {k} micro-batches: return their "
+                                             "mean"): lambda: expected["loss"] * k})
     rows = -(-inputs["tokens"].size(0) // k)  # the largest of tokens.chunk(k)
     if got["largest_forward"] > rows:
         raise fail(f"the gradients are right, but the model ran on {got['largest_forward']} rows at once, where each "

@@ -10,6 +10,7 @@ of the same names, which the lab forbids.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import torch
@@ -214,13 +215,21 @@ def _bt_call(fn: Any, inputs: Inputs) -> Outputs:
 def _bt_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     loss = got["loss"]
     check_scalar_loss(loss, "average over the pairs with .mean()")
-    chosen, rejected = inputs["chosen"], inputs["rejected"]
-    d = chosen - rejected
     if not bool(torch.isfinite(loss)):
         raise fail("the loss is inf or NaN: for a large negative difference sigmoid(d) rounds to 0 and log(0) is "
                    "-inf. Use F.logsigmoid(d), which computes log sigmoid(d) without forming sigmoid(d)",
                    mistake="10.bt_log_of_sigmoid")
-    mistakes = {
+    check_close(loss.double(), expected["loss"].double(), "the loss", atol=1e-5,
+                mistakes=partial(_bt_mistakes, inputs))
+    check_differentiable(got["differentiable"], "return the tensor computed from the rewards (not .item() or a "
+                         "detached copy), so that loss.backward() reaches the reward model")
+
+
+def _bt_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
+    """The losses the usual mistakes give ({why: loss}), for a loss that is wrong."""
+    chosen, rejected = inputs["chosen"], inputs["rejected"]
+    d = chosen - rejected
+    return {
         Mistake("10.bt_swapped", "chosen and rejected are swapped: the loss is small when the chosen answer's "
                                  "reward is the larger, -log sigmoid(chosen - rejected)"):
             -F.logsigmoid(rejected - chosen).mean(),
@@ -239,9 +248,6 @@ def _bt_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 f"but it caps each pair's loss at -log({eps:g}) = {-math.log(eps):.1f} and gives that pair no "
                 "gradient. Use F.logsigmoid(d), which never forms sigmoid(d)"):
             -torch.sigmoid(d).clamp(min=eps).log().mean() for eps in CLAMPS}
-    check_close(loss.double(), expected["loss"].double(), "the loss", atol=1e-5, mistakes=mistakes)
-    check_differentiable(got["differentiable"], "return the tensor computed from the rewards (not .item() or a "
-                         "detached copy), so that loss.backward() reaches the reward model")
 
 
 # ---- LoRALinear(base: nn.Linear, rank, alpha): base(x) + (alpha / rank) x A^T B^T, base frozen, B = 0 at first
@@ -330,9 +336,23 @@ def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         raise fail("a fresh LoRALinear does not compute what the base layer computes: B must start at zero "
                    "(torch.zeros(out_features, rank)), so that finetuning starts from the pretrained model exactly",
                    mistake="10.lora_b_not_zero")
+    check_close(got["out"], expected["out"], "the output with A and B loaded", atol=1e-4,
+                mistakes=partial(_lora_mistakes, inputs))
+    for name in ("A", "B"):
+        check_close(got[f"grad_{name}"], expected[f"grad_{name}"], f"the gradient of {name}", atol=1e-3)
+    if got["full_matrices"]:
+        d_out, d_in = inputs["base"]["weight"].shape
+        raise fail(f"the output and gradients are right, but forward built a full (out_features, in_features) = "
+                   f"({d_out}, {d_in}) matrix (B @ A, or W + scale * B @ A): that is the matrix LoRA exists to avoid "
+                   "(its memory and its gradient are the full layer's). Keep the update low-rank, "
+                   "base(x) + scale * (x @ A.T) @ B.T, whose middle is (..., rank)", mistake="10.lora_full_matrix")
+
+
+def _lora_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
+    """The outputs the usual mistakes of scale and base give ({why: output}), for an output that is wrong."""
     r, alpha = inputs["rank"], inputs["alpha"]
     a, b = inputs["A"], inputs["B"]
-    mistakes = {
+    return {
         Mistake("10.lora_scaled_by_alpha",
                 f"the update is scaled by alpha = {alpha}: scale it by alpha / rank = {alpha / r:g}"):
             _lora_forward(inputs, alpha, a, b),
@@ -348,15 +368,6 @@ def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         Mistake("10.lora_no_base", "the base layer's output is missing: y = base(x) + (alpha / rank) x A^T B^T"):
             _lora_forward(inputs, alpha / r, a, b) - _lora_forward(inputs, 0.0, a, b),
     }
-    check_close(got["out"], expected["out"], "the output with A and B loaded", atol=1e-4, mistakes=mistakes)
-    for name in ("A", "B"):
-        check_close(got[f"grad_{name}"], expected[f"grad_{name}"], f"the gradient of {name}", atol=1e-3)
-    if got["full_matrices"]:
-        d_out, d_in = inputs["base"]["weight"].shape
-        raise fail(f"the output and gradients are right, but forward built a full (out_features, in_features) = "
-                   f"({d_out}, {d_in}) matrix (B @ A, or W + scale * B @ A): that is the matrix LoRA exists to avoid "
-                   "(its memory and its gradient are the full layer's). Keep the update low-rank, "
-                   "base(x) + scale * (x @ A.T) @ B.T, whose middle is (..., rank)", mistake="10.lora_full_matrix")
 
 
 PIECES = declare(

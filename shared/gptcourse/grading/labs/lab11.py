@@ -130,6 +130,14 @@ CACHE_MISTAKES = {
 }
 
 
+def _cache_mistakes(steps: list[tuple[torch.Tensor, torch.Tensor]], part: str, i: int,
+                    shape: torch.Size) -> dict[str, torch.Tensor]:
+    """{why: the `part` that append call i + 1 returns with that mistake}, those of the right `shape`: for a wrong
+    one."""
+    variants = {what: _cached(steps, **flags)[part][i] for what, flags in CACHE_MISTAKES.items()}
+    return {what: v for what, v in variants.items() if v.shape == shape}
+
+
 def _cache_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     if not torch.equal(got["lengths"], expected["lengths"]):
         raise fail(f"cache.length after each append is {got['lengths'].tolist()}, expected "
@@ -138,7 +146,6 @@ def _cache_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     one_buffer = got["one_buffer"]
     got = {part: _unpack(got, part) for part in ("keys", "values")}
     expected = _cached(inputs["steps"])
-    variants = {what: _cached(inputs["steps"], **flags) for what, flags in CACHE_MISTAKES.items()}
     sizes = inputs["sizes"]
     for i, length in enumerate(expected["lengths"]):
         for part in ("keys", "values"):
@@ -157,8 +164,7 @@ def _cache_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                 raise fail(f"{name}: its first {t} position(s) are the ones just appended. {AT_ZERO}",
                            mistake=AT_ZERO.key)
             check_close(got[part][i], expected[part][i], name, atol=0, rtol=0,
-                        mistakes={what: v[part][i] for what, v in variants.items()
-                                  if v[part][i].shape == expected[part][i].shape})
+                        mistakes=partial(_cache_mistakes, inputs["steps"], part, i, expected[part][i].shape))
     if not one_buffer:
         raise fail(f"the keys and values are right, but they are not views of one buffer of capacity = "
                    f"{inputs['capacity']} positions per part: each append made new tensors (torch.cat, or a copy of "
@@ -520,13 +526,13 @@ def _positions_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_shape(positions, "T", inputs["sizes"], "the positions")
     check_dtype(positions, torch.int64, "the positions", "they index the position table and the RoPE angles: "
                                                          "torch.long, as torch.arange(past, past + t) gives")
-    offset = torch.arange(t)  # (T,)
     check_close(positions, expected["positions"], f"the positions of {t} new token(s) after {past} cached", atol=0,
                 rtol=0, mistakes={
-                    POSITIONS_FROM_ZERO: offset, POSITIONS_PAST_PLUS_ONE: offset + past + 1,
+                    POSITIONS_FROM_ZERO: lambda: torch.arange(t),
+                    POSITIONS_PAST_PLUS_ONE: lambda: torch.arange(t) + past + 1,
                     Mistake("11.positions_all_past",
                         "every new token got position past: the t new tokens are at past, past + 1, ..., past + t - 1"):
-                        torch.full((t,), past)})
+                        lambda: torch.full((t,), past)})
 
 
 # ---- generate_cached(model, prompt (B, P), max_new_tokens) -> (tokens (B, P + N), logits (B, N, V)), greedy

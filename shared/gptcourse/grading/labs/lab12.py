@@ -223,16 +223,15 @@ def _merge_parts(inputs: Inputs) -> dict[str, torch.Tensor]:
 
 
 def _merge_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
-    sizes, parts = inputs["sizes"], _merge_parts(inputs)
+    sizes, parts = inputs["sizes"], functools.cache(partial(_merge_parts, inputs))  # computed if a result is wrong
     for key, shape in (("m", "B T_q"), ("denom", "B T_q"), ("o", "B T_q D")):
         check_shape(got[key], shape, sizes, f"the returned {key}")
     check_close(got["m"], expected["m"], "the running max m", atol=1e-6, mistakes={
         Mistake("12.merge_max_block_only",
                 "m is this block's maximum only: the running max is torch.maximum(m, scores.amax(dim=-1))"):
-            inputs["scores"].amax(dim=-1)})
-    p, pv = parts["p"], parts["pv"]
+            lambda: inputs["scores"].amax(dim=-1)})
     for key in ("denom", "o"):
-        if not bool(torch.isfinite(got[key]).all()) and not bool(torch.isfinite(parts[f"inverted_{key}"]).all()):
+        if not bool(torch.isfinite(got[key]).all()) and not bool(torch.isfinite(parts()[f"inverted_{key}"]).all()):
             raise fail(f"the returned {key} holds inf or NaN: {INVERTED} (" + (
                 "on the first block m = -inf, and exp(m_new - m) is inf)" if bool(torch.isinf(inputs["m"]).any())
                 else "it overflows when the maximum jumps)"), mistake=INVERTED.key)
@@ -241,12 +240,12 @@ def _merge_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                        f"scores reach {float(inputs['scores'].max()):.0f}, and exp of anything past 88 is inf in "
                        "float32: exponentiate only differences that are at most 0, exp(scores - m_new) and "
                        "exp(m - m_new), never a score or a max alone", mistake="12.merge_overflow")
-    check_close(got["denom"], expected["denom"], "the denominator", mistakes={
-        RESCALE_DENOM: parts["denom"] + p.sum(dim=-1), KEEP_DENOM: parts["denom"], OWN_MAX: parts["own_denom"],
-        INVERTED: parts["inverted_denom"]})
-    check_close(got["o"], expected["o"], "the running output o", mistakes={
-        RESCALE_O: parts["o"] + pv, DIVIDE_EARLY: expected["o"] / expected["denom"][..., None],
-        OWN_MAX: parts["own_o"], INVERTED: parts["inverted_o"]})
+    check_close(got["denom"], expected["denom"], "the denominator", mistakes=lambda: {
+        RESCALE_DENOM: parts()["denom"] + parts()["p"].sum(dim=-1), KEEP_DENOM: parts()["denom"],
+        OWN_MAX: parts()["own_denom"], INVERTED: parts()["inverted_denom"]})
+    check_close(got["o"], expected["o"], "the running output o", mistakes=lambda: {
+        RESCALE_O: parts()["o"] + parts()["pv"], DIVIDE_EARLY: expected["o"] / expected["denom"][..., None],
+        OWN_MAX: parts()["own_o"], INVERTED: parts()["inverted_o"]})
 
 
 def _merge_hidden(seed: int) -> Inputs:
@@ -369,14 +368,14 @@ def _forward_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_shape(got["lse"], "B H T", sizes, "L, the log-sum-exp of each query's scores")
     mistakes = _forward_mistakes(inputs)
     check_close(got["out"], expected["out"], "the output", mistakes=mistakes["out"])
-    running_max = _running_max(inputs)
     check_close(got["lse"], expected["lse"], "L, the log-sum-exp of each query's scores", mistakes={
         **mistakes["lse"],
         Mistake("12.lse_max_only",
                 "L is the running max m alone: return m + log(denom), the log of the softmax's full denominator"):
-            running_max,
+            partial(_running_max, inputs),
         Mistake("12.lse_no_max",
-                "L is log(denom) alone: add the running max, L = m + log(denom)"): expected["lse"] - running_max})
+                "L is log(denom) alone: add the running max, L = m + log(denom)"):
+            lambda: expected["lse"] - _running_max(inputs)})
     _check_memory(got, inputs, f"flash_forward({_describe(inputs)})")
     _check_tile_products(got, inputs, f"flash_forward({_describe(inputs)})")
     _check_work(got, inputs, f"flash_forward({_describe(inputs)})", 2, "q k^T and p v")

@@ -14,6 +14,7 @@ The references are gptcourse's functions of the same names, which the lab forbid
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -140,26 +141,26 @@ def _logps_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     check_close(got["logps"], expected["logps"], "the log-probabilities", atol=1e-4, mistakes={
         Mistake("13.logps_averaged", "the log-probabilities are averaged over the response's tokens: sum them, the "
                                      "log-probability of a sequence is the sum of its tokens'"):
-            _logprobs(logits, labels, mean=True),
+            partial(_logprobs, logits, labels, mean=True),
         Mistake("13.logps_prompt_counted", "the prompt's tokens are counted: only the labelled tokens (labels != "
                                            "-100) belong to the response"):
-            _logprobs(logits, ids.masked_fill(mask == 0, IGNORE_INDEX)),
+            lambda: _logprobs(logits, ids.masked_fill(mask == 0, IGNORE_INDEX)),
         Mistake("13.logps_unshifted", "label t is read from the logits at t: the logits at position t - 1 predict "
                                       "the token at t, so compare logits[:, :-1] with labels[:, 1:]"):
-            _logprobs(logits, labels, shift=0),
+            partial(_logprobs, logits, labels, shift=0),
         Mistake("13.logps_shifted_wrong_way", "label t is read from the logits at t + 1 (logits[:, 1:] with "
                                               "labels[:, :-1]): the logits at position t - 1 predict the token at t, "
                                               "so compare logits[:, :-1] with labels[:, 1:]"):
-            _logprobs(logits, labels, shift=-1),
+            partial(_logprobs, logits, labels, shift=-1),
         Mistake("13.logps_probabilities_summed", "the probabilities are summed, not their logs: use log_softmax"):
-            _logprobs(logits, labels, probs=True),
+            partial(_logprobs, logits, labels, probs=True),
         Mistake("13.logps_softmax_over_positions", "the softmax runs over the positions (dim=1): each position's "
                                                    "logits are a distribution over the vocabulary, "
-                                                   "log_softmax(dim=-1)"): _logprobs(logits, labels, dim=1),
+                                                   "log_softmax(dim=-1)"): partial(_logprobs, logits, labels, dim=1),
         Mistake("13.logps_ignored_counted", "the -100 positions are counted: the clamped label 0 is gathered there, "
                                             "so every prompt and pad position adds log p(token 0); zero those "
                                             "entries after the gather (where labels == -100)"):
-            _logprobs(logits, labels, zeroed=False),
+            partial(_logprobs, logits, labels, zeroed=False),
     })
 
 
@@ -201,14 +202,35 @@ def _dpo_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     loss = got["loss"]
     if loss.dim() != 0:
         raise fail(f"the loss has shape {fmt_shape(loss.shape)}, expected a single number: average over the pairs")
-    pc, pr, rc, rr = (inputs[name].double() for name in LOGP_NAMES)
-    beta = inputs["beta"]
-    chosen, rejected = pc - rc, pr - rr
-    margin = beta * (chosen - rejected)
     if not bool(torch.isfinite(loss)):
         raise fail("the loss is inf or NaN: for a margin far below zero sigmoid(margin) rounds to 0 and log(0) is "
                    "-inf. Use F.logsigmoid(margin), which never forms sigmoid(margin)")
-    mistakes = {
+    check_close(loss.double(), expected["loss"].double(), "the loss", atol=1e-5,
+                mistakes=partial(_dpo_mistakes, inputs))
+    if not got["differentiable"]:
+        raise fail("the loss does not require grad: return the tensor computed from the policy's log-probabilities, "
+                   "not .item() or a detached copy")
+    for name in ("chosen_rewards", "rejected_rewards"):
+        check_close(got[name].double(), expected[name].double(), f"the {name}", atol=1e-4,
+                    mistakes=partial(_reward_mistakes, inputs, name))
+    if got["rewards_graph"]:
+        raise fail("the rewards require grad: return them detached (beta * log_ratio.detach(), or .detach() on "
+                   "the product). They are for reporting; a reward that carries the graph keeps the step's "
+                   "activations alive in every log that holds it, and a loss built from it would train on it")
+
+
+def _log_ratios(inputs: Inputs) -> tuple[torch.Tensor, ...]:
+    """(policy chosen, policy rejected, chosen log-ratio, rejected log-ratio), in float64."""
+    pc, pr, rc, rr = (inputs[name].double() for name in LOGP_NAMES)
+    return pc, pr, pc - rc, pr - rr
+
+
+def _dpo_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
+    """The losses the usual mistakes give ({why: loss}), for a loss that is wrong."""
+    pc, pr, chosen, rejected = _log_ratios(inputs)
+    beta = inputs["beta"]
+    margin = beta * (chosen - rejected)
+    return {
         Mistake("13.dpo_swapped", "chosen and rejected are swapped: the loss must be small when the chosen "
                                   "answer's log-ratio is the larger, -logsigmoid(beta * (chosen log-ratio - rejected "
                                   "log-ratio))"): -F.logsigmoid(-margin).mean(),
@@ -229,20 +251,16 @@ def _dpo_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
         Mistake("13.dpo_summed", "the loss is summed over the pairs: average it with .mean()"):
             -F.logsigmoid(margin).sum(),
     }
-    check_close(loss.double(), expected["loss"].double(), "the loss", atol=1e-5, mistakes=mistakes)
-    if not got["differentiable"]:
-        raise fail("the loss does not require grad: return the tensor computed from the policy's log-probabilities, "
-                   "not .item() or a detached copy")
-    for name, ratio in (("chosen_rewards", chosen), ("rejected_rewards", rejected)):
-        check_close(got[name].double(), expected[name].double(), f"the {name}", atol=1e-4, mistakes={
-            Mistake("13.reward_no_beta", "the implicit reward is beta times the log-ratio, beta * (log pi - log "
-                                         "pi_ref)"): ratio,
-            Mistake("13.reward_no_reference", "the implicit reward is beta times the log-ratio of the policy to the "
-                                              "*reference*"): beta * (pc if name == "chosen_rewards" else pr)})
-    if got["rewards_graph"]:
-        raise fail("the rewards require grad: return them detached (beta * log_ratio.detach(), or .detach() on "
-                   "the product). They are for reporting; a reward that carries the graph keeps the step's "
-                   "activations alive in every log that holds it, and a loss built from it would train on it")
+
+
+def _reward_mistakes(inputs: Inputs, name: str) -> dict[str, torch.Tensor]:
+    """The `name` rewards ("chosen_rewards" or "rejected_rewards") the usual mistakes give, for ones that are wrong."""
+    pc, pr, chosen, rejected = _log_ratios(inputs)
+    return {
+        Mistake("13.reward_no_beta", "the implicit reward is beta times the log-ratio, beta * (log pi - log "
+                                     "pi_ref)"): chosen if name == "chosen_rewards" else rejected,
+        Mistake("13.reward_no_reference", "the implicit reward is beta times the log-ratio of the policy to the "
+                                          "*reference*"): inputs["beta"] * (pc if name == "chosen_rewards" else pr)}
 
 
 def _dpo_hidden(seed: int) -> Inputs:
@@ -380,7 +398,7 @@ def _lora_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
                    "sit inside its blocks), and set .enabled = False on each")
     check_close(got["inside"], base, "the logits inside the with block", atol=1e-5, mistakes={
         Mistake("13.adapters_still_on", "the adapters are still on inside the block: set every LoRALinear's "
-                                        ".enabled to False"): adapted})
+                                        ".enabled to False"): lambda: adapted})
     before = expected["after_states"]
     _check_restored(got["after_states"], before, "after the block",
                     "Set each layer's .enabled back to its own value when the block ends")

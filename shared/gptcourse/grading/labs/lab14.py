@@ -17,6 +17,7 @@ import math
 import random
 import re
 import unicodedata
+from functools import cache, partial
 from typing import Any
 
 import torch
@@ -185,11 +186,16 @@ LL_MISTAKES = {
 }
 
 
+def _ll_mistakes(table: torch.Tensor, context: list[int], continuation: list[int]) -> dict[str, torch.Tensor]:
+    """{why: the log-probability that mistake gives} (`LL_MISTAKES`' switches of `_scored`)."""
+    return {why: torch.tensor(_scored(table, context, continuation, **flags), dtype=torch.float64)
+            for why, flags in LL_MISTAKES.items()}
+
+
 def _ll_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     table, context, continuation = inputs["table"], inputs["context"], inputs["continuation"]
     label, logprob, want = "the log-probability of the continuation", got["logprob"], expected["logprob"]
-    variants = {why: torch.tensor(_scored(table, context, continuation, **flags), dtype=torch.float64)
-                for why, flags in LL_MISTAKES.items()}
+    variants = cache(partial(_ll_mistakes, table, context, continuation))  # computed if it is wrong
     check_known_mistakes(logprob, want, variants, label, atol=1e-4, rtol=1e-4)
     error = abs(float(logprob - want))
     if 1e-4 * (1 + abs(float(want))) < error < 1e-2 * max(1.0, abs(float(want))):
@@ -417,7 +423,8 @@ def _pass_mistakes(inputs: Inputs) -> dict[str, torch.Tensor]:
 
 def _pass_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     """The default comparison, and an answer off by a little (not a rounding): an estimate, not the formula."""
-    values, want, mistakes = got["pass"], expected["pass"], _pass_mistakes(inputs)
+    values, want = got["pass"], expected["pass"]
+    mistakes = cache(partial(_pass_mistakes, inputs))  # computed if it is wrong
     check_known_mistakes(values, want, mistakes, "pass@k", atol=PASS_TOLERANCE, rtol=PASS_TOLERANCE)
     error = (values - want).abs()  # (entries,)
     if 1e-6 < float(error.max()) < 0.05:
@@ -541,7 +548,7 @@ def _boot_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     got_b, want = got["bounds"], expected["bounds"]
     if abs(float(got_b[0] - want[0])) > FLOAT32_ROUNDING:
         raise fail(f"the difference is {float(got_b[0]):.4f}, expected mean(a) - mean(b) = {float(want[0]):.4f}")
-    mistakes, label = _boot_mistakes(inputs), "(difference, low, high)"
+    mistakes, label = cache(partial(_boot_mistakes, inputs)), "(difference, low, high)"  # if it is wrong
     check_known_mistakes(got_b, want, mistakes, label, atol=FLOAT32_ROUNDING, rtol=0)
     (low, high), width = got_b[1:].tolist(), float(want[2] - want[1])
     if low <= float(want[0]) <= high and FLOAT32_ROUNDING < float((got_b[1:] - want[1:]).abs().max()) < width / 2:

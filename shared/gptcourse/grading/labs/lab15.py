@@ -220,7 +220,7 @@ def _kl_judge(got: Outputs, expected: Outputs, inputs: Inputs) -> None:
     if got["kl"].shape != expected["kl"].shape:
         raise fail(f"the KL estimates have shape {fmt_shape(got['kl'].shape)}, expected "
                    f"{fmt_shape(expected['kl'].shape)}: one per token, elementwise, nothing averaged")
-    mistakes = {why: _k3(logprobs, ref, **flags) for why, flags in KL_MISTAKES.items()}
+    mistakes = {why: partial(_k3, logprobs, ref, **flags) for why, flags in KL_MISTAKES.items()}  # if it is wrong
     check_close(got["kl"], expected["kl"], "the per-token KL estimates", atol=1e-5, mistakes=mistakes)
     if not got["differentiable"]:
         raise fail("the KL estimates do not require grad: compute them from `logprobs` with torch operations (no "
