@@ -106,12 +106,15 @@ LONGEST_FIRST = (
     "tests/test_labs_04.py",
     "tests/browser/test_site.py",
     "tests/test_labs_02.py",
+    "tests/test_grading_mistake_keys.py",
     "tests/test_labs_03.py",
+    "tests/test_kernel_views.py",
     "tests/test_labs_05.py",
     "tests/test_labs_01.py",
     "tests/browser/test_course_in_browser.py",
     "tests/test_grading_package_view.py",
     "tests/test_grading_forbidden.py",
+    "tests/test_lazy_mistakes.py",
     "lessons/10_finetuning_and_rewards.ipynb",
     "tests/test_distributed.py",
     "lessons/16_mixture_of_experts.ipynb",
@@ -125,7 +128,8 @@ LONGEST_FIRST = (
     "lessons/15_reinforcement_learning_with_verifiable_rewards.ipynb",
 )
 # by the summed --durations of CI's run of 61a320d (files over 24 s), longest first; lesson 16 placed by its run
-# time since (35 s alone), lab 13 by its in-process blind students since
+# time since (35 s alone), lab 13 by its in-process blind students since; the mistake keys', kernel views' and
+# lazy mistakes' tests by their sums in a 2-worker run (78 s, 52 s, 25 s)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
