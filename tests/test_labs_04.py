@@ -75,6 +75,11 @@ WRONG = {
         return x + self.mlp(x)""")}, BLOCK_VALUES),
     "post-norm": ({"DecoderBlock": BLOCK.format(forward="""x = self.norm1(x + self.attn(x, rope=rope))
         return self.norm2(x + self.mlp(x))""")}, BLOCK_VALUES),
+    # LayerNorm of [x, -x] (mean 0) is RMSNorm of x: torch's layer norms are banned like its rms_norm, norm and block
+    "rmsnorm-via-layer-norm": ({"RMSNorm": "import torch.nn.functional as F\n" + RMSNORM.format(
+        body="F.layer_norm(torch.cat([x, -x], -1), (2 * x.shape[-1],), eps=self.eps)[..., :x.shape[-1]] "
+             "* self.weight")}, {"test_RMSNorm", "test_RMSNorm_hidden", "test_DecoderBlock_causal",
+                                 "test_DecoderBlock_params"} | BLOCK_VALUES),
 }
 
 
