@@ -28,8 +28,16 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 from gptcourse.checks import CheckFailed
 from gptcourse.grading import MIME, case_seed, check, get_case, judge_payload, labs
 from gptcourse.grading.cases import CaseId
-from gptcourse.grading.forbidden import (ALLOWED_PACKAGES, HOW, Finding, calls_to, find_forbidden,
-                                         reference_behind, reference_table, resolve)
+from gptcourse.grading.forbidden import (
+    ALLOWED_PACKAGES,
+    HOW,
+    Finding,
+    calls_to,
+    find_forbidden,
+    reference_behind,
+    reference_table,
+    resolve,
+)
 from gptcourse.grading.payload import make_payload
 from gptcourse.grading.piece import forbidden_names, lab_pieces
 from gptcourse.grading.steps.judge import JudgeTestCells

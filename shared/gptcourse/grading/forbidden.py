@@ -387,8 +387,9 @@ class _Scanner(ast.NodeVisitor):
             self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
-        imports = (self._path(node.func) in IMPORT_CALLS
-                   or isinstance(node.func, ast.Name) and node.func.id == "__import__" and not self._bound("__import__"))
+        builtin_import = isinstance(node.func, ast.Name) and node.func.id == "__import__" \
+            and not self._bound("__import__")
+        imports = builtin_import or self._path(node.func) in IMPORT_CALLS
         if imports and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
             self._use(node.args[0].value, "imports")  # what it imports, besides the call the scan cannot follow
         if isinstance(node.func, ast.Name) and node.func.id == "getattr" and not self._bound("getattr") \
