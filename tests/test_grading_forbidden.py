@@ -160,6 +160,8 @@ NOT_ALLOWED = {
     "__import__('scipy.special')": "scipy",
     "from jax.numpy import *": "jax",
     "def f():\n    import transformers": "transformers",
+    "%time _ = 1\nfrom transformers import AutoModel": "transformers",  # a magic does not hide the other lines
+    "!ls\nimport tokenizers": "tokenizers",
 }
 
 

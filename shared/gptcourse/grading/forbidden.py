@@ -403,6 +403,22 @@ class _Scanner(ast.NodeVisitor):
         self.generic_visit(node)
 
 
+def _parse(source: str) -> ast.Module | None:
+    """A cell's code as its kernel runs it, None if it is no Python: IPython first turns magics (`%time`, `%%capture`)
+    and shell escapes (`!ls`) into calls of `get_ipython()`, so that one such line does not hide the cell's other
+    lines from the scan."""
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        pass
+    from IPython.core.inputtransformer2 import TransformerManager  # here: the student's kernel never scans
+
+    try:
+        return ast.parse(TransformerManager().transform_cell(source))
+    except Exception:  # SyntaxError, or whatever IPython raised on input it cannot read: the kernel fails it too
+        return None
+
+
 def find_forbidden(cells: list[tuple[str, str, bool]], forbidden: dict[str, tuple[str, ...]]) -> list[Finding]:
     """Findings in `cells` = [(label, source, written by the student)], in notebook order.
 
@@ -441,9 +457,8 @@ def find_forbidden(cells: list[tuple[str, str, bool]], forbidden: dict[str, tupl
     findings: list[Finding] = []
     aliases: dict[str, str | None] = {}
     for label, source, authored in cells:
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
+        tree = _parse(source)
+        if tree is None:
             continue  # it fails when it runs; nothing it names can be imported
         scanner = _Scanner(aliases, authored, star_names)
         scanner.visit(tree)
