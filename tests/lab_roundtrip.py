@@ -29,7 +29,7 @@ from nbgrader_course import ROOT, Course
 from gptcourse.checks import CheckFailed
 from gptcourse.grading import check
 from gptcourse.grading.cases import CaseId, get_case
-from gptcourse.grading.forbidden import find_forbidden
+from gptcourse.grading.forbidden import find_forbidden, pieces_lost
 from gptcourse.grading.piece import forbidden_names
 
 
@@ -80,7 +80,8 @@ def banned_pieces(lab: str, answers: dict[str, str]) -> set[str]:
               cell.metadata.get("nbgrader", {}).get("grade_id") in answers)
              for cell in _cells(lab) if cell.cell_type == "code"]
     forbidden = forbidden_names(lab.split("_")[0])
-    return {piece for finding in find_forbidden(cells, forbidden) for piece in finding.pieces or forbidden}
+    return {piece for finding in find_forbidden(cells, forbidden)
+            for piece in pieces_lost(finding, finding.cell, forbidden)}  # each cell is labelled by its grade_id
 
 
 def failures(lab: str, answers: dict[str, str]) -> dict[str, dict[str, str]]:

@@ -28,7 +28,16 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 from gptcourse.checks import CheckFailed
 from gptcourse.grading import MIME, case_seed, check, get_case, judge_payload, labs
 from gptcourse.grading.cases import CaseId
-from gptcourse.grading.forbidden import HOW, calls_to, find_forbidden, reference_behind, reference_table, resolve
+from gptcourse.grading.forbidden import (
+    ALLOWED_PACKAGES,
+    HOW,
+    Finding,
+    calls_to,
+    find_forbidden,
+    reference_behind,
+    reference_table,
+    resolve,
+)
 from gptcourse.grading.payload import make_payload
 from gptcourse.grading.piece import forbidden_names, lab_pieces
 from gptcourse.grading.steps.judge import JudgeTestCells
@@ -132,8 +141,57 @@ def test_a_name_is_the_attribute_before_the_submodule(lazy_package, source):
     package, submodule = lazy_package
     assert resolve("lazypkg.thing", {"lazypkg"}) is submodule.thing  # not the module lazypkg.thing
     assert "thing" not in vars(package)  # lazy: nothing is there until it is asked for
-    [finding] = find_forbidden([("cell 1", source, True)], {"piece": ("lazypkg.thing",)})
+    found = find_forbidden([("cell 1", source, True)], {"piece": ("lazypkg.thing",)})
+    [finding] = [f for f in found if f.how != "not allowed"]  # lazypkg is outside the allowlist too
     assert finding.pieces == ("piece",)
+
+
+# a submission may import the standard library and ALLOWED_PACKAGES; anything else may hold a reference under a name
+# no list foresees (transformers' apply_rotary_pos_emb, in dozens of model modules)
+ALLOWED_SOURCES = ["import math, re, collections.abc", "from functools import partial", "import numpy as np",
+                   "import torch.nn.functional as F", "from matplotlib import pyplot as plt", "import regex",
+                   "from __future__ import annotations", "import importlib\nimportlib.import_module('math')"]
+NOT_ALLOWED = {
+    "import transformers": "transformers",
+    "from tokenizers import Tokenizer": "tokenizers",
+    "from transformers.models.llama.modeling_llama import apply_rotary_pos_emb": "transformers",
+    "import importlib\nimportlib.import_module('transformers.models.llama')": "transformers",
+    "from importlib import import_module as load\nload('tiktoken')": "tiktoken",
+    "__import__('scipy.special')": "scipy",
+    "from jax.numpy import *": "jax",
+    "def f():\n    import transformers": "transformers",
+    "%time _ = 1\nfrom transformers import AutoModel": "transformers",  # a magic does not hide the other lines
+    "!ls\nimport tokenizers": "tokenizers",
+}
+
+
+@pytest.mark.parametrize("source", ALLOWED_SOURCES)
+def test_an_allowed_import_is_no_finding(source):
+    findings = find_forbidden([("cell 1", source, True)], forbidden_names("03"))
+    assert [f for f in findings if f.how != "dynamic"] == []
+
+
+@pytest.mark.parametrize("source", NOT_ALLOWED)
+def test_an_import_outside_the_allowlist_is_found(source):
+    findings = find_forbidden([("setup", "import transformers", False), ("cell 2", source, True)],
+                              forbidden_names("03"))
+    assert Finding("cell 2", NOT_ALLOWED[source], (), "not allowed") in findings
+    assert NOT_ALLOWED[source] not in ALLOWED_PACKAGES
+
+
+def test_an_import_outside_the_allowlist_zeroes_its_cells_piece_with_a_line_naming_it():
+    cells = [new_code_cell("import torch", metadata={"nbgrader": {"grade_id": "setup", "locked": True}}),
+             new_code_cell("from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as rope",
+                           metadata={"nbgrader": {"grade_id": "apply_rope", "solution": True, "locked": False}}),
+             new_code_cell("import tokenizers", metadata={})]  # a cell of the student's own: every piece
+    banned = JudgeTestCells()._banned_pieces(new_notebook(cells=cells), forbidden_names("03"), "03")
+    assert set(banned) == set(forbidden_names("03"))
+    assert banned["apply_rope"].endswith("imports transformers")
+    nb = new_notebook(cells=cells[:2])
+    assert set(JudgeTestCells()._banned_pieces(nb, forbidden_names("03"), "03")) == {"apply_rope"}
+    [line] = report_lines(nb)
+    assert "imports transformers, a package the labs do not allow" in line and "torch" in line
+    assert line.endswith("0 points for 03.apply_rope.*")
 
 
 def test_the_scan_never_runs_a_main_module():

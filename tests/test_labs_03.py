@@ -50,6 +50,14 @@ def rope_tables(d_head, T, theta=10000.0):
     angles = angles.repeat_interleave(2, dim=-1)
     return angles.cos(), angles.sin()
 '''}, {"test_rope_tables", "test_rope_tables_hidden"}),
+    # transformers' own RoPE: no forbidden name lists its copies in dozens of model modules, the import allowlist
+    # zeroes the piece whose cell imports it (`forbidden.ALLOWED_PACKAGES`); the attention runs that working RoPE
+    "rope-from-transformers": ({"apply_rope": '''
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+def apply_rope(x, cos, sin):
+    return apply_rotary_pos_emb(x, x, cos, sin, unsqueeze_dim=0)[0]
+'''}, ROPE_TESTS),
 }
 
 # Written blind to the tests (issue 42), as written: student -> the test cells it fails, each case of each cell run

@@ -75,6 +75,11 @@ WRONG = {
         return x + self.mlp(x)""")}, BLOCK_VALUES),
     "post-norm": ({"DecoderBlock": BLOCK.format(forward="""x = self.norm1(x + self.attn(x, rope=rope))
         return self.norm2(x + self.mlp(x))""")}, BLOCK_VALUES),
+    # LayerNorm of [x, -x] (mean 0) is RMSNorm of x: torch's layer norms are banned like its rms_norm, norm and block
+    "rmsnorm-via-layer-norm": ({"RMSNorm": "import torch.nn.functional as F\n" + RMSNORM.format(
+        body="F.layer_norm(torch.cat([x, -x], -1), (2 * x.shape[-1],), eps=self.eps)[..., :x.shape[-1]] "
+             "* self.weight")}, {"test_RMSNorm", "test_RMSNorm_hidden", "test_DecoderBlock_causal",
+                                 "test_DecoderBlock_params"} | BLOCK_VALUES),
 }
 
 
@@ -109,7 +114,8 @@ BLIND_FAILS = {
     **dict.fromkeys(("block-post-norm", "block-mlp-without-residual", "block-residual-from-normed",
                      "block-norm1-twice", "block-parallel-sublayers"), BLOCK_VALUES),
     "block-drops-rope": BLOCK_VALUES - {"test_DecoderBlock"},  # the visible block has no RoPE
-    "block-torch-layernorm": BLOCK_TESTS,
+    # nn.LayerNorm is banned (LayerNorm of [x, -x] is RMSNorm): it costs every piece that forbids it, the norm too
+    "block-torch-layernorm": NORM_TESTS | BLOCK_TESTS,
     "rms-fused-kernel": NORM_TESTS | BLOCK_TESTS,  # torch._fused_rms_norm, the op behind F.rms_norm: banned
 }
 

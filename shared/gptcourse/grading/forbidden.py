@@ -19,7 +19,10 @@ same object:
    (`__import__`, `importlib`, `sys.modules`, `exec`/`eval`/`compile`, `globals()`, `builtins`, `__dict__`, a
    non-constant `getattr` on a module, torch's registry of ops by name `torch.ops`) and the grader's own code
    (`gptcourse.grading` beyond `check`, whose cases hold the references) are reported as well: the labs need none
-   of it.
+   of it. A submission may import only what the labs need: Python's standard library and the packages of
+   `ALLOWED_PACKAGES`; any other import (also by `importlib.import_module` or `__import__` with a constant name)
+   is a finding, since another package may hold a piece's reference under a name no list can foresee
+   (transformers has a copy of `apply_rotary_pos_emb` in dozens of model modules).
 2. `reference_behind` (in the student's kernel, called by `check`) looks at the object under test: is it a
    reference, a subclass or an instance of one, or does it wrap one (`__wrapped__` chains, `functools.partial`,
    bound methods, static/class methods and properties, containers, and the closures, defaults and global
@@ -60,6 +63,11 @@ DYNAMIC_PATHS = ("importlib", "sys.modules", "builtins", "runpy", "pkgutil", "ct
 GRADER = "gptcourse.grading"  # the grader's own code: a student cell may use `check` from it, nothing else
 DYNAMIC_ATTRIBUTES = {"__dict__", "__globals__", "__builtins__", "__getattribute__", "__subclasses__", "__code__"}
 HOW = ("is", "subclasses", "is an instance of", "wraps or calls", "calls")  # what the kernel's checks may report
+# what a graded submission may import besides Python's standard library (`sys.stdlib_module_names`), by top-level
+# package: torch and gptcourse (whose references each piece forbids by name), regex (lab 08's pre-tokenizer), and
+# numpy and matplotlib, which the course installs to look at numbers and hold no piece of a GPT
+ALLOWED_PACKAGES = frozenset({"torch", "gptcourse", "regex", "numpy", "matplotlib"})
+IMPORT_CALLS = ("importlib.import_module", "importlib.__import__")  # with `__import__`: they import a name given
 MAX_VISITS = 3000  # objects `reference_behind` looks at, at most: a huge or cyclic object graph stays cheap
 MAX_ITEMS = 100  # items of one container it looks at
 
@@ -69,7 +77,27 @@ class Finding:
     cell: str  # how the report names the cell, e.g. "solution cell 'attention'"
     name: str  # what it uses: a dotted reference, or the dynamic construct
     pieces: tuple[str, ...]  # the pieces it costs; empty for dynamic constructs (the caller decides)
-    how: str  # "imports", "uses" or "dynamic"
+    how: str  # "imports", "uses", "dynamic" or "not allowed" (an import outside the allowlist; name: its package)
+
+
+def allowed_import(module: str) -> bool:
+    """Whether a submission may import `module` (dotted): it lies in the standard library or `ALLOWED_PACKAGES`."""
+    root = module.split(".")[0]
+    return root in ALLOWED_PACKAGES or root in sys.stdlib_module_names
+
+
+def allowed_text() -> str:
+    """The allowlist, as a report line says it."""
+    return f"Python's standard library, {', '.join(sorted(ALLOWED_PACKAGES))}"
+
+
+def pieces_lost(finding: Finding, owner: str | None, forbidden: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """The pieces `finding` costs: its references' pieces; one the scan cannot tie to a reference (a construct it
+    cannot follow, an import outside the allowlist) costs the piece whose solution cell it is in (`owner`, that
+    cell's grade_id), or every piece elsewhere."""
+    if finding.pieces:
+        return finding.pieces
+    return (owner,) if owner in forbidden else tuple(forbidden)
 
 
 def resolve(path: str, roots: Iterable[str], import_missing: bool = True) -> Any:
@@ -359,6 +387,11 @@ class _Scanner(ast.NodeVisitor):
             self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
+        builtin_import = isinstance(node.func, ast.Name) and node.func.id == "__import__" \
+            and not self._bound("__import__")
+        imports = builtin_import or self._path(node.func) in IMPORT_CALLS
+        if imports and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            self._use(node.args[0].value, "imports")  # what it imports, besides the call the scan cannot follow
         if isinstance(node.func, ast.Name) and node.func.id == "getattr" and not self._bound("getattr") \
                 and len(node.args) >= 2 and self._path(node.args[0]) and not isinstance(node.args[1], ast.Constant):
             self._use("getattr() with a computed name", "dynamic")
@@ -370,11 +403,28 @@ class _Scanner(ast.NodeVisitor):
         self.generic_visit(node)
 
 
+def _parse(source: str) -> ast.Module | None:
+    """A cell's code as its kernel runs it, None if it is no Python: IPython first turns magics (`%time`, `%%capture`)
+    and shell escapes (`!ls`) into calls of `get_ipython()`, so that one such line does not hide the cell's other
+    lines from the scan."""
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        pass
+    from IPython.core.inputtransformer2 import TransformerManager  # here: the student's kernel never scans
+
+    try:
+        return ast.parse(TransformerManager().transform_cell(source))
+    except Exception:  # SyntaxError, or whatever IPython raised on input it cannot read: the kernel fails it too
+        return None
+
+
 def find_forbidden(cells: list[tuple[str, str, bool]], forbidden: dict[str, tuple[str, ...]]) -> list[Finding]:
     """Findings in `cells` = [(label, source, written by the student)], in notebook order.
 
     Instructor cells are read too (their imports bind names the student may use) but not reported. A path is a
-    finding when it, or a module it passes through, is a reference.
+    finding when it, or a module it passes through, is a reference; an import outside the allowlist is one too
+    (`allowed_import`), once per package and cell.
     """
     roots = {name.split(".")[0] for names in forbidden.values() for name in names}
     table, by_name = reference_table(forbidden)
@@ -407,14 +457,18 @@ def find_forbidden(cells: list[tuple[str, str, bool]], forbidden: dict[str, tupl
     findings: list[Finding] = []
     aliases: dict[str, str | None] = {}
     for label, source, authored in cells:
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
+        tree = _parse(source)
+        if tree is None:
             continue  # it fails when it runs; nothing it names can be imported
         scanner = _Scanner(aliases, authored, star_names)
         scanner.visit(tree)
         seen: set[str] = set()
         for path, how in scanner.uses:
+            if how in ("imports", "star") and not allowed_import(path):
+                package = path.split(".")[0]
+                if package not in seen:
+                    seen.add(package)
+                    findings.append(Finding(label, package, (), "not allowed"))
             if how == "dynamic" or any(path == p or path.startswith(p + ".") for p in DYNAMIC_PATHS):
                 finding = Finding(label, path.lstrip(".") if how == "dynamic" else path, (), "dynamic")
             elif path.startswith(GRADER + ".") and path != f"{GRADER}.check":

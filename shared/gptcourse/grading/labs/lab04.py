@@ -28,9 +28,11 @@ from ..fixtures import causal_probe
 from ..piece import Piece, Probe, declare
 from ..student import as_tensor, build_module, module_class, module_returns
 
-# torch's RMSNorm in its four forms: the module, the functional form and the ops behind it
+# torch's RMSNorm in its four forms: the module, the functional form and the ops behind it; and its LayerNorm in the
+# same forms, which is RMSNorm of [x, -x] (whose mean is 0): layer_norm(cat([x, -x]), (2C,))[..., :C]
 _NORM = ("gptcourse.RMSNorm", "gptcourse.model.norms.make_norm", "torch.nn.RMSNorm", "torch.nn.functional.rms_norm",
-         "torch.rms_norm", "torch._fused_rms_norm")
+         "torch.rms_norm", "torch._fused_rms_norm", "torch.nn.LayerNorm", "torch.nn.functional.layer_norm",
+         "torch.layer_norm", "torch.native_layer_norm")
 _MLP = ("gptcourse.SwiGLU", "gptcourse.model.mlp.make_mlp")
 _WHOLE = ("gptcourse.DecoderBlock", "gptcourse.GPT")
 

@@ -39,7 +39,7 @@ from nbgrader import utils
 from nbgrader.preprocessors import NbGraderPreprocessor
 
 from ..cases import CaseId
-from ..forbidden import Finding, find_forbidden
+from ..forbidden import allowed_text, find_forbidden, pieces_lost
 from ..handles import HANDLES, named_payload
 from ..payload import MIME, Judged, judged, reference_text
 from ..piece import forbidden_names
@@ -228,26 +228,26 @@ class JudgeTestCells(NbGraderPreprocessor):
         banned: dict[str, str] = {}
         reported: set[object] = set()
         for finding in find_forbidden(cells, forbidden):
-            key = (finding.cell, "dynamic") if finding.how == "dynamic" else finding.name
-            if key in reported:  # one line per forbidden name, one per cell for constructs the scan cannot follow
+            # one line per forbidden name; one per cell for constructs the scan cannot follow, and per package and
+            # cell for imports outside the allowlist (each costs its own cell's piece)
+            key = ((finding.cell, "dynamic") if finding.how == "dynamic"
+                   else (finding.cell, finding.name) if finding.how == "not allowed" else finding.name)
+            if key in reported:
                 continue
             reported.add(key)
-            pieces = finding.pieces or self._dynamic_pieces(finding, owner, forbidden)
+            pieces = pieces_lost(finding, owner.get(finding.cell), forbidden)
             lost = ", ".join(f"{prefix}.{p}.*" for p in pieces)
+            how = "imports" if finding.how == "not allowed" else finding.how
             if finding.how == "dynamic":
                 line = (f"{finding.cell} uses {finding.name}, which the grader cannot follow (the lab's intro says "
                         f"which imports to use): 0 points for {lost}")
+            elif finding.how == "not allowed":
+                line = (f"{finding.cell} imports {finding.name}, a package the labs do not allow (a submission may "
+                        f"import only {allowed_text()}; the lab's intro says which to use): 0 points for {lost}")
             else:
-                line = (f"{finding.cell} {finding.how} {finding.name}, the reference for a piece you must write: "
+                line = (f"{finding.cell} {how} {finding.name}, the reference for a piece you must write: "
                         f"0 points for {lost}")
             add_line(nb, line)
             for piece in pieces:
-                banned.setdefault(piece, f"{finding.cell} {finding.how} {finding.name}")
+                banned.setdefault(piece, f"{finding.cell} {how} {finding.name}")
         return banned
-
-    @staticmethod
-    def _dynamic_pieces(finding: Finding, owner: dict[str, str | None],
-                        forbidden: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
-        """A construct the scan cannot follow costs the piece of its solution cell, or every piece elsewhere."""
-        grade_id = owner.get(finding.cell)
-        return (grade_id,) if grade_id in forbidden else tuple(forbidden)
