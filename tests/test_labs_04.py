@@ -80,6 +80,11 @@ WRONG = {
         body="F.layer_norm(torch.cat([x, -x], -1), (2 * x.shape[-1],), eps=self.eps)[..., :x.shape[-1]] "
              "* self.weight")}, {"test_RMSNorm", "test_RMSNorm_hidden", "test_DecoderBlock_causal",
                                  "test_DecoderBlock_params"} | BLOCK_VALUES),
+    # the same trick with a group norm of one group over the 2C features (any of torch's norms is banned for RMSNorm)
+    "rmsnorm-via-group-norm": ({"RMSNorm": "import torch.nn.functional as F\n" + RMSNORM.format(
+        body="F.group_norm(torch.cat([x, -x], -1).reshape(-1, 2 * x.shape[-1]), 1, eps=self.eps)"
+             ".reshape(*x.shape[:-1], -1)[..., :x.shape[-1]] * self.weight")},
+        {"test_RMSNorm", "test_RMSNorm_hidden", "test_DecoderBlock_causal", "test_DecoderBlock_params"} | BLOCK_VALUES),
 }
 
 

@@ -56,10 +56,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-DYNAMIC_CALLS = {"__import__", "exec", "eval", "compile", "globals", "vars", "breakpoint"}
+DYNAMIC_CALLS = {"__import__", "exec", "eval", "compile", "globals", "vars", "breakpoint", "get_ipython"}
 # torch.ops: every ATen op by name (torch.ops.aten._scaled_dot_product_attention_math is the kernel behind
 # F.scaled_dot_product_attention, as another object), a registry the labs never need
-DYNAMIC_PATHS = ("importlib", "sys.modules", "builtins", "runpy", "pkgutil", "ctypes", "torch.ops")
+# timeit runs a string of code, pydoc.locate imports a dotted name: two more doors past the import allowlist
+DYNAMIC_PATHS = ("importlib", "sys.modules", "builtins", "runpy", "pkgutil", "ctypes", "torch.ops", "timeit",
+                 "pydoc")
 GRADER = "gptcourse.grading"  # the grader's own code: a student cell may use `check` from it, nothing else
 DYNAMIC_ATTRIBUTES = {"__dict__", "__globals__", "__builtins__", "__getattribute__", "__subclasses__", "__code__"}
 HOW = ("is", "subclasses", "is an instance of", "wraps or calls", "calls")  # what the kernel's checks may report

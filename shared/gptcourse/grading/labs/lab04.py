@@ -32,7 +32,9 @@ from ..student import as_tensor, build_module, module_class, module_returns
 # same forms, which is RMSNorm of [x, -x] (whose mean is 0): layer_norm(cat([x, -x]), (2C,))[..., :C]
 _NORM = ("gptcourse.RMSNorm", "gptcourse.model.norms.make_norm", "torch.nn.RMSNorm", "torch.nn.functional.rms_norm",
          "torch.rms_norm", "torch._fused_rms_norm", "torch.nn.LayerNorm", "torch.nn.functional.layer_norm",
-         "torch.layer_norm", "torch.native_layer_norm")
+         "torch.layer_norm", "torch.native_layer_norm", "torch.nn.GroupNorm", "torch.nn.functional.group_norm",
+         "torch.group_norm", "torch.nn.functional.instance_norm", "torch.instance_norm",
+         "torch.nn.functional.batch_norm", "torch.batch_norm")  # any of torch's norms on [x, -x] is an RMSNorm
 _MLP = ("gptcourse.SwiGLU", "gptcourse.model.mlp.make_mlp")
 _WHOLE = ("gptcourse.DecoderBlock", "gptcourse.GPT")
 
