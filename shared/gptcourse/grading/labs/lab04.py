@@ -28,13 +28,16 @@ from ..fixtures import causal_probe
 from ..piece import Piece, Probe, declare
 from ..student import as_tensor, build_module, module_class, module_returns
 
-# torch's RMSNorm in its four forms: the module, the functional form and the ops behind it; and its LayerNorm in the
-# same forms, which is RMSNorm of [x, -x] (whose mean is 0): layer_norm(cat([x, -x]), (2C,))[..., :C]
+# torch's RMSNorm in its four forms: the module, the functional form and the ops behind it; the block forbids them
+# too (it wraps the student's RMSNorm)
 _NORM = ("gptcourse.RMSNorm", "gptcourse.model.norms.make_norm", "torch.nn.RMSNorm", "torch.nn.functional.rms_norm",
-         "torch.rms_norm", "torch._fused_rms_norm", "torch.nn.LayerNorm", "torch.nn.functional.layer_norm",
-         "torch.layer_norm", "torch.native_layer_norm", "torch.nn.GroupNorm", "torch.nn.functional.group_norm",
-         "torch.group_norm", "torch.nn.functional.instance_norm", "torch.instance_norm",
-         "torch.nn.functional.batch_norm", "torch.batch_norm")  # any of torch's norms on [x, -x] is an RMSNorm
+         "torch.rms_norm", "torch._fused_rms_norm")
+# torch's other norms, each an RMSNorm of [x, -x] (whose mean is 0): layer_norm(cat([x, -x]), (2C,))[..., :C]; the
+# RMSNorm's alone: a block that normalises with one of them still wires the block (and fails on its bias or values)
+_OTHER_NORMS = ("torch.nn.LayerNorm", "torch.nn.functional.layer_norm", "torch.layer_norm", "torch.native_layer_norm",
+                "torch.nn.GroupNorm", "torch.nn.functional.group_norm", "torch.group_norm",
+                "torch.nn.functional.instance_norm", "torch.instance_norm", "torch.nn.functional.batch_norm",
+                "torch.batch_norm")
 _MLP = ("gptcourse.SwiGLU", "gptcourse.model.mlp.make_mlp")
 _WHOLE = ("gptcourse.DecoderBlock", "gptcourse.GPT")
 
@@ -296,7 +299,7 @@ _CAUSAL = causal_probe(_block_what, _block_forward, "block output", "DecoderBloc
 
 PIECES = declare(
     Piece("04", "RMSNorm", RMSNorm, module_returns("y", lambda i: "RMSNorm({d}, eps={eps})".format(**i["init"])),
-          label="RMSNorm output", shape="B T C", forbidden=_NORM + _WHOLE,
+          label="RMSNorm output", shape="B T C", forbidden=_NORM + _OTHER_NORMS + _WHOLE,
           mistakes=lambda i: norm_mistakes(i["x"], i["weights"]["weight"], i["init"]["eps"]),
           visible=[("visible", "RMSNorm(8) on x (B, T, C) = (2, 5, 8), the last token tiny (x ~ 1e-3: eps matters)",
                     lambda seed: _norm_inputs(2, 5, 8, seed, tiny_last=True))],
