@@ -118,7 +118,6 @@ ATTENTION_PIECES = ("AttentionHead", "attention")  # sorted
     ("import importlib\nm = importlib.import_module('gptcourse.model.causal_attention')", ("importlib", (), "dynamic")),
     ("x = __import__('gptcourse')", ("__import__()", (), "dynamic")),
     ("exec(open('x.py').read())", ("exec()", (), "dynamic")),
-    ("get_ipython().run_cell('from transformers import AutoModel')", ("get_ipython()", (), "dynamic")),
     ("import timeit\ng = {}\ntimeit.timeit('import transformers as t', number=1, globals=g)",
      ("timeit", (), "dynamic")),
     ("import pydoc\nf = pydoc.locate('transformers.models.llama.modeling_llama.apply_rotary_pos_emb')",

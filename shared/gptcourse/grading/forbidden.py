@@ -56,7 +56,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-DYNAMIC_CALLS = {"__import__", "exec", "eval", "compile", "globals", "vars", "breakpoint", "get_ipython"}
+DYNAMIC_CALLS = {"__import__", "exec", "eval", "compile", "globals", "vars", "breakpoint"}
 # torch.ops: every ATen op by name (torch.ops.aten._scaled_dot_product_attention_math is the kernel behind
 # F.scaled_dot_product_attention, as another object), a registry the labs never need
 # timeit runs a string of code, pydoc.locate imports a dotted name: two more doors past the import allowlist
@@ -67,8 +67,9 @@ DYNAMIC_ATTRIBUTES = {"__dict__", "__globals__", "__builtins__", "__getattribute
 HOW = ("is", "subclasses", "is an instance of", "wraps or calls", "calls")  # what the kernel's checks may report
 # what a graded submission may import besides Python's standard library (`sys.stdlib_module_names`), by top-level
 # package: torch and gptcourse (whose references each piece forbids by name), regex (lab 08's pre-tokenizer), and
-# numpy and matplotlib, which the course installs to look at numbers and hold no piece of a GPT
-ALLOWED_PACKAGES = frozenset({"torch", "gptcourse", "regex", "numpy", "matplotlib"})
+# numpy and matplotlib, which the course installs to look at numbers and hold no piece of a GPT, and IPython, the
+# kernel itself (`IPython.display` shows a result; what a display holds is judged by the active-content step)
+ALLOWED_PACKAGES = frozenset({"torch", "gptcourse", "regex", "numpy", "matplotlib", "IPython"})
 IMPORT_CALLS = ("importlib.import_module", "importlib.__import__")  # with `__import__`: they import a name given
 MAX_VISITS = 3000  # objects `reference_behind` looks at, at most: a huge or cyclic object graph stays cheap
 MAX_ITEMS = 100  # items of one container it looks at
