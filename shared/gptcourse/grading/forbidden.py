@@ -67,9 +67,9 @@ DYNAMIC_ATTRIBUTES = {"__dict__", "__globals__", "__builtins__", "__getattribute
 HOW = ("is", "subclasses", "is an instance of", "wraps or calls", "calls")  # what the kernel's checks may report
 # what a graded submission may import besides Python's standard library (`sys.stdlib_module_names`), by top-level
 # package: torch and gptcourse (whose references each piece forbids by name), regex (lab 08's pre-tokenizer), and
-# numpy and matplotlib, which the course installs to look at numbers and hold no piece of a GPT, and IPython, the
-# kernel itself (`IPython.display` shows a result; what a display holds is judged by the active-content step)
-ALLOWED_PACKAGES = frozenset({"torch", "gptcourse", "regex", "numpy", "matplotlib", "IPython"})
+# numpy, matplotlib and ipywidgets, which the course installs to look at numbers and hold no piece of a GPT, and
+# IPython, the kernel itself (a display's content is judged by the active-content step)
+ALLOWED_PACKAGES = frozenset({"torch", "gptcourse", "regex", "numpy", "matplotlib", "ipywidgets", "IPython"})
 IMPORT_CALLS = ("importlib.import_module", "importlib.__import__")  # with `__import__`: they import a name given
 MAX_VISITS = 3000  # objects `reference_behind` looks at, at most: a huge or cyclic object graph stays cheap
 MAX_ITEMS = 100  # items of one container it looks at
