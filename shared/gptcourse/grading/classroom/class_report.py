@@ -622,8 +622,8 @@ def write_report(root: Path, lab: str, compare: Path | None = None, anonymous: b
     (folder / "index.html").write_text(page(report, previous, anonymous), encoding="utf-8")
     write_csv(folder / "report.csv", report)
     if not anonymous:
-        (folder / "students").mkdir(mode=0o700, exist_ok=True)
-        (folder / "students").chmod(0o700)
+        (folder / "students").mkdir(exist_ok=True)
+        (folder / "students").chmod(0o700)  # also when an earlier run made it with the umask's mode
         for sub in report.submissions:
             (folder / "students" / student_page_name(sub.student, report.names)).write_text(
                 student_page(report, sub), encoding="utf-8")
