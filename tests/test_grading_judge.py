@@ -209,12 +209,14 @@ def test_a_kernel_message_that_nbformat_would_refuse_is_named(content, problem):
                                                                    "header": {"msg_type": "made_up"}})
 
 
-def test_a_visible_case_made_once_is_handed_out_as_independent_copies():
-    """The grader makes a visible case's inputs and expected outputs once per process (the seed is the same for
-    every student): what one submission's run does to its copy must not reach the next one's, and the copies equal
-    what the case makes afresh."""
-    case = get_case("09.adamw_step.visible")
-    seed = case_seed(case)
+@pytest.mark.parametrize("test_id", ["09.adamw_step.visible", "09.adamw_step.hidden_sizes"])
+def test_a_case_made_once_is_handed_out_as_independent_copies(test_id):
+    """The grader makes a case's inputs once per seed and process (a visible case's seed is the same for every
+    student; a hidden case's inputs are made for the kernel, then judged), and a visible case's expected outputs
+    once: what one run does to its copy must not reach the next one's, and the copies equal what the case makes
+    afresh."""
+    case = get_case(test_id)
+    seed = case_seed(case, {"GPTCOURSE_SECRET": "a class"})
     first, second = case_inputs(case, seed), case_inputs(case, seed)
     fresh = case.inputs(seed)
     first["param"].add_(1.0)

@@ -29,7 +29,9 @@ LABS = [f"{n:02d}" for n in range(1, 17)]
 
 def judged_with_unkeyed(lab: str, monkeypatch: pytest.MonkeyPatch) -> tuple[int, dict[str, set[str]]]:
     """(the failed verdicts with a key, {description recognised without a key: the cases}) of lab `lab`'s
-    round-trip students, every case judged in-process as the grader judges its payload."""
+    round-trip students, every case of each test cell the student fails judged in-process as the grader judges
+    its payload (the round trip proves that the other cells pass, and a passing case computes no mistake:
+    tests/test_lazy_mistakes.py)."""
     from lab_roundtrip import banned_pieces, graded_cells, solved_namespace
 
     from gptcourse.grading.cases import CaseId, case_seed, get_case, registry
@@ -52,11 +54,11 @@ def judged_with_unkeyed(lab: str, monkeypatch: pytest.MonkeyPatch) -> tuple[int,
             monkeypatch.setattr(module, "mistake_key", watched)
     module = importlib.import_module(f"test_labs_{lab}")
     folder, keyed = module.LAB, 0
-    for student, (answers, _) in sorted(getattr(module, f"TestLab{lab}").graded().items()):
+    for student, (answers, fails) in sorted(getattr(module, f"TestLab{lab}").graded().items()):
         torch.manual_seed(0)
         with contextlib.redirect_stdout(io.StringIO()):
             namespace, banned = solved_namespace(folder, answers), banned_pieces(folder, answers)
-            for test_ids in graded_cells(folder).values():
+            for test_ids in (ids for cell, ids in graded_cells(folder).items() if cell in fails):
                 for test_id in test_ids:
                     piece = CaseId.parse(test_id).piece
                     if piece in banned:

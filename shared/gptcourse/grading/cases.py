@@ -148,10 +148,10 @@ def kernel_environment(lab: str, student: str | None, environ: Mapping[str, str]
 
 
 def case_inputs(case: Case, seed: int) -> Inputs:
-    """`case.inputs(seed)`; a visible case's, whose seed is the same for every student, made once per process and
-    handed out as copies (the grader makes them for every submission it grades; what runs on them may change
-    them)."""
-    return case.inputs(seed) if case.hidden else copy.deepcopy(_visible_inputs(case, seed))
+    """`case.inputs(seed)`, made once per (case, seed) in this process and handed out as copies: the grader makes
+    every case's inputs to hand them to a kernel (`kernel_inputs.py`) and again to judge what came back; a visible
+    case's seed is the same for every student. What runs on a copy may change it; the kept one stays the case's."""
+    return copy.deepcopy(_made_inputs(case, seed))
 
 
 def case_expected(case: Case, seed: int, inputs: Inputs) -> Outputs:
@@ -160,8 +160,8 @@ def case_expected(case: Case, seed: int, inputs: Inputs) -> Outputs:
     return case.expected(inputs) if case.hidden else copy.deepcopy(_visible_expected(case, seed))
 
 
-@functools.lru_cache(maxsize=256)
-def _visible_inputs(case: Case, seed: int) -> Inputs:
+@functools.lru_cache(maxsize=512)  # the cases of the submission being graded, and every visible one
+def _made_inputs(case: Case, seed: int) -> Inputs:
     return case.inputs(seed)
 
 

@@ -6,8 +6,8 @@ its inputs itself. The grader, where the real package is, computes every case of
 kernel uses (`case_seed(case, kernel_environment)`) and writes them, with `torch.save`, into the box's /scratch;
 the kernel finds the file in the environment variable `INPUTS_ENV` (a hidden case's inputs under its handle only:
 `handles.py`) and `check` only runs the student's code on
-them and records the payload, which the grader judges (it recomputes the inputs from the seed: a kernel that
-rewrites this file changes nothing but its own outputs).
+them and records the payload, which the grader judges on its own copy of the inputs (`cases.case_inputs`: a
+kernel that rewrites this file changes nothing but its own outputs).
 """
 
 from __future__ import annotations

@@ -199,8 +199,9 @@ def _definitions(tree: ast.Module) -> dict[str, ast.stmt]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
 
 
+@functools.lru_cache(maxsize=256)  # one package's trees (a tree hashes by identity): `reachable` is called per lab
 def _imports(module: str, tree: ast.AST) -> dict[str, tuple[str, str | None]]:
-    """local name -> (module, attribute or None for the module itself), for every import in `tree`."""
+    """local name -> (module, attribute or None for the module itself), for every import in `tree` (read only)."""
     package = module if _is_package(module) else module.rpartition(".")[0]
     names: dict[str, tuple[str, str | None]] = {}
     for node in ast.walk(tree):
