@@ -138,6 +138,19 @@ def test_anonymous_pseudonyms_are_stable_and_hide_every_id(root, monkeypatch):
     assert class_report.build(root, LAB, anonymous=True).names != again.names
 
 
+def test_an_anonymous_report_shares_no_folder_with_a_named_one(root):
+    """Named, then anonymous (the order an instructor runs them in before class): the folder shown to the class
+    holds only the anonymous page and CSV, with no id anywhere, and the named report is still the instructor's."""
+    named = class_report.write_report(root, LAB)
+    shown = class_report.write_report(root, LAB, anonymous=True).folder
+    assert shown != named.folder and sorted(p.name for p in shown.iterdir()) == ["index.html", "report.csv"]
+    text = "".join(p.read_text() for p in shown.iterdir())
+    ids = [sub.student for sub in named.report.submissions if re.search("[a-z]", sub.student)]  # not "-2"
+    assert len(ids) > 5 and not [student for student in ids if student in text]
+    assert "unscaled-1" in (named.folder / "index.html").read_text()
+    assert (named.folder / "students" / "unscaled-1.html").is_file()
+
+
 def test_compare_shows_what_changed_since_another_round(tmp_path):
     first = course_with(tmp_path / "first", PLANTED)
     fixed = PLANTED | {"unscaled-1": {}, "unscaled-2": {},

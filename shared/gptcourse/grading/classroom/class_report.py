@@ -7,7 +7,8 @@ the course's key in the cell's metadata of the autograded notebook. Only the gra
 submission's metadata and the judge drops the course's key from every cell before it writes its own. This module
 reads those records from `grading/autograded/*/LAB/LAB.ipynb` (nothing else of a notebook counts: a record is
 kept only on a grade cell whose restored source names its case), takes the scores from the gradebook where there is
-one (`--db`, by default the course's: `gradebook_verdicts.py`), and writes, under `grading/reports/LAB/`:
+one (`--db`, by default the course's: `gradebook_verdicts.py`), and writes, under `grading/reports/LAB/` (with
+`--anonymous`, `grading/reports/LAB-anonymous/`, a folder of its own that no named page shares):
 
     index.html        the score histogram, pass rates per piece and per case (visible and hidden), the students
                       who passed every visible case of a piece and failed a hidden one, the named mistakes ranked
@@ -604,7 +605,8 @@ class Written:
 def write_report(root: Path, lab: str, compare: Path | None = None, anonymous: bool = False,
                  db_url: str | None = None) -> Written:
     """Build the report of `lab` (its scores from the gradebook at `db_url`, if given) and write it under
-    grading/reports/LAB/."""
+    grading/reports/LAB/, or grading/reports/LAB-anonymous/: the folder an instructor shows the class holds no
+    page a named run wrote."""
     start = time.perf_counter()
     report = build(root, lab, anonymous, db_url=db_url)
     if not report.submissions:
@@ -615,7 +617,7 @@ def write_report(root: Path, lab: str, compare: Path | None = None, anonymous: b
             raise SystemExit(f"--compare {compare}: expected another round's grading folder, holding autograded/")
         previous = build(root, lab, anonymous, grading=compare)
         previous.names = report.names | {s: n for s, n in previous.names.items() if s not in report.names}
-    folder = root / "grading" / "reports" / lab
+    folder = root / "grading" / "reports" / (f"{lab}-anonymous" if anonymous else lab)
     folder.mkdir(parents=True, exist_ok=True)
     if not anonymous:  # ids, scores and each student's own page: the instructor's alone (owner only: rwx------)
         folder.chmod(0o700)
