@@ -143,6 +143,19 @@ def test_every_lesson_row_is_a_declared_key_and_one_heading_of_its_lesson():
     assert set(mistake_lessons.mistake_sections(ROOT, mistake_lessons.TAUGHT_IN)) == set(mistake_lessons.TAUGHT_IN)
 
 
+def test_every_lesson_heading_shows_its_math_as_text():
+    """The report's pages render no LaTeX (no script): each heading's $...$ reads as text, by hand for a few, and
+    no heading of any lesson keeps a dollar or a backslash."""
+    assert mistake_lessons.plain_heading("3. Why divide by $\\sqrt{D}$") == "3. Why divide by √D"
+    assert mistake_lessons.plain_heading("Why $-\\infty$, and why") == "Why -∞, and why"
+    assert mistake_lessons.plain_heading("with $\\beta$ too small; memory is $T^2$") == "with β too small; memory is T²"
+    headings = [heading for path in sorted((ROOT / "lessons").glob("[0-9][0-9]_*.ipynb"))
+                for heading in mistake_lessons.lesson_headings(ROOT, path.name[:2])]
+    assert sum("$" in heading for heading in headings) >= 5
+    raw = [shown for heading in headings if "$" in (shown := mistake_lessons.plain_heading(heading)) or "\\" in shown]
+    assert not raw, f"headings the report would show with raw LaTeX (add its symbol to _MATH_AS_TEXT): {raw}"
+
+
 # keys no heading of their lesson teaches: the report shows their piece's section
 LEFT_TO_THE_PIECE = {
     "01.tokens_scaled",  # the original Transformer's sqrt(d_model): lesson 01 never scales
@@ -184,7 +197,7 @@ def test_the_report_names_the_section_that_teaches_each_mistake_else_its_pieces(
     planted = PLANTED | {"head-unscaled": {"02.AttentionHead.visible": ("wrong", "attention.unscaled")}}
     root = course_with(tmp_path, planted)
     written = class_report.write_report(root, LAB)
-    scaling, head = "lesson 02, 3. Why divide by $\\sqrt{D}$", "lesson 02, 4. One head, end to end"
+    scaling, head = "lesson 02, 3. Why divide by √D", "lesson 02, 4. One head, end to end"
     assert written.report.sections["AttentionHead"] == head
     page = (written.folder / "index.html").read_text()
     assert f"<td>attention.unscaled</td><td>4</td><td>AttentionHead, attention</td><td>{scaling}</td>" in page

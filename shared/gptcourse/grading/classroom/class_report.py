@@ -44,7 +44,7 @@ from typing import Any
 
 from ..case_ids import CaseId
 from .gradebook_verdicts import GradebookJoin, course_db_url, gradebook_scores, gradebook_section, join_gradebook
-from .mistake_lessons import mistake_sections
+from .mistake_lessons import mistake_sections, plain_heading
 from .spreadsheet import spreadsheet_safe
 
 KEY = "gptcourse"  # steps/report.py's KEY: the course's namespace in notebook metadata
@@ -352,7 +352,7 @@ def lesson_sections(root: Path, lab: str, pieces: Iterable[str]) -> dict[str, st
                 break
         else:
             heading = ""
-        sections[piece] = f"lesson {number}, {heading}" if heading else ""
+        sections[piece] = f"lesson {number}, {plain_heading(heading)}" if heading else ""
     return sections
 
 

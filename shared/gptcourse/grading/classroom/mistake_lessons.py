@@ -14,6 +14,7 @@ found by its function ("09.adamw_step:"). A key without a row falls back to its 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -226,6 +227,23 @@ def lesson_headings(root: Path, lesson: str) -> list[str]:
             for line in "".join(cell.get("source", [])).splitlines() if line.startswith("#")]
 
 
+# the LaTeX inside the lessons' headings' $...$, as text: the report's pages run no script, so nothing renders it
+_MATH_AS_TEXT = ((re.compile(r"\\sqrt\{([^{}]*)\}"), r"√\1"), (re.compile(r"\\infty\b"), "∞"),
+                 (re.compile(r"\\beta\b"), "β"), (re.compile(r"\^2\b"), "²"))
+
+
+def plain_heading(heading: str) -> str:
+    """`heading` as a page without MathJax shows it: "Why divide by $\\sqrt{D}$" is "Why divide by √D"; LaTeX
+    outside this table is kept as written, without its dollars."""
+    def as_text(math: re.Match) -> str:
+        text = math.group(1)
+        for pattern, replacement in _MATH_AS_TEXT:
+            text = pattern.sub(replacement, text)
+        return text
+
+    return re.sub(r"\$([^$]+)\$", as_text, heading)
+
+
 def heading_of(headings: list[str], phrase: str) -> str | None:
     """The one heading that holds `phrase`; None when none or several do."""
     matches = [heading for heading in headings if phrase in heading]
@@ -244,5 +262,5 @@ def mistake_sections(root: Path, keys: Iterable[str]) -> dict[str, str]:
         lesson, phrase = row
         heading = heading_of(headings.setdefault(lesson, lesson_headings(root, lesson)), phrase)
         if heading is not None:
-            sections[key] = f"lesson {lesson}, {heading}"
+            sections[key] = f"lesson {lesson}, {plain_heading(heading)}"
     return sections
