@@ -11,7 +11,9 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
@@ -231,15 +233,23 @@ def test_timeout_interrupts_the_forked_kernel_which_goes_on(zygote, tmp_path):
     assert outputs[1].startswith("KeyboardInterrupt") and outputs[2] == "42\n"  # SIGINT reached the kernel
 
 
+def in_a_loop_of_its_own(coroutine: Coroutine) -> Any:
+    """`asyncio.run(coroutine)` in a thread of its own: a test before this one in the same worker (Playwright's
+    sync API) may have left an event loop running in this one, where asyncio.run refuses to start."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
 def test_a_kernel_that_ignores_interrupts_is_killed(zygote, tmp_path):
     from jupyter_client.manager import AsyncKernelManager
 
-    from gptcourse.grading.box.zygote import zygote_kernel_manager
+    from gptcourse.grading.box.zygote import ReadyKernelClient, zygote_kernel_manager
 
     async def scenario() -> tuple[int, bool]:
         km = zygote_kernel_manager(AsyncKernelManager, zygote)(kernel_name="python3")
         await km.start_kernel(cwd=str(tmp_path))
         kc = km.client()
+        assert isinstance(kc, ReadyKernelClient)  # ready at its kernel_info's idle, not after a quiet 0.2 s
         kc.start_channels()
         await kc.wait_for_ready(timeout=60)
         kc.execute("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass")
@@ -252,13 +262,73 @@ def test_a_kernel_that_ignores_interrupts_is_killed(zygote, tmp_path):
         kc.stop_channels()
         return pid, still_running
 
-    # in a thread of its own: a test before this one in the same worker (Playwright's sync API) may have left an
-    # event loop running in this one, where asyncio.run refuses to start
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pid, still_running_after_interrupt = pool.submit(asyncio.run, scenario()).result()
+    pid, still_running_after_interrupt = in_a_loop_of_its_own(scenario())
     assert still_running_after_interrupt
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+class Channel:
+    """A kernel client's channel that hands out `script`'s messages: a message, or `queue.Empty` for a wait that
+    timed out (each message's parent a kernel_info request, by its number: 0 the first sent)."""
+
+    def __init__(self, client: object, script: list) -> None:
+        self.client, self.script, self.waits = client, script, []
+
+    async def get_msg(self, timeout: float) -> dict:
+        import queue
+
+        self.waits.append(timeout)
+        if not self.script:
+            raise queue.Empty
+        kind, request = self.script.pop(0)
+        if kind == "timeout":
+            raise queue.Empty
+        msg_type, state = ("status", kind) if kind in ("busy", "idle") else (kind, None)
+        return {"msg_type": msg_type, "content": {"execution_state": state},
+                "parent_header": {"msg_id": self.client.sent[request]}}
+
+
+def ready_client(shell: list, iopub: list, alive: bool = True):
+    """A `ReadyKernelClient` whose channels play `shell` and `iopub` (see `Channel`)."""
+    from gptcourse.grading.box.zygote import ReadyKernelClient
+
+    class Scripted(ReadyKernelClient):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sent: list[str] = []
+            self.scripted_shell, self.scripted_iopub = Channel(self, shell), Channel(self, iopub)
+
+        shell_channel = property(lambda self: self.scripted_shell)
+        iopub_channel = property(lambda self: self.scripted_iopub)
+
+        def kernel_info(self) -> str:
+            self.sent.append(f"request-{len(self.sent)}")
+            return self.sent[-1]
+
+        async def is_alive(self) -> bool:
+            return alive
+
+    return Scripted()
+
+
+def test_a_kernel_is_ready_at_the_idle_of_its_kernel_info_sent_again_until_iopub_carries_it():
+    """IOPub's first idle is lost (the subscription was not made yet: ZeroMQ drops it), so the client asks again,
+    allowing twice the wait; the idle that answers the second request ends the wait at once (jupyter_client waits
+    0.2 s more for a quiet IOPub); an earlier request's reply or status is skipped, not taken for this one's."""
+    client = ready_client(shell=[("kernel_info_reply", 0), ("kernel_info_reply", 0), ("kernel_info_reply", 1)],
+                          iopub=[("timeout", None), ("idle", 0), ("busy", 1), ("idle", 1), ("busy", 0)])
+    in_a_loop_of_its_own(client.wait_for_ready(timeout=5))
+    assert client.sent == ["request-0", "request-1"]
+    assert client.iopub_channel.waits == [0.01, 0.02, 0.02, 0.02] and client.iopub_channel.script == [("busy", 0)]
+
+
+def test_a_kernel_that_dies_before_it_answers_fails_at_once_and_one_that_never_answers_times_out():
+    with pytest.raises(RuntimeError, match="Kernel died before replying to kernel_info"):
+        in_a_loop_of_its_own(ready_client(shell=[], iopub=[], alive=False).wait_for_ready(timeout=60))
+    silent = ready_client(shell=[("kernel_info_reply", 0), ("kernel_info_reply", 1)], iopub=[])
+    with pytest.raises(RuntimeError, match=r"Kernel didn't respond in 0\.5 seconds"):
+        in_a_loop_of_its_own(silent.wait_for_ready(timeout=0.5))
 
 
 def test_fork_safety_check_refuses_a_started_thread_pool():

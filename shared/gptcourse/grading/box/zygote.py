@@ -25,7 +25,8 @@ Pieces:
   Popen-like handle (poll, wait, send_signal, kill) of a forked kernel.
 - `ZygoteProvisioner`: jupyter_client's `LocalProvisioner`, except that `python -m ipykernel_launcher ...` is
   forked by the zygote. Interrupts, timeouts and kills signal the kernel's process group exactly as for a
-  normal kernel (each forked kernel leads its own session).
+  normal kernel (each forked kernel leads its own session). `ReadyKernelClient`: the client of such a kernel,
+  ready at the idle of its kernel_info request, not after jupyter_client's quiet 0.2 s.
 - `with_zygote(execute_class, client)`: nbgrader's Execute preprocessor (or a configured subclass), unchanged
   except that its kernel manager uses the provisioner; `gptcourse autograde` swaps it in programmatically.
 
@@ -52,11 +53,13 @@ import time
 import traceback
 import uuid
 from pathlib import Path
+from queue import Empty
 from typing import Any, BinaryIO
 
+from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning import LocalProvisioner
-from traitlets import Instance
+from traitlets import Instance, Type, default
 
 from ..cases import SECRET_ENV
 from .confine import box_environment, drop_privileges, kill_the_rest, map_kernel_user, reset_box, undumpable
@@ -480,6 +483,41 @@ class ZygoteProvisioner(LocalProvisioner):
         return await super().wait()
 
 
+class ReadyKernelClient(AsyncKernelClient):
+    """jupyter_client's asynchronous client, except that a kernel is ready as soon as IOPub carries the "idle" that
+    ends its reply to kernel_info, where jupyter_client then waits for IOPub to be quiet for 0.2 s: idle time in
+    every submission graded, most of a forked kernel's start. ZeroMQ drops what a kernel publishes before the
+    client's subscription is made, so a request whose idle does not come is sent again, each time waiting twice as
+    long (a kernel publishes its idle right after its reply, later on a loaded machine). The zygote forks only
+    this Python's ipykernel, whose protocol version is jupyter_client's own."""
+
+    async def wait_for_ready(self, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
+        grace = 0.01
+        while not await self._answered(self.kernel_info(), grace):
+            if not await self.is_alive():
+                raise RuntimeError("Kernel died before replying to kernel_info")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Kernel didn't respond in {timeout} seconds")
+            grace = min(2 * grace, 1.0)
+
+    async def _answered(self, request: str, grace: float) -> bool:
+        """Whether the reply to kernel_info request `request` came on shell within a second, and its idle on IOPub
+        with no gap of `grace` s (each message before, of the kernel's start or of an earlier request, dropped)."""
+        async def after(channel: Any, wait: float, matches: Any) -> bool:
+            while True:
+                try:
+                    message = await channel.get_msg(timeout=wait)
+                except Empty:
+                    return False
+                if message["parent_header"].get("msg_id") == request and matches(message):
+                    return True
+
+        return (await after(self.shell_channel, 1.0, lambda m: m["msg_type"] == "kernel_info_reply")
+                and await after(self.iopub_channel, grace,
+                                lambda m: m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"))
+
+
 def zygote_kernel_manager(manager_class: type[AsyncKernelManager], client: ZygoteClient,
                           ipc_dir: str | None = None, owner: tuple[int, int] | None = None) -> type[AsyncKernelManager]:
     """`manager_class` whose kernels are forked by the zygote behind `client`; with `ipc_dir`, connected over
@@ -487,6 +525,12 @@ def zygote_kernel_manager(manager_class: type[AsyncKernelManager], client: Zygot
     `owner` (the kernel user's uid and gid), who alone may read it."""
 
     class ZygoteKernelManager(manager_class):  # type: ignore[misc,valid-type]
+        client_factory = Type(klass=AsyncKernelClient)
+
+        @default("client_factory")
+        def _ready_client(self) -> type:
+            return ReadyKernelClient
+
         def write_connection_file(self, **kw: Any) -> None:
             super().write_connection_file(**kw)
             if owner is not None:
