@@ -323,6 +323,23 @@ def test_a_kernel_is_ready_at_the_idle_of_its_kernel_info_sent_again_until_iopub
     assert client.iopub_channel.waits == [0.01, 0.02, 0.02, 0.02] and client.iopub_channel.script == [("busy", 0)]
 
 
+def test_the_ready_clients_sockets_retry_a_connection_every_10_ms():
+    """A client connects as its kernel is forked, before the kernel has bound its sockets: ZeroMQ's first try fails
+    and, by default, the next comes 100 ms later."""
+    import zmq
+
+    from gptcourse.grading.box.zygote import ReadyKernelClient
+
+    def reconnect_interval(context: zmq.Context) -> int:
+        with context.socket(zmq.DEALER) as socket:
+            return socket.getsockopt(zmq.RECONNECT_IVL)
+
+    client = ReadyKernelClient()
+    with zmq.Context() as plain:
+        assert reconnect_interval(client.context) == 10 and reconnect_interval(plain) == 100  # ZeroMQ's default
+    client.context.term()
+
+
 def test_a_kernel_that_dies_before_it_answers_fails_at_once_and_one_that_never_answers_times_out():
     with pytest.raises(RuntimeError, match="Kernel died before replying to kernel_info"):
         in_a_loop_of_its_own(ready_client(shell=[], iopub=[], alive=False).wait_for_ready(timeout=60))
