@@ -62,7 +62,7 @@ import zmq.asyncio
 from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning import LocalProvisioner
-from traitlets import Instance, Type, default
+from traitlets import Instance, default
 
 from ..cases import SECRET_ENV
 from .confine import box_environment, drop_privileges, kill_the_rest, map_kernel_user, reset_box, undumpable
@@ -534,8 +534,6 @@ def zygote_kernel_manager(manager_class: type[AsyncKernelManager], client: Zygot
     `owner` (the kernel user's uid and gid), who alone may read it."""
 
     class ZygoteKernelManager(manager_class):  # type: ignore[misc,valid-type]
-        client_factory = Type(klass=AsyncKernelClient)
-
         @default("client_factory")
         def _ready_client(self) -> type:
             return ReadyKernelClient
